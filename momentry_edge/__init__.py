@@ -1,0 +1,3 @@
+"""momentry-edge: turn video files dropped over SFTP into analysis results."""
+
+__version__ = "0.1.0"

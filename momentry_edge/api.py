@@ -1,0 +1,345 @@
+"""The HTTP API (bottle): routes parse, call one core function, render.
+
+Client mistakes raise errors.ClientError anywhere below; ``_json_api`` turns
+them, and bottle's own 404/405, into API.md's error shape in one place.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import queue
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import bottle
+from bottle import request, response
+
+from . import __version__, db, jobs, views
+from .db import MediaFile
+from .errors import ClientError, Invalid, NotFound
+from .events import bus
+from .metrics import render_metrics
+from .openapi import openapi_document
+
+if TYPE_CHECKING:
+    from .service import Service
+
+log = logging.getLogger(__name__)
+
+MAX_BODY = 1 << 20
+SSE_KEEPALIVE = 15.0
+
+
+def _error(status: int, code: str, message: str) -> str:
+    response.status = status
+    response.content_type = "application/json"
+    return json.dumps({"success": False, "error": {"code": code, "message": message}})
+
+
+def make_app(service: Service) -> bottle.Bottle:
+    app = bottle.Bottle(catchall=True)
+    app.config["json.enable"] = True
+
+    def json_api(callback: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            token = service.config.service.token
+            if token and request.path.startswith("/api/"):
+                given = request.get_header("Authorization", "")
+                if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                    return _error(401, "unauthorized", "missing or wrong bearer token")
+            try:
+                return callback(*args, **kwargs)
+            except ClientError as exc:
+                return _error(exc.status, exc.code, exc.message)
+
+        return wrapper
+
+    app.install(json_api)
+
+    for status, code in ((404, "not_found"), (405, "bad_request"), (413, "payload_too_large")):
+        app.error(status)(
+            lambda err, status=status, code=code: _error(
+                status, code, err.body or "no such endpoint"
+            )
+        )
+
+    @app.error(500)
+    def internal(err: bottle.HTTPError) -> str:
+        log.error("%s %s failed:\n%s", request.method, request.path, err.traceback)
+        return _error(500, "internal", "internal error; see the service log")
+
+    # -- service ------------------------------------------------------------------------------
+
+    @app.get("/healthz")
+    def healthz() -> dict:
+        return {"status": "ok", "version": __version__}
+
+    @app.get("/openapi.json")
+    def openapi() -> dict:
+        return openapi_document(__version__)
+
+    @app.get("/metrics")
+    def metrics() -> str:
+        body, content_type = render_metrics(service)
+        response.content_type = content_type
+        return body
+
+    @app.get("/api/v1/processors")
+    def processors() -> dict:
+        return {"processors": service.registry.describe()}
+
+    @app.get("/api/v1/events")
+    def events() -> Iterator[str]:
+        response.content_type = "text/event-stream"
+        response.set_header("Cache-Control", "no-cache")
+        response.set_header("X-Accel-Buffering", "no")
+        return _event_stream(service)
+
+    # -- queue ---------------------------------------------------------------------------------
+
+    @app.post("/api/v1/file/<file_uuid>/deep-scan")
+    def deep_scan(file_uuid: str) -> dict:
+        body = _body()
+        record = _file(file_uuid)
+        if record.state != db.PRESENT:
+            raise Invalid(f"file {file_uuid} is {record.state}: {record.reason or 'not on disk'}")
+        job, created = service.submit(
+            record,
+            body.get("processors", list(service.config.ingest.processors)),
+            body.get("priority", "normal"),
+            options=_scan_options(body),
+        )
+        response.status = 202 if created else 200
+        return _queued(job) | ({} if created else {"deduplicated": True})
+
+    @app.get("/api/v1/queue/status")
+    def queue_status() -> dict:
+        return service.queue_status()
+
+    @app.post("/api/v1/queue/pause")
+    def pause() -> dict:
+        return {"success": True, "paused": jobs.set_paused(True).paused}
+
+    @app.post("/api/v1/queue/resume")
+    def resume() -> dict:
+        state = jobs.set_paused(False)
+        service.workers.kick()
+        return {"success": True, "paused": state.paused}
+
+    @app.post("/api/v1/queue/clear")
+    def clear() -> dict:
+        return {"success": True, "cleared": jobs.clear()}
+
+    @app.post("/api/v1/queue/prioritize/<file_uuid>")
+    def prioritize(file_uuid: str) -> dict:
+        job = jobs.prioritize(jobs.find_job(_file(file_uuid).file_uuid))
+        service.workers.kick()
+        return {"success": True, "task_id": job.task_id, "position": jobs.position(job)}
+
+    @app.put("/api/v1/queue/task/<task_id>/priority")
+    def set_priority(task_id: str) -> dict:
+        body = _body(required=True)
+        job = jobs.set_priority(jobs.find_job(task_id), jobs.parse_priority(body.get("priority")))
+        return {"success": True, "task_id": job.task_id, "position": jobs.position(job)}
+
+    @app.delete("/api/v1/queue/task/<task_id>")
+    def delete_task(task_id: str) -> dict:
+        return _cancel(task_id)
+
+    @app.put("/api/v1/queue/concurrency")
+    def concurrency() -> dict:
+        body = _body(required=True)
+        if "max_concurrent" not in body and "dynamic_concurrency" not in body:
+            raise Invalid("give max_concurrent and/or dynamic_concurrency")
+        state = jobs.set_concurrency(
+            body.get("max_concurrent"),
+            body.get("dynamic_concurrency"),
+            ceiling=service.config.queue.worker_threads,
+        )
+        service.workers.kick()
+        return {
+            "success": True,
+            "max_concurrent": state.max_concurrent,
+            "dynamic_concurrency": state.dynamic_concurrency,
+            "effective_concurrency": service.workers.effective_limit(),
+        }
+
+    @app.get("/api/v1/queue/dead")
+    def dead() -> dict:
+        return views.dead_jobs()
+
+    # -- jobs ----------------------------------------------------------------------------------
+
+    @app.get("/api/v1/jobs")
+    def list_jobs() -> dict:
+        statuses = _csv_query("status", {*db.FINAL_STATES, *db.ACTIVE_STATES})
+        limit, offset = _paging()
+        return views.list_jobs(statuses, limit, offset)
+
+    @app.get("/api/v1/jobs/<ref>")
+    def job_detail(ref: str) -> dict:
+        return views.job_detail(jobs.find_job(ref), service.workers.effective_limit())
+
+    @app.post("/api/v1/jobs/<ref>/retry")
+    def retry(ref: str) -> dict:
+        job = jobs.retry(jobs.find_job(ref))
+        service.workers.kick()
+        return {
+            "success": True,
+            "task_id": job.task_id,
+            "status": job.status,
+            "position": jobs.position(job),
+        }
+
+    @app.post("/api/v1/jobs/<ref>/cancel")
+    def cancel(ref: str) -> dict:
+        return _cancel(ref)
+
+    # -- files ---------------------------------------------------------------------------------
+
+    @app.post("/api/v1/files/register")
+    def register() -> dict:
+        body = _body(required=True)
+        raw = body.get("path")
+        if not isinstance(raw, str) or not raw:
+            raise Invalid("path is required")
+        result = service.register(
+            raw,
+            upload_ok=body.get("upload_status", 1) == 1,
+            scan=body.get("scan", True),
+            processors=body.get("processors"),
+            priority=body.get("priority", "normal"),
+            options=_scan_options(body),
+        )
+        record, job, created = result
+        response.status = 201 if created else 200
+        reply = {
+            "success": True,
+            "file_uuid": record.file_uuid,
+            "state": record.state,
+            "reason": record.reason,
+            "task_id": None,
+            "position": None,
+        }
+        if job is not None:
+            reply |= {"task_id": job.task_id, "position": jobs.position(job)}
+        return reply
+
+    @app.get("/api/v1/files")
+    def list_files() -> dict:
+        states = _csv_query("state", {db.PRESENT, db.MISSING, db.REJECTED})
+        limit, offset = _paging()
+        return views.list_files(states, limit, offset)
+
+    @app.get("/api/v1/files/<file_uuid>")
+    def file_detail(file_uuid: str) -> dict:
+        return views.file_detail(_file(file_uuid))
+
+    @app.get("/api/v1/files/<file_uuid>/results/<processor>")
+    def results(file_uuid: str, processor: str) -> Any:
+        record = _file(file_uuid)
+        if processor not in service.registry.names:
+            raise NotFound(f"unknown processor {processor!r}")
+        path = service.config.data_dir / "results" / record.file_uuid / f"{processor}.json"
+        if not path.is_file():
+            raise NotFound(f"{processor} has no output for file {file_uuid} yet")
+        response.content_type = "application/json"
+        return path.read_bytes()
+
+    def _cancel(ref: str) -> dict:
+        status = jobs.cancel(jobs.find_job(ref))
+        message = "Task cancelled" if status != db.PROCESSING else "Task cancelling"
+        return {"success": True, "message": message}
+
+    def _queued(job: db.Job) -> dict:
+        job = db.Job.get_by_id(job.id)
+        detail = views.job_detail(job, service.workers.effective_limit())
+        return {
+            "success": True,
+            "task_id": job.task_id,
+            "status": "queued" if job.status == db.PENDING else job.status,
+            "position": detail["position"],
+            "estimated_start": detail["estimated_start"],
+        }
+
+    return app
+
+
+def _body(required: bool = False) -> dict[str, Any]:
+    length = request.content_length
+    if length > MAX_BODY:
+        raise _TooLarge()
+    raw = request.body.read(MAX_BODY + 1)
+    if len(raw) > MAX_BODY:
+        raise _TooLarge()
+    if not raw.strip():
+        if required:
+            raise Invalid("a JSON object body is required")
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise Invalid(f"body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise Invalid("body must be a JSON object")
+    return body
+
+
+class _TooLarge(ClientError):
+    code, status = "payload_too_large", 413
+
+    def __init__(self) -> None:
+        super().__init__(f"request body is larger than {MAX_BODY} bytes")
+
+
+def _scan_options(body: dict[str, Any]) -> dict[str, Any]:
+    options = {}
+    for key, kind in (("force", bool), ("retry_on_failure", bool), ("callback_url", str)):
+        if key in body and body[key] is not None:
+            if not isinstance(body[key], kind):
+                raise Invalid(f"{key} must be a {'boolean' if kind is bool else 'string'}")
+            options[key] = body[key]
+    url = options.get("callback_url")
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise Invalid("callback_url must be an http:// or https:// URL")
+    return options
+
+
+def _file(file_uuid: str) -> MediaFile:
+    record = MediaFile.get_or_none(MediaFile.file_uuid == file_uuid.lower())
+    if record is None:
+        raise NotFound(f"no file {file_uuid!r}")
+    return record
+
+
+def _csv_query(name: str, allowed: set[str]) -> list[str]:
+    values = [v for v in request.query.get(name, "").split(",") if v]
+    bad = [v for v in values if v not in allowed]
+    if bad:
+        raise Invalid(f"unknown {name} {bad[0]!r}; one of {', '.join(sorted(allowed))}")
+    return values
+
+
+def _paging() -> tuple[int, int]:
+    try:
+        limit = int(request.query.get("limit", 50))
+        offset = int(request.query.get("offset", 0))
+    except ValueError:
+        raise Invalid("limit and offset must be whole numbers") from None
+    if not 1 <= limit <= 1000 or offset < 0:
+        raise Invalid("limit must be 1..1000 and offset >= 0")
+    return limit, offset
+
+
+def _event_stream(service: Service) -> Iterator[str]:
+    with bus.subscribe() as events:
+        yield ": connected\n\n"
+        while not service.stopping.is_set():
+            try:
+                event = events.get(timeout=SSE_KEEPALIVE)
+            except queue.Empty:
+                yield ": keep-alive\n\n"
+                continue
+            yield f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"

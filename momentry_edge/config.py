@@ -1,0 +1,236 @@
+"""momentry.toml + environment variables -> one frozen Config.
+
+Each setting is declared once, in the dataclasses below; the file, the
+environment (``MOMENTRY_<SECTION>_<KEY>`` for every key, plus the short names
+API.md documents) and the defaults all go through the same coercion, so a bad
+value is reported the same way wherever it came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_DATA_DIR = "~/.momentry-edge"
+CONFIG_NAME = "momentry.toml"
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message names the key."""
+
+
+def _setting(default: Any, *, minimum: float | None = None, env: str | None = None) -> Any:
+    meta = {"minimum": minimum, "env": env}
+    if isinstance(default, list | tuple):
+        return field(default_factory=lambda: tuple(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    data_dir: Path = _setting(Path(DEFAULT_DATA_DIR), env="MOMENTRY_DATA_DIR")
+    watch: tuple[Path, ...] = _setting([Path("~/momentry-drop")])
+    host: str = _setting("127.0.0.1")
+    port: int = _setting(8765, minimum=0)
+    token: str = _setting("", env="MOMENTRY_API_TOKEN")
+    database_url: str = _setting("", env="DATABASE_URL")
+    # Extra processors, "module:Class"; the built-in ones need no entry.
+    plugins: tuple[str, ...] = _setting([], env="MOMENTRY_PLUGINS")
+    log_level: str = _setting("info", env="MOMENTRY_LOG_LEVEL")
+    # Names this process in a shared queue; empty = the host name.
+    node_id: str = _setting("", env="MOMENTRY_NODE_ID")
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    max_concurrent: int = _setting(2, minimum=1, env="MOMENTRY_MAX_CONCURRENT")
+    dynamic_concurrency: bool = _setting(True)
+    cpu_threshold: float = _setting(80.0, minimum=1)
+    memory_threshold: float = _setting(80.0, minimum=1)
+    gpu_threshold: float = _setting(90.0, minimum=1)
+    max_retries: int = _setting(3, minimum=0)
+    retry_delay: float = _setting(10.0, minimum=0)
+    task_timeout: float = _setting(3600.0, minimum=1)
+    poll_interval: float = _setting(5.0, minimum=0.05, env="MOMENTRY_POLL_INTERVAL")
+    worker_enabled: bool = _setting(True, env="MOMENTRY_WORKER_ENABLED")
+    # Worker threads are started once; max_concurrent can be raised live up to this.
+    worker_threads: int = _setting(8, minimum=1)
+    # A running job's lease; a worker that stops renewing it (crash, kill -9) loses the job
+    # to the reaper after this long.
+    lease_seconds: float = _setting(60.0, minimum=1)
+    # A job whose run took the process down this many times is parked as failed.
+    max_crashes: int = _setting(3, minimum=1)
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    settle_seconds: float = _setting(5.0, minimum=0)
+    extensions: tuple[str, ...] = _setting(
+        [".mp4", ".mov", ".m4v", ".mkv", ".avi", ".webm", ".mts"]
+    )
+    processors: tuple[str, ...] = _setting(["asr", "cut", "yolo", "ocr", "face", "pose"])
+    rescan_interval: float = _setting(300.0, minimum=1)
+
+
+SECTIONS: dict[str, type] = {
+    "service": ServiceConfig,
+    "queue": QueueConfig,
+    "ingest": IngestConfig,
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    service: ServiceConfig = field(default_factory=ServiceConfig)
+    queue: QueueConfig = field(default_factory=QueueConfig)
+    ingest: IngestConfig = field(default_factory=IngestConfig)
+    # [processors.<name>] tables, passed to each processor as its settings.
+    processors: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    source: Path | None = None  # the file it was read from, if any
+
+    @property
+    def data_dir(self) -> Path:
+        return self.service.data_dir
+
+    @property
+    def url(self) -> str:
+        host = self.service.host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        return f"http://{host}:{self.service.port}"
+
+    def processor_settings(self, name: str) -> Mapping[str, Any]:
+        return self.processors.get(name, {})
+
+
+def load(
+    path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
+) -> Config:
+    """Read the config file (if any) and apply environment overrides."""
+    env = os.environ if env is None else env
+    file_path = _config_path(path, env)
+    raw: dict[str, Any] = {}
+    if file_path is not None:
+        try:
+            raw = tomllib.loads(file_path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{file_path}: not valid TOML: {exc}") from exc
+        except OSError as exc:
+            raise ConfigError(f"{file_path}: cannot read: {exc.strerror}") from exc
+
+    unknown = set(raw) - set(SECTIONS) - {"processors"}
+    if unknown:
+        raise ConfigError(f"unknown section [{sorted(unknown)[0]}] in {file_path}")
+    sections = {
+        name: _build_section(name, cls, raw.get(name, {}), env) for name, cls in SECTIONS.items()
+    }
+    processors = raw.get("processors", {})
+    if not isinstance(processors, dict) or not all(
+        isinstance(v, dict) for v in processors.values()
+    ):
+        raise ConfigError("processors: expected [processors.<name>] tables")
+    return Config(**sections, processors=processors, source=file_path)
+
+
+def _config_path(path: str | os.PathLike[str] | None, env: Mapping[str, str]) -> Path | None:
+    if path is None:
+        path = env.get("MOMENTRY_CONFIG")
+    if path:
+        explicit = Path(path).expanduser()
+        if not explicit.is_file():
+            raise ConfigError(f"config file {explicit} does not exist")
+        return explicit
+    data_dir = env.get("MOMENTRY_SERVICE_DATA_DIR") or env.get("MOMENTRY_DATA_DIR")
+    candidate = Path(data_dir or DEFAULT_DATA_DIR).expanduser() / CONFIG_NAME
+    return candidate if candidate.is_file() else None
+
+
+def _build_section(section: str, cls: type, values: Any, env: Mapping[str, str]) -> Any:
+    if not isinstance(values, dict):
+        raise ConfigError(f"{section}: expected a table")
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    for key in values:
+        if key not in known:
+            raise ConfigError(f"unknown key {section}.{key}")
+    kwargs = {}
+    for name, f in known.items():
+        value, origin = values.get(name, dataclasses.MISSING), "config file"
+        for var in (f.metadata.get("env"), f"MOMENTRY_{section}_{name}".upper()):
+            if var and var in env:
+                value, origin = env[var], f"environment variable {var}"
+        if value is not dataclasses.MISSING:
+            kwargs[name] = _coerce(f"{section}.{name}", f, value, origin)
+        elif f.type == "Path" or f.type == "tuple[Path, ...]":
+            kwargs[name] = _coerce(f"{section}.{name}", f, _default(f), "default")
+    return cls(**kwargs)
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory()  # type: ignore[misc]
+
+
+def _coerce(key: str, f: dataclasses.Field, value: Any, origin: str) -> Any:
+    kind = f.type
+    try:
+        if kind == "bool":
+            result = _to_bool(value)
+        elif kind == "int":
+            if isinstance(value, bool | float):
+                raise ValueError
+            result = int(value)
+        elif kind == "float":
+            if isinstance(value, bool):
+                raise ValueError
+            result = float(value)
+        elif kind == "str":
+            if not isinstance(value, str):
+                raise ValueError
+            result = value
+        elif kind == "Path":
+            result = Path(str(value)).expanduser()
+        elif kind.startswith("tuple"):
+            items = _to_list(value)
+            result = tuple(Path(i).expanduser() for i in items) if "Path" in kind else tuple(items)
+        else:  # pragma: no cover - a new setting type needs a branch here
+            raise TypeError(kind)
+    except (ValueError, TypeError):
+        raise ConfigError(f"{key}: expected {_describe(kind)}, got {value!r} ({origin})") from None
+    minimum = f.metadata.get("minimum")
+    if minimum is not None and result < minimum:
+        raise ConfigError(f"{key}: must be at least {minimum}, got {value!r} ({origin})")
+    return result
+
+
+def _to_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if isinstance(value, str) and value.strip().lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(value)
+
+
+def _to_list(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    if isinstance(value, list | tuple) and all(isinstance(v, str | Path) for v in value):
+        return [str(v) for v in value]
+    raise ValueError(value)
+
+
+def _describe(kind: str) -> str:
+    return {
+        "bool": "true or false",
+        "int": "a whole number",
+        "float": "a number",
+        "str": "a string",
+        "Path": "a path",
+    }.get(kind, "a list of strings")

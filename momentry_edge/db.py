@@ -1,0 +1,248 @@
+"""peewee models, the connection (SQLite file or PostgreSQL) and schema migrations.
+
+The models are bound to the database ``connect`` opens; one service process
+uses one database. Times are stored as Unix seconds (float) so that the same
+arithmetic works on SQLite and PostgreSQL; the API renders them as ISO 8601.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import peewee as pw
+
+# Job status values; jobs.py is the only module that changes them.
+PENDING, PROCESSING, RETRYING = "pending", "processing", "retrying"
+COMPLETED, PARTIAL, FAILED, CANCELLED = "completed", "partial", "failed", "cancelled"
+FINAL_STATES = (COMPLETED, PARTIAL, FAILED, CANCELLED)
+ACTIVE_STATES = (PENDING, PROCESSING, RETRYING)
+
+# Processor run status values.
+RUN_PENDING, RUN_RUNNING, RUN_COMPLETED, RUN_FAILED, RUN_SKIPPED = (
+    "pending",
+    "running",
+    "completed",
+    "failed",
+    "skipped",
+)
+RUN_DONE = (RUN_COMPLETED, RUN_SKIPPED)
+
+# File states.
+PRESENT, MISSING, REJECTED = "present", "missing", "rejected"
+
+PRIORITIES = {"low": 0, "normal": 1, "high": 2}
+PRIORITY_NAMES = {v: k for k, v in PRIORITIES.items()}
+
+
+class JSONField(pw.TextField):
+    def db_value(self, value: Any) -> str | None:
+        return None if value is None else json.dumps(value, ensure_ascii=False)
+
+    def python_value(self, value: str | None) -> Any:
+        return None if value is None else json.loads(value)
+
+
+class BaseModel(pw.Model):
+    class Meta:
+        legacy_table_names = False
+
+
+class QueueState(BaseModel):
+    """One row: the operator's settings that must survive restarts."""
+
+    id = pw.IntegerField(primary_key=True, default=1)
+    paused = pw.BooleanField(default=False)
+    max_concurrent = pw.IntegerField()
+    dynamic_concurrency = pw.BooleanField()
+    # The config file's values when these were last taken from it: an edited file
+    # wins over an older runtime change, an unchanged file does not undo one.
+    config_max_concurrent = pw.IntegerField()
+    config_dynamic_concurrency = pw.BooleanField()
+    updated_at = pw.DoubleField(default=time.time)
+
+
+class MediaFile(BaseModel):
+    file_uuid = pw.CharField(max_length=32, unique=True)
+    path = pw.TextField(unique=True)  # absolute
+    watch_root = pw.TextField()
+    rel_path = pw.TextField()
+    name = pw.TextField()
+    size = pw.BigIntegerField(default=0)
+    mtime = pw.DoubleField(default=0)
+    fingerprint = pw.CharField(max_length=80, null=True)
+    state = pw.CharField(max_length=16, default=PRESENT, index=True)
+    reason = pw.TextField(null=True)
+    duration = pw.DoubleField(null=True)
+    width = pw.IntegerField(null=True)
+    height = pw.IntegerField(null=True)
+    fps = pw.DoubleField(null=True)
+    video_codec = pw.CharField(max_length=32, null=True)
+    audio_codec = pw.CharField(max_length=32, null=True)
+    registered_at = pw.DoubleField(default=time.time)
+    updated_at = pw.DoubleField(default=time.time)
+
+
+class Job(BaseModel):
+    task_id = pw.CharField(max_length=20, unique=True)
+    file = pw.ForeignKeyField(MediaFile, backref="jobs", on_delete="CASCADE")
+    status = pw.CharField(max_length=16, default=PENDING, index=True)
+    priority = pw.SmallIntegerField(default=PRIORITIES["normal"])
+    seq = pw.BigIntegerField(index=True)  # place in line within a priority (FIFO)
+    processors = JSONField()  # list of names, in run order
+    options = JSONField(default=dict)  # force, retry_on_failure, callback_url
+    progress = pw.SmallIntegerField(default=0)
+    retry_count = pw.IntegerField(default=0)  # automatic retries used
+    max_retries = pw.IntegerField()
+    crash_count = pw.IntegerField(default=0)  # runs ended by a process crash, not a failure
+    cancel_requested = pw.BooleanField(default=False)
+    lease_owner = pw.CharField(max_length=120, null=True, index=True)
+    lease_until = pw.DoubleField(null=True)
+    node = pw.CharField(max_length=120, null=True)
+    next_attempt_at = pw.DoubleField(null=True)
+    created_at = pw.DoubleField(default=time.time)
+    queued_at = pw.DoubleField(default=time.time)
+    started_at = pw.DoubleField(null=True)
+    completed_at = pw.DoubleField(null=True)
+    error_message = pw.TextField(null=True)
+
+    class Meta:
+        indexes = ((("status", "priority", "seq"), False),)
+
+
+class ProcessorRun(BaseModel):
+    """One processor of one job (the seeds' processor_results)."""
+
+    job = pw.ForeignKeyField(Job, backref="runs", on_delete="CASCADE")
+    processor = pw.CharField(max_length=32)
+    position = pw.SmallIntegerField()  # run order within the job
+    status = pw.CharField(max_length=16, default=RUN_PENDING)
+    progress_current = pw.BigIntegerField(default=0)
+    progress_total = pw.BigIntegerField(default=0)
+    last_checkpoint = JSONField(null=True)
+    output_path = pw.TextField(null=True)
+    error = pw.TextField(null=True)
+    transient = pw.BooleanField(default=True)  # whether the last error may go away on retry
+    reason = pw.TextField(null=True)  # why it was skipped
+    attempts = pw.IntegerField(default=0)
+    backend = pw.CharField(max_length=32, null=True)
+    model = pw.CharField(max_length=64, null=True)
+    started_at = pw.DoubleField(null=True)
+    completed_at = pw.DoubleField(null=True)
+    updated_at = pw.DoubleField(default=time.time)
+
+    class Meta:
+        indexes = ((("job", "processor"), True),)
+
+
+MODELS = (QueueState, MediaFile, Job, ProcessorRun)
+
+
+class SchemaVersion(BaseModel):
+    version = pw.IntegerField()
+    applied_at = pw.DoubleField(default=time.time)
+
+
+def _v1_initial(db: pw.Database) -> None:
+    db.create_tables(MODELS)
+
+
+# Append-only: each entry moves the schema one version forward.
+MIGRATIONS: list[Callable[[pw.Database], None]] = [_v1_initial]
+
+
+def connect(database_url: str, data_dir: Path) -> pw.Database:
+    """Open the database, bind the models to it and bring its schema up to date."""
+    db = open_database(database_url, data_dir)
+    db.bind((*MODELS, SchemaVersion))
+    db.connect(reuse_if_open=True)
+    migrate(db)
+    return db
+
+
+def open_database(database_url: str, data_dir: Path) -> pw.Database:
+    if not database_url:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        return sqlite(data_dir / "momentry.db")
+    url = urlparse(database_url)
+    if url.scheme in ("postgres", "postgresql"):
+        return pw.PostgresqlDatabase(
+            unquote(url.path.lstrip("/")) or "postgres",
+            host=url.hostname,
+            port=url.port or 5432,
+            user=unquote(url.username) if url.username else None,
+            password=unquote(url.password) if url.password else None,
+            autorollback=True,
+        )
+    if url.scheme == "sqlite":
+        return sqlite(Path(unquote(url.path)))
+    raise ValueError(f"service.database_url: unsupported scheme {url.scheme!r}")
+
+
+def sqlite(path: Path) -> pw.SqliteDatabase:
+    return pw.SqliteDatabase(
+        str(path),
+        pragmas={
+            "journal_mode": "wal",
+            # FULL: a job the API acknowledged survives a power cut.
+            "synchronous": "full",
+            "foreign_keys": 1,
+            # Writers wait for each other instead of failing with "database is locked".
+            "busy_timeout": 15000,
+        },
+        timeout=15,
+    )
+
+
+def is_postgres(db: pw.Database) -> bool:
+    return isinstance(db, pw.PostgresqlDatabase)
+
+
+def write_transaction(db: pw.Database) -> Any:
+    """A transaction that takes the write lock at once (SQLite BEGIN IMMEDIATE).
+
+    Claims read then update; taking the lock up front keeps two claimers from
+    both reading the same next job.
+    """
+    if isinstance(db, pw.SqliteDatabase):
+        return db.atomic(lock_type="IMMEDIATE")
+    return db.atomic()
+
+
+def read_snapshot(db: pw.Database) -> Any:
+    """A transaction whose reads all see one moment, so a view never shows a job twice."""
+    if not is_postgres(db):
+        return db.atomic()  # SQLite in WAL mode: a read transaction is a snapshot
+    return _PostgresSnapshot(db)
+
+
+class _PostgresSnapshot:
+    def __init__(self, db: pw.Database) -> None:
+        self._tx = db.atomic()
+        self._db = db
+
+    def __enter__(self) -> Any:
+        tx = self._tx.__enter__()
+        if self._db.transaction_depth() == 1:
+            self._db.execute_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        return tx
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self._tx.__exit__(*exc)
+
+
+def migrate(db: pw.Database) -> int:
+    with db.atomic():
+        if is_postgres(db):
+            # Several nodes may start at once; one migrates, the others wait here.
+            db.execute_sql("SELECT pg_advisory_xact_lock(872301)")
+        db.create_tables([SchemaVersion])
+        current = SchemaVersion.select(pw.fn.MAX(SchemaVersion.version)).scalar() or 0
+        for version, step in enumerate(MIGRATIONS[current:], start=current + 1):
+            step(db)
+            SchemaVersion.create(version=version)
+    return len(MIGRATIONS)

@@ -1,0 +1,131 @@
+"""Admission: how many jobs may run here now.
+
+effective limit = 0 when paused, else min(max_concurrent, what the machine's
+load allows). With dynamic concurrency the load limit steps down one job while
+CPU, memory or GPU is over its threshold and back up one job once all are
+comfortably under it (a hysteresis band), at most once per ``step_seconds``, so
+it follows load without flapping.
+"""
+
+from __future__ import annotations
+
+import platform
+import re
+import shutil
+import subprocess
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import psutil
+
+from .config import QueueConfig
+
+HYSTERESIS = 10.0  # percentage points under a threshold before adding a job back
+
+
+@dataclass(frozen=True)
+class Load:
+    cpu_percent: float
+    memory_percent: float
+    gpu_percent: float | None
+
+
+def read_gpu_percent(system: str | None = None) -> float | None:
+    """GPU utilisation where the platform exposes it without privileges; None elsewhere."""
+    system = system or platform.system()
+    try:
+        if system == "Darwin":
+            out = subprocess.run(
+                ["ioreg", "-r", "-d", "1", "-c", "IOAccelerator"],
+                capture_output=True,
+                text=True,
+                timeout=2,
+                check=False,
+            ).stdout
+            return parse_ioreg_utilisation(out)
+        if shutil.which("nvidia-smi"):
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                timeout=2,
+                check=False,
+            ).stdout
+            values = [float(v) for v in out.split() if v.replace(".", "", 1).isdigit()]
+            return max(values) if values else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return None
+
+
+def parse_ioreg_utilisation(text: str) -> float | None:
+    """Apple silicon reports ``"Device Utilization %"=NN`` among IOAccelerator's statistics."""
+    values = [float(m) for m in re.findall(r'"Device Utilization %"\s*=\s*(\d+)', text)]
+    return max(values) if values else None
+
+
+class Gate:
+    def __init__(self, queue: QueueConfig, step_seconds: float = 6.0) -> None:
+        self._queue = queue
+        self._step_seconds = step_seconds
+        self._lock = threading.Lock()
+        self._samples: deque[Load] = deque(maxlen=3)
+        self._load_limit: int | None = None  # None until the first sample
+        self._last_step = 0.0
+        self._gpu_readable = True
+        psutil.cpu_percent(None)  # primes the counter; the first real reading comes later
+
+    def sample(self, max_concurrent: int, now: float | None = None) -> Load:
+        """Read the machine's load and move the load limit one step if needed."""
+        gpu = read_gpu_percent() if self._gpu_readable else None
+        self._gpu_readable = gpu is not None
+        load = Load(psutil.cpu_percent(None), psutil.virtual_memory().percent, gpu)
+        with self._lock:
+            self._samples.append(load)
+            self._step(max_concurrent, _now(now))
+        return load
+
+    def _step(self, max_concurrent: int, now: float) -> None:
+        limit = min(self._load_limit or max_concurrent, max_concurrent)
+        self._load_limit = limit
+        if now - self._last_step < self._step_seconds:
+            return
+        cpu = sum(s.cpu_percent for s in self._samples) / len(self._samples)
+        mem = self._samples[-1].memory_percent
+        gpu = self._samples[-1].gpu_percent
+        q = self._queue
+        over = (
+            cpu > q.cpu_threshold
+            or mem > q.memory_threshold
+            or (gpu is not None and gpu > q.gpu_threshold)
+        )
+        under = (
+            cpu < q.cpu_threshold - HYSTERESIS
+            and mem < q.memory_threshold - HYSTERESIS
+            and (gpu is None or gpu < q.gpu_threshold - HYSTERESIS)
+        )
+        if over and limit > 1:
+            self._load_limit = limit - 1
+            self._last_step = now
+        elif under and limit < max_concurrent:
+            self._load_limit = limit + 1
+            self._last_step = now
+
+    @property
+    def load(self) -> Load | None:
+        with self._lock:
+            return self._samples[-1] if self._samples else None
+
+    def effective_limit(self, max_concurrent: int, dynamic: bool, paused: bool = False) -> int:
+        if paused:
+            return 0
+        with self._lock:
+            if dynamic and self._load_limit is not None:
+                return max(1, min(max_concurrent, self._load_limit))
+        return max_concurrent
+
+
+def _now(now: float | None) -> float:
+    return time.monotonic() if now is None else now

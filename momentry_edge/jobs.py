@@ -1,0 +1,558 @@
+"""Job lifecycle: the one module that changes job and processor-run state.
+
+Every transition is one transaction and publishes one event after it commits.
+Order in line is ``priority DESC, seq, id``; ``seq`` is the time a job entered
+the line (nanoseconds), so FIFO holds across nodes and ``prioritize`` is a
+single UPDATE that gives a job a seq below every other pending one.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import peewee as pw
+
+from . import db
+from .db import Job, MediaFile, ProcessorRun, QueueState
+from .errors import Conflict, Invalid, NotFound
+from .events import bus
+
+# Threads of one process claim one at a time; the database serialises processes.
+_claim_lock = threading.Lock()
+
+
+class LeaseLost(Exception):
+    """This worker no longer holds the job (the reaper gave it away)."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    retry_delay: float
+    max_crashes: int
+    lease_seconds: float
+
+
+def _now(now: float | None) -> float:
+    return time.time() if now is None else now
+
+
+def _seq(now: float) -> int:
+    return int(now * 1e9)
+
+
+def parse_priority(value: Any) -> int:
+    if value not in db.PRIORITIES:
+        raise Invalid(f"priority must be one of low, normal, high; got {value!r}")
+    return db.PRIORITIES[value]
+
+
+def find_job(ref: str | int) -> Job:
+    """A job by task_id, integer id, or file_uuid (that file's newest job)."""
+    text = str(ref)
+    job = None
+    if text.startswith("task_"):
+        job = Job.get_or_none(Job.task_id == text)
+    elif text.isdigit() and len(text) < 19:
+        job = Job.get_or_none(Job.id == int(text))
+    elif len(text) == 32:
+        job = (
+            Job.select()
+            .join(MediaFile)
+            .where(MediaFile.file_uuid == text.lower())
+            .order_by(Job.id.desc())
+            .first()
+        )
+    if job is None:
+        raise NotFound(f"no job {text!r}")
+    return job
+
+
+# -- queue settings -------------------------------------------------------------------------
+
+
+def init_queue_state(max_concurrent: int, dynamic: bool) -> QueueState:
+    """Create the settings row, or take the config file's values where the file changed."""
+    with db.write_transaction(QueueState._meta.database):
+        state = QueueState.get_or_none(QueueState.id == 1)
+        if state is None:
+            return QueueState.create(
+                id=1,
+                max_concurrent=max_concurrent,
+                dynamic_concurrency=dynamic,
+                config_max_concurrent=max_concurrent,
+                config_dynamic_concurrency=dynamic,
+            )
+        if state.config_max_concurrent != max_concurrent:
+            state.max_concurrent = state.config_max_concurrent = max_concurrent
+        if state.config_dynamic_concurrency != dynamic:
+            state.dynamic_concurrency = state.config_dynamic_concurrency = dynamic
+        state.save()
+        return state
+
+
+def queue_state() -> QueueState:
+    return QueueState.get_by_id(1)
+
+
+def set_paused(paused: bool) -> QueueState:
+    QueueState.update(paused=paused, updated_at=time.time()).where(QueueState.id == 1).execute()
+    bus.publish("queue.paused" if paused else "queue.resumed", paused=paused)
+    return queue_state()
+
+
+def set_concurrency(max_concurrent: int | None, dynamic: bool | None, ceiling: int) -> QueueState:
+    changes: dict[Any, Any] = {QueueState.updated_at: time.time()}
+    if max_concurrent is not None:
+        if isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int):
+            raise Invalid("max_concurrent must be a whole number")
+        if not 1 <= max_concurrent <= ceiling:
+            raise Invalid(f"max_concurrent must be between 1 and {ceiling} (queue.worker_threads)")
+        changes[QueueState.max_concurrent] = max_concurrent
+    if dynamic is not None:
+        if not isinstance(dynamic, bool):
+            raise Invalid("dynamic_concurrency must be true or false")
+        changes[QueueState.dynamic_concurrency] = dynamic
+    QueueState.update(changes).where(QueueState.id == 1).execute()
+    state = queue_state()
+    bus.publish(
+        "queue.concurrency",
+        max_concurrent=state.max_concurrent,
+        dynamic_concurrency=state.dynamic_concurrency,
+    )
+    return state
+
+
+# -- submit and steer -----------------------------------------------------------------------
+
+
+def submit(
+    file: MediaFile,
+    processors: Sequence[str],
+    *,
+    priority: int = db.PRIORITIES["normal"],
+    max_retries: int,
+    options: dict[str, Any] | None = None,
+    now: float | None = None,
+) -> tuple[Job, bool]:
+    """Queue a deep scan of ``file``; returns (job, created).
+
+    A file that already has an active job for the same processors gets that job
+    back (created False), so repeated triggers never queue twice.
+    """
+    now = _now(now)
+    wanted = sorted(processors)
+    with db.write_transaction(Job._meta.database):
+        for active in Job.select().where(Job.file == file, Job.status.in_(db.ACTIVE_STATES)):
+            if sorted(active.processors) == wanted:
+                return active, False
+        job = Job.create(
+            task_id="task_" + secrets.token_hex(6),
+            file=file,
+            priority=priority,
+            seq=_seq(now),
+            processors=list(processors),
+            options=options or {},
+            max_retries=max_retries,
+            created_at=now,
+            queued_at=now,
+        )
+        ProcessorRun.insert_many(
+            [
+                {"job": job.id, "processor": name, "position": i, "updated_at": now}
+                for i, name in enumerate(processors)
+            ]
+        ).execute()
+    bus.publish("job.queued", task_id=job.task_id, file_uuid=file.file_uuid)
+    return job, True
+
+
+def cancel(job: Job) -> str:
+    """Cancel a waiting job now, or ask a running one to stop at its next report."""
+    with db.write_transaction(Job._meta.database):
+        job = Job.get_by_id(job.id)
+        if job.status in (db.PENDING, db.RETRYING):
+            _finalise(job, db.CANCELLED, "cancelled by user", time.time())
+        elif job.status == db.PROCESSING:
+            Job.update(cancel_requested=True).where(Job.id == job.id).execute()
+        else:
+            raise Conflict(f"job {job.task_id} is already {job.status}")
+    bus.publish("job.cancel", task_id=job.task_id, status=job.status)
+    return job.status
+
+
+def clear() -> int:
+    """Cancel every pending and retrying job."""
+    now = time.time()
+    n = (
+        Job.update(status=db.CANCELLED, completed_at=now, error_message="cleared from the queue")
+        .where(Job.status.in_((db.PENDING, db.RETRYING)))
+        .execute()
+    )
+    bus.publish("queue.cleared", cleared=n)
+    return n
+
+
+def prioritize(job: Job) -> Job:
+    """Put a waiting job at position 1."""
+    with db.write_transaction(Job._meta.database):
+        job = Job.get_by_id(job.id)
+        if job.status not in (db.PENDING, db.RETRYING):
+            raise Conflict(f"job {job.task_id} is {job.status}, not waiting in line")
+        first = Job.select(pw.fn.MIN(Job.seq)).where(Job.status == db.PENDING).scalar()
+        seq = min(first if first is not None else job.seq, job.seq) - 1
+        Job.update(
+            priority=db.PRIORITIES["high"], seq=seq, status=db.PENDING, next_attempt_at=None
+        ).where(Job.id == job.id).execute()
+    bus.publish("job.prioritized", task_id=job.task_id)
+    return Job.get_by_id(job.id)
+
+
+def set_priority(job: Job, priority: int) -> Job:
+    with db.write_transaction(Job._meta.database):
+        job = Job.get_by_id(job.id)
+        if job.status in db.FINAL_STATES:
+            raise Conflict(f"job {job.task_id} is already {job.status}")
+        Job.update(priority=priority).where(Job.id == job.id).execute()
+    bus.publish("job.priority", task_id=job.task_id, priority=db.PRIORITY_NAMES[priority])
+    return Job.get_by_id(job.id)
+
+
+def retry(job: Job, now: float | None = None) -> Job:
+    """Put a finished job back in line, re-running only what did not complete."""
+    now = _now(now)
+    with db.write_transaction(Job._meta.database):
+        job = Job.get_by_id(job.id)
+        if job.status not in (db.FAILED, db.PARTIAL, db.CANCELLED):
+            raise Conflict(
+                f"job {job.task_id} is {job.status}; only failed, partial or cancelled jobs retry"
+            )
+        ProcessorRun.update(status=db.RUN_PENDING, attempts=0, error=None, updated_at=now).where(
+            ProcessorRun.job == job.id, ProcessorRun.status.not_in(db.RUN_DONE)
+        ).execute()
+        Job.update(
+            status=db.PENDING,
+            seq=_seq(now),
+            queued_at=now,
+            retry_count=0,
+            crash_count=0,
+            cancel_requested=False,
+            next_attempt_at=None,
+            completed_at=None,
+            error_message=None,
+        ).where(Job.id == job.id).execute()
+    bus.publish("job.queued", task_id=job.task_id, retry=True)
+    return Job.get_by_id(job.id)
+
+
+# -- the worker's side ----------------------------------------------------------------------
+
+
+def claim(
+    owner: str, node: str, limit: int, lease_seconds: float, now: float | None = None
+) -> Job | None:
+    """Atomically take the next job in line, if fewer than ``limit`` run on ``node``."""
+    now = _now(now)
+    database = Job._meta.database
+    with _claim_lock, db.write_transaction(database):
+        promoted = (
+            Job.update(status=db.PENDING, next_attempt_at=None)
+            .where(Job.status == db.RETRYING, Job.next_attempt_at <= now)
+            .execute()
+        )
+        if limit <= 0:
+            return None
+        running = Job.select().where(Job.status == db.PROCESSING, Job.node == node).count()
+        if running >= limit:
+            return None
+        query = (
+            Job.select(Job.id)
+            .where(Job.status == db.PENDING)
+            .order_by(Job.priority.desc(), Job.seq, Job.id)
+            .limit(1)
+        )
+        if db.is_postgres(database):
+            query = query.for_update("FOR UPDATE SKIP LOCKED")
+        row = query.first()
+        if row is None:
+            return None
+        Job.update(
+            status=db.PROCESSING,
+            lease_owner=owner,
+            node=node,
+            lease_until=now + lease_seconds,
+            started_at=now,
+            cancel_requested=False,
+        ).where(Job.id == row.id).execute()
+    if promoted:
+        bus.publish("job.retry_due", count=promoted)
+    job = Job.get_by_id(row.id)
+    bus.publish("job.started", task_id=job.task_id, node=node)
+    return job
+
+
+def heartbeat(owner: str, lease_seconds: float, now: float | None = None) -> int:
+    """Renew the leases of every job this process runs."""
+    now = _now(now)
+    return (
+        Job.update(lease_until=now + lease_seconds)
+        .where(Job.status == db.PROCESSING, Job.lease_owner == owner)
+        .execute()
+    )
+
+
+def start_run(run: ProcessorRun, backend: str | None, model: str | None) -> None:
+    now = time.time()
+    ProcessorRun.update(
+        status=db.RUN_RUNNING,
+        attempts=ProcessorRun.attempts + 1,
+        started_at=now,
+        completed_at=None,
+        error=None,
+        backend=backend,
+        model=model,
+        updated_at=now,
+    ).where(ProcessorRun.id == run.id).execute()
+
+
+def report(
+    job_id: int,
+    run_id: int,
+    owner: str,
+    *,
+    current: int,
+    total: int,
+    checkpoint: dict[str, Any] | None,
+    lease_seconds: float,
+) -> bool:
+    """Save progress (and a checkpoint), renew the lease; returns whether cancel was asked."""
+    now = time.time()
+    with Job._meta.database.atomic():
+        run_changes: dict[Any, Any] = {
+            ProcessorRun.progress_current: current,
+            ProcessorRun.progress_total: total,
+            ProcessorRun.updated_at: now,
+        }
+        if checkpoint is not None:
+            run_changes[ProcessorRun.last_checkpoint] = checkpoint
+        ProcessorRun.update(run_changes).where(ProcessorRun.id == run_id).execute()
+        progress = job_progress(job_id)
+        held = (
+            Job.update(progress=progress, lease_until=now + lease_seconds)
+            .where(Job.id == job_id, Job.lease_owner == owner, Job.status == db.PROCESSING)
+            .execute()
+        )
+        if not held:
+            raise LeaseLost(f"job {job_id} is no longer held by {owner}")
+        cancel = Job.select(Job.cancel_requested).where(Job.id == job_id).scalar()
+    bus.publish("job.progress", job_id=job_id, progress=progress, current=current, total=total)
+    return bool(cancel)
+
+
+def job_progress(job_id: int) -> int:
+    """Whole-job percent: each processor weighs the same."""
+    runs = list(ProcessorRun.select().where(ProcessorRun.job == job_id))
+    if not runs:
+        return 0
+    parts = []
+    for run in runs:
+        if run.status in db.RUN_DONE:
+            parts.append(1.0)
+        elif run.progress_total:
+            parts.append(min(run.progress_current / run.progress_total, 1.0))
+        else:
+            parts.append(0.0)
+    return int(100 * sum(parts) / len(parts))
+
+
+def complete_run(run: ProcessorRun, output_path: str) -> None:
+    now = time.time()
+    ProcessorRun.update(
+        status=db.RUN_COMPLETED,
+        output_path=output_path,
+        completed_at=now,
+        error=None,
+        progress_current=pw.Case(
+            None, [(ProcessorRun.progress_total > 0, ProcessorRun.progress_total)], 1
+        ),
+        progress_total=pw.Case(
+            None, [(ProcessorRun.progress_total > 0, ProcessorRun.progress_total)], 1
+        ),
+        updated_at=now,
+    ).where(ProcessorRun.id == run.id).execute()
+
+
+def skip_run(run: ProcessorRun, reason: str, output_path: str | None = None) -> None:
+    now = time.time()
+    ProcessorRun.update(
+        status=db.RUN_SKIPPED,
+        reason=reason,
+        output_path=output_path,
+        completed_at=now,
+        updated_at=now,
+    ).where(ProcessorRun.id == run.id).execute()
+
+
+def fail_run(run: ProcessorRun, error: str, *, transient: bool) -> None:
+    now = time.time()
+    ProcessorRun.update(
+        status=db.RUN_FAILED, error=error, transient=transient, completed_at=now, updated_at=now
+    ).where(ProcessorRun.id == run.id).execute()
+
+
+def release_run(run: ProcessorRun) -> None:
+    """Back to pending, keeping the checkpoint (shutdown or cancel mid-run)."""
+    ProcessorRun.update(status=db.RUN_PENDING, updated_at=time.time()).where(
+        ProcessorRun.id == run.id
+    ).execute()
+
+
+def requeue(job: Job, owner: str) -> None:
+    """Give a running job back to the line at its old place (graceful shutdown)."""
+    with db.write_transaction(Job._meta.database):
+        _requeue(job.id, owner=owner)
+    bus.publish("job.requeued", task_id=job.task_id)
+
+
+def _requeue(job_id: int, owner: str | None = None) -> None:
+    ProcessorRun.update(status=db.RUN_PENDING).where(
+        ProcessorRun.job == job_id, ProcessorRun.status == db.RUN_RUNNING
+    ).execute()
+    query = Job.update(
+        status=db.PENDING, lease_owner=None, lease_until=None, node=None, cancel_requested=False
+    ).where(Job.id == job_id, Job.status == db.PROCESSING)
+    if owner is not None:
+        query = query.where(Job.lease_owner == owner)
+    query.execute()
+
+
+def finish(job: Job, owner: str, policy: RetryPolicy, now: float | None = None) -> str:
+    """Decide a run's outcome from its processors: done, retry later, or final."""
+    now = _now(now)
+    with db.write_transaction(Job._meta.database):
+        job = Job.get_by_id(job.id)
+        if job.status != db.PROCESSING or job.lease_owner != owner:
+            return job.status  # the reaper or a user took it meanwhile
+        runs = list(job.runs)
+        if job.cancel_requested:
+            status = _finalise(job, db.CANCELLED, "cancelled by user", now)
+        else:
+            failed = [r for r in runs if r.status == db.RUN_FAILED]
+            retryable = [
+                r
+                for r in failed
+                if r.transient
+                and r.attempts <= job.max_retries
+                and job.options.get("retry_on_failure", True)
+            ]
+            if retryable:
+                status = _schedule_retry(job, retryable, policy, now)
+            else:
+                done = sum(r.status in db.RUN_DONE for r in runs)
+                status = db.COMPLETED if not failed else db.PARTIAL if done else db.FAILED
+                error = "; ".join(f"{r.processor}: {r.error}" for r in failed) or None
+                status = _finalise(job, status, error, now)
+    bus.publish(
+        "job.finished" if status in db.FINAL_STATES else "job.retrying",
+        task_id=job.task_id,
+        status=status,
+    )
+    return status
+
+
+def _schedule_retry(job: Job, runs: list[ProcessorRun], policy: RetryPolicy, now: float) -> str:
+    # Doubling backoff with jitter that never lets a later delay be shorter than an earlier one.
+    delay = policy.retry_delay * (2**job.retry_count) * random.uniform(1.0, 1.25)
+    ProcessorRun.update(status=db.RUN_PENDING).where(
+        ProcessorRun.id.in_([r.id for r in runs])
+    ).execute()
+    Job.update(
+        status=db.RETRYING,
+        retry_count=Job.retry_count + 1,
+        next_attempt_at=now + delay,
+        lease_owner=None,
+        lease_until=None,
+        node=None,
+        error_message="; ".join(f"{r.processor}: {r.error}" for r in runs),
+    ).where(Job.id == job.id).execute()
+    return db.RETRYING
+
+
+def _finalise(job: Job, status: str, error: str | None, now: float) -> str:
+    Job.update(
+        status=status,
+        completed_at=now,
+        error_message=error,
+        lease_owner=None,
+        lease_until=None,
+        next_attempt_at=None,
+        progress=job_progress(job.id),
+    ).where(Job.id == job.id).execute()
+    return status
+
+
+def reap(node: str, owner: str, policy: RetryPolicy, now: float | None = None) -> list[str]:
+    """Re-queue jobs whose worker died: an expired lease, or an earlier life of this node.
+
+    They keep their place in line and resume from their checkpoints. A job that
+    has taken a process down ``max_crashes`` times is parked as failed instead.
+    """
+    now = _now(now)
+    reaped = []
+    with db.write_transaction(Job._meta.database):
+        stale = Job.select().where(
+            Job.status == db.PROCESSING,
+            (Job.lease_until < now) | ((Job.node == node) & (Job.lease_owner != owner)),
+        )
+        for job in stale:
+            crashes = job.crash_count + 1
+            Job.update(crash_count=crashes).where(Job.id == job.id).execute()
+            if crashes >= policy.max_crashes:
+                running = [r.processor for r in job.runs if r.status == db.RUN_RUNNING]
+                error = (
+                    f"the service stopped {crashes} times while running this job"
+                    f" (during {', '.join(running) or 'start-up'}); parked for inspection"
+                )
+                ProcessorRun.update(status=db.RUN_FAILED, error=error, transient=False).where(
+                    ProcessorRun.job == job.id, ProcessorRun.status == db.RUN_RUNNING
+                ).execute()
+                _finalise(job, db.FAILED, error, now)
+            else:
+                _requeue(job.id)
+            reaped.append(job.task_id)
+    for task_id in reaped:
+        bus.publish("job.recovered", task_id=task_id)
+    return reaped
+
+
+# -- reads that steer ordering ---------------------------------------------------------------
+
+
+def pending_in_order() -> pw.ModelSelect:
+    return (
+        Job.select().where(Job.status == db.PENDING).order_by(Job.priority.desc(), Job.seq, Job.id)
+    )
+
+
+def position(job: Job) -> int | None:
+    """1-based place in line, exact at the moment of the call; None when not pending."""
+    if job.status != db.PENDING:
+        return None
+    ahead = (
+        Job.select()
+        .where(
+            Job.status == db.PENDING,
+            (Job.priority > job.priority)
+            | (
+                (Job.priority == job.priority)
+                & ((Job.seq < job.seq) | ((Job.seq == job.seq) & (Job.id < job.id)))
+            ),
+        )
+        .count()
+    )
+    return ahead + 1

@@ -1,0 +1,83 @@
+"""/metrics: Prometheus text built from the tables at scrape time (it observes, never writes)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import peewee as pw
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import (
+    CollectorRegistry,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from . import db
+from .db import Job, MediaFile, ProcessorRun
+
+if TYPE_CHECKING:
+    from .service import Service
+
+DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200)
+
+
+class _Collector:
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[Metric]:
+        by_status = GaugeMetricFamily("momentry_jobs", "Jobs by status.", labels=["status"])
+        counts = dict(Job.select(Job.status, pw.fn.COUNT(Job.id)).group_by(Job.status).tuples())
+        for status in (*db.ACTIVE_STATES, *db.FINAL_STATES):
+            by_status.add_metric([status], counts.get(status, 0))
+        yield by_status
+        yield GaugeMetricFamily(
+            "momentry_queue_depth", "Jobs waiting in line.", value=counts.get(db.PENDING, 0)
+        )
+        yield GaugeMetricFamily(
+            "momentry_active_jobs", "Jobs running.", value=counts.get(db.PROCESSING, 0)
+        )
+        yield GaugeMetricFamily(
+            "momentry_effective_concurrency",
+            "Jobs allowed to run at once now.",
+            value=self.service.workers.effective_limit(),
+        )
+        files = GaugeMetricFamily("momentry_files", "Registered files by state.", labels=["state"])
+        file_counts = dict(
+            MediaFile.select(MediaFile.state, pw.fn.COUNT(MediaFile.id))
+            .group_by(MediaFile.state)
+            .tuples()
+        )
+        for state in (db.PRESENT, db.MISSING, db.REJECTED):
+            files.add_metric([state], file_counts.get(state, 0))
+        yield files
+        yield self._durations()
+
+    def _durations(self) -> HistogramMetricFamily:
+        histogram = HistogramMetricFamily(
+            "momentry_processor_duration_seconds",
+            "Time each completed processor run took.",
+            labels=["processor"],
+        )
+        took = ProcessorRun.completed_at - ProcessorRun.started_at
+        rows = (
+            ProcessorRun.select(ProcessorRun.processor, took.alias("took"))
+            .where(ProcessorRun.status == db.RUN_COMPLETED, ProcessorRun.started_at.is_null(False))
+            .tuples()
+        )
+        per_processor: dict[str, list[float]] = {}
+        for name, seconds in rows:
+            per_processor.setdefault(name, []).append(max(seconds or 0.0, 0.0))
+        for name, values in sorted(per_processor.items()):
+            buckets = [(str(b), sum(v <= b for v in values)) for b in DURATION_BUCKETS]
+            buckets.append(("+Inf", len(values)))
+            histogram.add_metric([name], buckets, sum(values))
+        return histogram
+
+
+def render_metrics(service: Service) -> tuple[bytes, str]:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(service))
+    return generate_latest(registry), CONTENT_TYPE_LATEST

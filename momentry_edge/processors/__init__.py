@@ -1,0 +1,82 @@
+"""The processors this service knows: built-in ones and configured plugins."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ..errors import Invalid
+from .base import PROCESSOR_NAMES, PermanentError, Processor, Readiness
+
+BUILTIN = {
+    "cut": "momentry_edge.processors.cut:CutProcessor",
+}
+
+
+class Unavailable(Processor):
+    """A known processor with no backend on this machine: it says so instead of running."""
+
+    backend = "none"
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__({})
+        self.name = name  # type: ignore[misc]
+        self._reason = reason
+
+    def readiness(self) -> Readiness:
+        return Readiness(False, self._reason)
+
+    def run(self, ctx: Any) -> dict[str, Any]:
+        raise PermanentError(self._reason)
+
+
+def load_class(spec: str) -> type[Processor]:
+    module_name, _, attr = spec.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot load processor {spec!r}: {exc}") from exc
+    if not (isinstance(cls, type) and issubclass(cls, Processor)):
+        raise ValueError(f"{spec!r} is not a Processor subclass")
+    return cls
+
+
+class Registry:
+    def __init__(self, plugins: Iterable[str], settings: Mapping[str, Mapping[str, Any]]) -> None:
+        self._settings = settings
+        self._classes: dict[str, type[Processor] | str] = {}
+        for name in PROCESSOR_NAMES:
+            spec = BUILTIN.get(name)
+            if spec is None:
+                self._classes[name] = f"no backend for {name} is installed in this build"
+                continue
+            try:
+                self._classes[name] = load_class(spec)
+            except ValueError as exc:
+                self._classes[name] = str(exc)
+        for spec in plugins:
+            cls = load_class(spec)
+            self._classes[cls.name] = cls
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._classes)
+
+    def validate(self, names: Any) -> list[str]:
+        """The requested processor names, checked, in the order given, without repeats."""
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise Invalid("processors must be a non-empty list of names")
+        unknown = [n for n in names if n not in self._classes]
+        if unknown:
+            raise Invalid(f"unknown processor {unknown[0]!r}; known: {', '.join(self.names)}")
+        return list(dict.fromkeys(names))
+
+    def create(self, name: str) -> Processor:
+        cls = self._classes[name]
+        if isinstance(cls, str):
+            return Unavailable(name, cls)
+        return cls(self._settings.get(name, {}))
+
+    def describe(self) -> dict[str, dict[str, Any]]:
+        return {name: self.create(name).describe() for name in self._classes}

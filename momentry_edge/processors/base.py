@@ -1,0 +1,122 @@
+"""What every processor implements, and the context it runs in.
+
+A processor knows nothing of the queue: it is given a media file and a
+``RunContext`` and returns its ``result`` dict. It reports progress through the
+context, which also saves its checkpoint, renews the job's lease and raises
+``Stop`` when the job was cancelled, the service is shutting down or the job
+ran out of time. The worker writes the output file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+PROCESSOR_NAMES = ("asr", "asrx", "cut", "yolo", "ocr", "face", "pose")
+
+
+class Stop(Exception):  # a signal to end early, not an error
+    """Raised by ``RunContext.report`` to end a run early; ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason  # "cancelled" | "shutdown" | "timeout"
+
+
+class ProcessorError(Exception):
+    """A processor failure. ``transient`` failures are retried with backoff."""
+
+    def __init__(self, message: str, *, transient: bool = True) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+class PermanentError(ProcessorError):
+    """Retrying cannot help (unreadable media, missing model, bad settings)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, transient=False)
+
+
+@dataclass(frozen=True)
+class Readiness:
+    ready: bool
+    reason: str | None = None
+
+
+@dataclass
+class RunContext:
+    media_path: Path
+    output_dir: Path
+    checkpoint: dict[str, Any] | None  # the last one saved by an earlier attempt, if any
+    attempt: int  # 1 for the first run of this processor in this job
+    _report: Callable[[int, int, dict[str, Any] | None], None] = field(repr=False)
+
+    def report(self, current: int, total: int, checkpoint: dict[str, Any] | None = None) -> None:
+        """Record progress (and a checkpoint to resume from); raises ``Stop`` when told to stop.
+
+        A checkpoint is a JSON-able dict. ``frame`` and ``timestamp`` keys, when
+        present, are shown to users as ``last_checkpoint``; a ``partial`` key holds
+        the result so far, written out if the run is cancelled.
+        """
+        self._report(current, total, checkpoint)
+
+    def write_text(self, name: str, text: str) -> Path:
+        """Write an extra output file (e.g. ``asr.srt``) atomically beside the JSON."""
+        return write_atomic(self.output_dir / name, text)
+
+
+class Processor:
+    """Base class: set ``name`` and ``version``; implement ``run``."""
+
+    name: ClassVar[str]
+    version: ClassVar[str] = "1"
+    backend: str = "builtin"
+    model: str | None = None
+
+    def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
+        self.settings = dict(settings or {})
+
+    def readiness(self) -> Readiness:
+        return Readiness(True)
+
+    def load(self) -> None:
+        """Load models; called once per worker before the first run."""
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        state = self.readiness()
+        return {
+            "backend": self.backend,
+            "model": self.model,
+            "version": self.version,
+            "ready": state.ready,
+            "reason": state.reason,
+        }
+
+
+def write_atomic(path: Path, text: str) -> Path:
+    """Write via a temp file in the same folder and rename, so readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json_atomic(path: Path, data: Any) -> Path:
+    return write_atomic(path, json.dumps(data, ensure_ascii=False, indent=2) + "\n")

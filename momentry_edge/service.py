@@ -1,0 +1,242 @@
+"""`momentry-edge run`: database + workers + HTTP in one process, started and stopped in order."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import logging.handlers
+import os
+import secrets
+import signal
+import socket
+import threading
+import time
+from typing import Any
+
+from cheroot import wsgi
+
+from . import __version__, db, ingest, jobs, views
+from .api import make_app
+from .clock import iso
+from .config import Config, ConfigError
+from .db import Job, MediaFile
+from .events import bus
+from .gate import Gate
+from .processors import Registry
+from .worker import Workers
+
+log = logging.getLogger(__name__)
+
+TICK = 1.0  # main loop period, seconds
+SAMPLE_EVERY = 2.0  # resource monitor period
+HEALTH_EVERY = 10.0  # worker thread health check period
+
+
+class Service:
+    def __init__(self, config: Config) -> None:
+        check_bind_address(config)
+        self.config = config
+        self.stopping = threading.Event()
+        self.node = config.service.node_id or socket.gethostname()
+        self.owner = f"{self.node}/{os.getpid()}/{secrets.token_hex(3)}"
+        self.registry = Registry(config.service.plugins, config.processors)
+        self.gate = Gate(config.queue)
+        self.workers = Workers(config, self.registry, self.gate, self.node, self.owner)
+        self.server: wsgi.Server | None = None
+        self.url = ""
+        self._threads: list[threading.Thread] = []
+
+    # -- what the API calls ---------------------------------------------------------------------
+
+    def submit(
+        self,
+        record: MediaFile,
+        processors: Any,
+        priority: Any,
+        options: dict[str, Any] | None = None,
+    ) -> tuple[Job, bool]:
+        names = self.registry.validate(processors)
+        job, created = jobs.submit(
+            record,
+            names,
+            priority=jobs.parse_priority(priority),
+            max_retries=self.config.queue.max_retries,
+            options=options,
+        )
+        if created:
+            self.workers.kick()
+        return job, created
+
+    def register(
+        self,
+        raw_path: str,
+        *,
+        upload_ok: bool = True,
+        scan: bool = True,
+        processors: Any = None,
+        priority: Any = "normal",
+        options: dict[str, Any] | None = None,
+    ) -> tuple[MediaFile, Job | None, bool]:
+        """Record a file from a watched folder and (unless scan is False) queue its deep scan."""
+        if processors is not None:
+            processors = self.registry.validate(processors)
+        jobs.parse_priority(priority)
+        path, root = ingest.resolve_in_watch(raw_path, self.config.service.watch)
+        record, changed = ingest.register(path, root, upload_ok=upload_ok)
+        job = None
+        if scan and record.state == db.PRESENT:
+            wanted = processors or list(self.config.ingest.processors)
+            job, created = self.submit(record, wanted, priority, options)
+            changed = changed or created
+        return record, job, changed
+
+    def queue_status(self) -> dict[str, Any]:
+        return views.queue_status(self.workers.effective_limit(), self.gate.load)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Open the database, recover what a crash left, then start serving and working."""
+        setup_logging(self.config)
+        db.connect(self.config.service.database_url, self.config.data_dir)
+        q = self.config.queue
+        jobs.init_queue_state(q.max_concurrent, q.dynamic_concurrency)
+        recovered = jobs.reap(self.node, self.owner, self.workers.policy)
+        if recovered:
+            log.warning(
+                "recovered %d job(s) a previous run left unfinished: %s",
+                len(recovered),
+                ", ".join(recovered),
+            )
+        self._start_http()
+        if q.worker_enabled:
+            self.workers.start()
+        self._write_run_file()
+        log.info("momentry-edge %s listening on %s (node %s)", __version__, self.url, self.node)
+
+    def run_forever(self) -> None:
+        """The main thread's loop: housekeeping until a signal sets ``stopping``."""
+        due: dict[str, float] = {}
+        every = {
+            "sample": SAMPLE_EVERY,
+            "heartbeat": self.config.queue.lease_seconds / 3,
+            "reap": self.config.queue.poll_interval,
+            "health": HEALTH_EVERY,
+        }
+        while not self.stopping.wait(min(TICK, self.config.queue.poll_interval)):
+            now = time.monotonic()
+            for name, period in every.items():
+                if now >= due.get(name, 0):
+                    due[name] = now + period
+                    self._housekeeping(name)
+
+    def _housekeeping(self, task: str) -> None:
+        try:
+            if task == "sample":
+                self.gate.sample(jobs.queue_state().max_concurrent)
+            elif task == "heartbeat":
+                jobs.heartbeat(self.owner, self.config.queue.lease_seconds)
+            elif task == "reap":
+                jobs.reap(self.node, self.owner, self.workers.policy)
+                if self.config.queue.worker_enabled:
+                    self.workers.kick()
+            elif task == "health" and self.config.queue.worker_enabled:
+                self.workers.check_health()
+        except Exception:
+            # The database may be briefly unreachable; the next tick tries again.
+            log.exception("housekeeping step %r failed", task)
+
+    def stop(self) -> None:
+        """Shut down in order, each step bounded."""
+        self.stopping.set()
+        bus.publish("service.stopping")  # wakes event-stream readers so they end
+        # 1. Stop taking requests.
+        if self.server is not None:
+            self.server.stop()
+        # 2. Running processors stop at their next report and go back to the line.
+        if self.config.queue.worker_enabled:
+            self.workers.stop()
+        # 3. Anything still held (a processor that never reported) goes back too.
+        for job in Job.select().where(Job.lease_owner == self.owner, Job.status == db.PROCESSING):
+            jobs.requeue(job, self.owner)
+        (self.config.data_dir / "run.json").unlink(missing_ok=True)
+        db.Job._meta.database.close()
+        log.info("stopped")
+
+    def _start_http(self) -> None:
+        host, port = self.config.service.host, self.config.service.port
+        self.server = wsgi.Server((host, port), make_app(self), numthreads=16, timeout=10)
+        self.server.prepare()  # binds now, so a port in use fails start-up loudly
+        bound = self.server.bind_addr
+        self.url = f"http://{_url_host(host)}:{bound[1]}"
+        thread = threading.Thread(target=self.server.serve, name="http", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _write_run_file(self) -> None:
+        info = {
+            "pid": os.getpid(),
+            "url": self.url,
+            "node": self.node,
+            "started_at": iso(time.time()),
+        }
+        path = self.config.data_dir / "run.json"
+        path.write_text(json.dumps(info) + "\n", encoding="utf-8")
+
+
+def run(config: Config) -> int:
+    """Run the service until SIGINT/SIGTERM; returns the exit code."""
+    service = Service(config)
+
+    def on_signal(signum: int, frame: Any) -> None:
+        service.stopping.set()  # the main loop does the rest
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        service.start()
+        service.run_forever()
+    finally:
+        service.stop()
+    return 0
+
+
+def check_bind_address(config: Config) -> None:
+    host = config.service.host
+    if not config.service.token and not _is_loopback(host):
+        raise ConfigError(
+            f"service.host: refusing to listen on {host!r} without service.token "
+            "(set MOMENTRY_API_TOKEN, or bind 127.0.0.1)"
+        )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", "", "::"):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+def setup_logging(config: Config) -> None:
+    logs = config.data_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    to_file = logging.handlers.RotatingFileHandler(
+        logs / "momentry-edge.log", maxBytes=10 << 20, backupCount=5, encoding="utf-8"
+    )
+    to_stderr = logging.StreamHandler()
+    root = logging.getLogger()
+    for handler in (to_file, to_stderr):
+        handler.setFormatter(fmt)
+        root.addHandler(handler)
+    root.setLevel(config.service.log_level.upper())
+    logging.getLogger("huey").setLevel(logging.WARNING)

@@ -1,0 +1,289 @@
+"""Read-only views of the tables, shaped as API.md's JSON. Nothing here writes."""
+
+from __future__ import annotations
+
+import heapq
+import time
+from typing import Any
+
+import peewee as pw
+
+from . import db, jobs
+from .clock import iso
+from .db import Job, MediaFile, ProcessorRun
+
+HISTORY = 100  # finished jobs that estimate how long the next one takes
+
+
+def average_job_seconds() -> float | None:
+    recent = (
+        Job.select((Job.completed_at - Job.started_at).alias("took"))
+        .where(Job.status.in_((db.COMPLETED, db.PARTIAL, db.FAILED)), Job.started_at.is_null(False))
+        .order_by(Job.completed_at.desc())
+        .limit(HISTORY)
+    )
+    took = [row.took for row in recent if row.took is not None and row.took >= 0]
+    return sum(took) / len(took) if took else None
+
+
+def estimated_starts(count: int, running: list[Job], limit: int, now: float) -> list[float | None]:
+    """When each of the first ``count`` pending jobs should start, from the average job time.
+
+    Each of ``limit`` slots frees when its running job should end (from its progress
+    when it has some); each job ahead then takes one average. None without history
+    or while nothing may start.
+    """
+    average = average_job_seconds()
+    if average is None or limit <= 0:
+        return [None] * count
+    ends = []
+    for job in running:
+        elapsed = max(now - (job.started_at or now), 0)
+        if job.progress:
+            remaining = elapsed * (100 - job.progress) / job.progress
+        else:
+            remaining = max(average - elapsed, 0)
+        ends.append(now + remaining)
+    slots = sorted(ends)[:limit] + [now] * max(limit - len(ends), 0)
+    heapq.heapify(slots)
+    starts: list[float | None] = []
+    for _ in range(count):
+        start = heapq.heappop(slots)
+        starts.append(start)
+        heapq.heappush(slots, start + average)
+    return starts
+
+
+def queue_status(
+    effective_limit: int, load: Any, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    with db.read_snapshot(Job._meta.database):
+        return _queue_status(effective_limit, load, extra)
+
+
+def _queue_status(effective_limit: int, load: Any, extra: dict[str, Any] | None) -> dict[str, Any]:
+    now = time.time()
+    state = jobs.queue_state()
+    running = list(
+        Job.select(Job, MediaFile)
+        .join(MediaFile)
+        .where(Job.status == db.PROCESSING)
+        .order_by(Job.started_at)
+    )
+    pending = list(jobs.pending_in_order().select_extend(MediaFile).join(MediaFile))
+    retrying = list(
+        Job.select(Job, MediaFile)
+        .join(MediaFile)
+        .where(Job.status == db.RETRYING)
+        .order_by(Job.next_attempt_at)
+    )
+    starts = estimated_starts(len(pending), running, effective_limit, now)
+    queue: list[dict[str, Any]] = []
+    for job in running:
+        queue.append(
+            _queue_entry(job)
+            | {"started_at": iso(job.started_at), "progress": job.progress, "node": job.node}
+        )
+    for number, (job, start) in enumerate(zip(pending, starts, strict=True), start=1):
+        queue.append(
+            _queue_entry(job)
+            | {"queued_at": iso(job.queued_at), "position": number, "estimated_start": iso(start)}
+        )
+    for job in retrying:
+        queue.append(
+            _queue_entry(job)
+            | {
+                "next_attempt_at": iso(job.next_attempt_at),
+                "error": job.error_message,
+                "retry_count": job.retry_count,
+            }
+        )
+    counts = dict(Job.select(Job.status, pw.fn.COUNT(Job.id)).group_by(Job.status).tuples())
+    return {
+        "active_count": len(running),
+        "max_concurrent": state.max_concurrent,
+        "effective_concurrency": effective_limit,
+        "dynamic_concurrency": state.dynamic_concurrency,
+        "pending_count": len(pending),
+        "retrying_count": len(retrying),
+        "paused": state.paused,
+        "queue": queue,
+        "statistics": {
+            "total_processed": sum(counts.get(s, 0) for s in (db.COMPLETED, db.PARTIAL, db.FAILED)),
+            "total_failed": counts.get(db.FAILED, 0),
+            "total_partial": counts.get(db.PARTIAL, 0),
+            "total_cancelled": counts.get(db.CANCELLED, 0),
+            "average_time": _round(average_job_seconds()),
+        },
+        "resources": {
+            "cpu_percent": load.cpu_percent if load else None,
+            "memory_percent": load.memory_percent if load else None,
+            "gpu_percent": load.gpu_percent if load else None,
+        },
+        **(extra or {}),
+    }
+
+
+def _queue_entry(job: Job) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "task_id": job.task_id,
+        "file_uuid": job.file.file_uuid,
+        "file_name": job.file.name,
+        "status": job.status,
+        "priority": db.PRIORITY_NAMES[job.priority],
+        "processors": job.processors,
+    }
+
+
+def _runs(job: Job) -> list[ProcessorRun]:
+    return list(
+        ProcessorRun.select().where(ProcessorRun.job == job.id).order_by(ProcessorRun.position)
+    )
+
+
+def job_summary(job: Job) -> dict[str, Any]:
+    runs = _runs(job)
+    return _queue_entry(job) | {
+        "progress": job.progress,
+        "completed": [r.processor for r in runs if r.status in db.RUN_DONE],
+        "failed": [r.processor for r in runs if r.status == db.RUN_FAILED],
+        "created_at": iso(job.created_at),
+    }
+
+
+def job_detail(job: Job, effective_limit: int) -> dict[str, Any]:
+    with db.read_snapshot(Job._meta.database):
+        return _job_detail(Job.get_by_id(job.id), effective_limit)
+
+
+def _job_detail(job: Job, effective_limit: int) -> dict[str, Any]:
+    position = jobs.position(job)
+    estimated = None
+    if position is not None:
+        now = time.time()
+        running = list(Job.select().where(Job.status == db.PROCESSING))
+        estimated = iso(estimated_starts(position, running, effective_limit, now)[-1])
+    return _queue_entry(job) | {
+        "position": position,
+        "estimated_start": estimated,
+        "progress": job.progress,
+        "retry_count": job.retry_count,
+        "max_retries": job.max_retries,
+        "crash_count": job.crash_count,
+        "cancel_requested": job.cancel_requested,
+        "node": job.node,
+        "next_attempt_at": iso(job.next_attempt_at),
+        "options": job.options,
+        "processors": {run.processor: run_detail(run) for run in _runs(job)},
+        "created_at": iso(job.created_at),
+        "queued_at": iso(job.queued_at),
+        "started_at": iso(job.started_at),
+        "completed_at": iso(job.completed_at),
+        "error_message": job.error_message,
+    }
+
+
+def run_detail(run: ProcessorRun) -> dict[str, Any]:
+    detail: dict[str, Any] = {"status": run.status, "attempts": run.attempts}
+    if run.progress_total:
+        detail.update(
+            progress=int(100 * min(run.progress_current / run.progress_total, 1)),
+            current=run.progress_current,
+            total=run.progress_total,
+        )
+    elif run.status in db.RUN_DONE:
+        detail["progress"] = 100
+    checkpoint = run.last_checkpoint or {}
+    optional = {
+        "output_path": run.output_path,
+        "started_at": iso(run.started_at),
+        "completed_at": iso(run.completed_at),
+        "error": run.error,
+        "reason": run.reason,
+        "backend": run.backend,
+        "model": run.model,
+        "last_checkpoint": {k: checkpoint[k] for k in ("frame", "timestamp") if k in checkpoint}
+        or None,
+    }
+    return detail | {k: v for k, v in optional.items() if v is not None}
+
+
+def list_jobs(statuses: list[str], limit: int, offset: int) -> dict[str, Any]:
+    query = Job.select(Job, MediaFile).join(MediaFile)
+    if statuses:
+        query = query.where(Job.status.in_(statuses))
+    total = query.count()
+    page = query.order_by(Job.id.desc()).limit(limit).offset(offset)
+    return {"jobs": [job_summary(job) for job in page], "total": total}
+
+
+def dead_jobs() -> dict[str, Any]:
+    """Jobs that ran out of retries (or could not be retried), with each processor's error."""
+    query = (
+        Job.select(Job, MediaFile)
+        .join(MediaFile)
+        .where(Job.status.in_((db.FAILED, db.PARTIAL)))
+        .order_by(Job.completed_at.desc())
+    )
+    dead = []
+    for job in query:
+        failed = {
+            r.processor: {"error": r.error, "attempts": r.attempts}
+            for r in _runs(job)
+            if r.status == db.RUN_FAILED
+        }
+        dead.append(
+            _queue_entry(job)
+            | {
+                "retry_count": job.retry_count,
+                "completed_at": iso(job.completed_at),
+                "error_message": job.error_message,
+                "failed": failed,
+            }
+        )
+    return {"jobs": dead, "total": len(dead)}
+
+
+def file_summary(record: MediaFile) -> dict[str, Any]:
+    newest = Job.select(Job.status).where(Job.file == record.id).order_by(Job.id.desc()).first()
+    return {
+        "file_uuid": record.file_uuid,
+        "file_name": record.name,
+        "path": record.rel_path,
+        "state": record.state,
+        "reason": record.reason,
+        "size": record.size,
+        "status": newest.status if newest else None,
+    }
+
+
+def file_detail(record: MediaFile) -> dict[str, Any]:
+    history = Job.select().where(Job.file == record.id).order_by(Job.id.desc())
+    return file_summary(record) | {
+        "duration": record.duration,
+        "width": record.width,
+        "height": record.height,
+        "fps": record.fps,
+        "video_codec": record.video_codec,
+        "audio_codec": record.audio_codec,
+        "fingerprint": record.fingerprint,
+        "registered_at": iso(record.registered_at),
+        "jobs": [
+            {"task_id": j.task_id, "status": j.status, "created_at": iso(j.created_at)}
+            for j in history
+        ],
+    }
+
+
+def list_files(states: list[str], limit: int, offset: int) -> dict[str, Any]:
+    query = MediaFile.select()
+    if states:
+        query = query.where(MediaFile.state.in_(states))
+    total = query.count()
+    page = query.order_by(MediaFile.id.desc()).limit(limit).offset(offset)
+    return {"files": [file_summary(f) for f in page], "total": total}
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)

@@ -1,0 +1,294 @@
+"""Huey consumer wiring and the loop that claims and runs jobs.
+
+Huey supplies the worker threads, graceful shutdown and the scheduler that
+wakes workers when a retry falls due. Its queue only carries "drain" wake-ups;
+which job runs next, and whether any may start, is decided by jobs.claim from
+the job table, so a lost wake-up (kill -9) loses no work: the next start-up,
+or the next periodic kick, drains the table again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from huey import Huey
+from huey.consumer import Consumer
+from huey.storage import MemoryStorage
+
+from . import db, jobs
+from .clock import iso
+from .config import Config
+from .db import Job, ProcessorRun
+from .gate import Gate
+from .processors import Registry
+from .processors.base import Processor, ProcessorError, RunContext, Stop, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+REPORT_INTERVAL = 0.5  # seconds between progress writes that carry no checkpoint
+
+
+class BlockingMemoryStorage(MemoryStorage):
+    """Huey's in-memory queue, but ``dequeue`` waits for a message instead of returning None.
+
+    Huey's workers do not poll-and-sleep on a blocking storage, so a wake-up
+    reaches an idle worker in about a millisecond at no idle CPU cost.
+    """
+
+    blocking = True
+
+    def __init__(self, *args: Any, read_timeout: float = 1.0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._ready = threading.Condition(self._lock)
+        self._read_timeout = read_timeout
+
+    def enqueue(self, data: bytes, priority: float | None = None) -> None:
+        with self._ready:
+            super().enqueue(data, priority)
+            self._ready.notify()
+
+    def dequeue(self) -> bytes | None:
+        with self._ready:
+            data = super().dequeue()
+            if data is None and self._ready.wait(self._read_timeout):
+                data = super().dequeue()
+            return data
+
+
+class InProcessConsumer(Consumer):
+    """A consumer that leaves signal handling to the service's main thread."""
+
+    def _set_signal_handlers(self) -> None:
+        pass
+
+
+class Workers:
+    def __init__(
+        self, config: Config, registry: Registry, gate: Gate, node: str, owner: str
+    ) -> None:
+        self.config = config
+        self.registry = registry
+        self.gate = gate
+        self.node = node
+        self.owner = owner  # this process's lease owner id
+        self.policy = jobs.RetryPolicy(
+            retry_delay=config.queue.retry_delay,
+            max_crashes=config.queue.max_crashes,
+            lease_seconds=config.queue.lease_seconds,
+        )
+        self.stopping = threading.Event()
+        self._local = threading.local()
+        self.huey = Huey("momentry-edge", storage_class=BlockingMemoryStorage, results=False)
+        self._drain_task = self.huey.task(name="drain")(self._drain)
+        self.consumer = InProcessConsumer(
+            self.huey,
+            workers=config.queue.worker_threads,
+            periodic=False,
+            check_worker_health=False,  # the service's main loop calls it
+            shutdown_timeout=30,
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.consumer.start()
+        self.kick()
+
+    def stop(self) -> None:
+        """Running processors stop at their next report and go back to the line."""
+        self.stopping.set()
+        self.consumer.stop(graceful=True)
+
+    def kick(self, delay: float | None = None) -> None:
+        """Wake idle workers (after ``delay`` seconds) to look for claimable jobs."""
+        if delay is not None:
+            self._drain_task.schedule(delay=max(delay, 0))
+        elif self.huey.pending_count() < self.config.queue.worker_threads:
+            self._drain_task()
+
+    def check_health(self) -> None:
+        self.consumer.check_worker_health()
+
+    def effective_limit(self) -> int:
+        state = jobs.queue_state()
+        return self.gate.effective_limit(
+            state.max_concurrent, state.dynamic_concurrency, state.paused
+        )
+
+    # -- running jobs ------------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        while not self.stopping.is_set():
+            job = jobs.claim(
+                self.owner, self.node, self.effective_limit(), self.config.queue.lease_seconds
+            )
+            if job is None:
+                return
+            self.run_job(job)
+
+    def run_job(self, job: Job) -> str:
+        log.info("job %s started: %s", job.task_id, ", ".join(job.processors))
+        out_dir = self.config.data_dir / "results" / job.file.file_uuid
+        deadline = time.monotonic() + self.config.queue.task_timeout
+        runs = (
+            ProcessorRun.select()
+            .where(ProcessorRun.job == job.id, ProcessorRun.status == db.RUN_PENDING)
+            .order_by(ProcessorRun.position)
+        )
+        try:
+            for run in runs:
+                self._run_processor(job, run, Path(job.file.path), out_dir, deadline)
+        except Stop as stop:
+            if stop.reason == "shutdown":
+                jobs.requeue(job, self.owner)
+                log.info("job %s returned to the queue at shutdown", job.task_id)
+                return db.PENDING
+            if stop.reason == "lease":
+                log.warning("job %s: lease lost, another worker has it", job.task_id)
+                return db.PROCESSING
+        status = jobs.finish(job, self.owner, self.policy)
+        log.info("job %s %s", job.task_id, status)
+        if status == db.RETRYING:
+            self.kick(delay=Job.get_by_id(job.id).next_attempt_at - time.time())
+        return status
+
+    def _processor(self, name: str) -> Processor:
+        """This thread's instance of a processor, loaded on first use."""
+        cache = self._local.__dict__.setdefault("processors", {})
+        if name not in cache:
+            processor = self.registry.create(name)
+            if processor.readiness().ready:
+                processor.load()
+            cache[name] = processor
+        return cache[name]
+
+    def _run_processor(
+        self, job: Job, run: ProcessorRun, media_path: Path, out_dir: Path, deadline: float
+    ) -> None:
+        tracker = _Reporter(self, job, run, deadline)
+        try:
+            processor = self._processor(run.processor)
+            state = processor.readiness()
+            if not state.ready:
+                raise ProcessorError(state.reason or "not ready", transient=False)
+            jobs.start_run(run, processor.backend, processor.model)
+            ctx = RunContext(
+                media_path=media_path,
+                output_dir=out_dir,
+                checkpoint=run.last_checkpoint,
+                attempt=run.attempts + 1,
+                _report=tracker.report,
+            )
+            result = processor.run(ctx)
+        except Stop as stop:
+            if stop.reason in ("cancelled", "timeout") and tracker.checkpoint:
+                self._write_output(
+                    job,
+                    run,
+                    processor,
+                    "partial",
+                    tracker.checkpoint.get("partial"),
+                    None,
+                    tracker.checkpoint,
+                    out_dir,
+                )
+            if stop.reason == "timeout":
+                error = f"timed out after {self.config.queue.task_timeout:g} s (queue.task_timeout)"
+                jobs.fail_run(run, error, transient=True)
+            else:
+                jobs.release_run(run)
+            raise
+        except ProcessorError as exc:
+            log.warning("job %s: %s failed: %s", job.task_id, run.processor, exc)
+            jobs.fail_run(run, str(exc), transient=exc.transient)
+        except Exception as exc:
+            log.exception("job %s: %s crashed", job.task_id, run.processor)
+            jobs.fail_run(run, f"{type(exc).__name__}: {exc}", transient=True)
+        else:
+            path = self._write_output(
+                job, run, processor, "completed", result, None, tracker.checkpoint, out_dir
+            )
+            jobs.complete_run(run, str(path))
+            log.info("job %s: %s completed", job.task_id, run.processor)
+
+    def _write_output(
+        self,
+        job: Job,
+        run: ProcessorRun,
+        processor: Processor,
+        status: str,
+        result: Any,
+        error: str | None,
+        checkpoint: dict[str, Any] | None,
+        out_dir: Path,
+    ) -> Path:
+        path = out_dir / f"{run.processor}.json"
+        checkpoint = checkpoint or {}
+        document = {
+            "processor": run.processor,
+            "status": status,
+            "completed_at": iso(time.time()),
+            "backend": processor.backend,
+            "model": processor.model,
+            "version": processor.version,
+            "task_id": job.task_id,
+            "file_uuid": job.file.file_uuid,
+            "result": result,
+            "error": error,
+            "last_checkpoint": {k: checkpoint[k] for k in ("frame", "timestamp") if k in checkpoint}
+            or None,
+        }
+        if status != "completed" and _holds_complete_result(path):
+            # Never let a partial run replace a complete result from an earlier job.
+            path = out_dir / f"{run.processor}.partial.json"
+        return write_json_atomic(path, document)
+
+
+def _holds_complete_result(path: Path) -> bool:
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("status") == "completed"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+class _Reporter:
+    """The report callback a processor gets: saves progress, relays stop requests."""
+
+    def __init__(self, workers: Workers, job: Job, run: ProcessorRun, deadline: float) -> None:
+        self.workers = workers
+        self.job = job
+        self.run = run
+        self.deadline = deadline
+        self.checkpoint: dict[str, Any] | None = run.last_checkpoint
+        self._last_write = 0.0
+
+    def report(self, current: int, total: int, checkpoint: dict[str, Any] | None = None) -> None:
+        if checkpoint is not None:
+            self.checkpoint = checkpoint
+        now = time.monotonic()
+        stopping = self.workers.stopping.is_set()
+        if checkpoint is not None or stopping or now - self._last_write >= REPORT_INTERVAL:
+            self._last_write = now
+            try:
+                cancel = jobs.report(
+                    self.job.id,
+                    self.run.id,
+                    self.workers.owner,
+                    current=current,
+                    total=total,
+                    checkpoint=checkpoint,
+                    lease_seconds=self.workers.config.queue.lease_seconds,
+                )
+            except jobs.LeaseLost:
+                raise Stop("lease") from None
+            if cancel:
+                raise Stop("cancelled")
+        if stopping:
+            raise Stop("shutdown")
+        if now > self.deadline:
+            raise Stop("timeout")

@@ -1,0 +1,208 @@
+"""Fixtures: a real service process on a loopback port, on SQLite or a real PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from media_factory import make_video
+
+TESTS = Path(__file__).resolve().parent
+PG_ADMIN_URL = os.environ.get("MOMENTRY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail the test on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {predicate}")
+        time.sleep(interval)
+
+
+def _toml(settings: dict[str, dict[str, Any]]) -> str:
+    lines = []
+    for section, values in settings.items():
+        lines.append(f"[{section}]")
+        # JSON strings, numbers, booleans and arrays are valid TOML values.
+        lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]
+    return "\n".join(lines) + "\n"
+
+
+class ServiceProcess:
+    """`momentry-edge run` in a child process, as a user would start it."""
+
+    def __init__(self, root: Path, database_url: str, settings: dict[str, dict[str, Any]]) -> None:
+        self.root = root
+        self.data_dir = root / "data"
+        self.drop = root / "drop"
+        self.drop.mkdir(parents=True, exist_ok=True)
+        self.marker = root / "flaky.marker"
+        base: dict[str, dict[str, Any]] = {
+            "service": {
+                "data_dir": str(self.data_dir),
+                "watch": [str(self.drop)],
+                "port": 0,
+                "database_url": database_url,
+                "plugins": ["workloads:Noop", "workloads:Steps", "workloads:Flaky"],
+            },
+            "queue": {
+                "dynamic_concurrency": False,
+                "poll_interval": 0.2,
+                "retry_delay": 0.2,
+                "lease_seconds": 5,
+            },
+            "processors.steps": {"steps": 5, "step_seconds": 0.05},
+            "processors.flaky": {"fail_while_exists": str(self.marker)},
+        }
+        for section, values in settings.items():
+            base.setdefault(section, {}).update(values)
+        self.config_path = root / "momentry.toml"
+        self.config_path.write_text(_toml(base), encoding="utf-8")
+        self.token = base["service"].get("token", "")
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = ""
+        self.client: httpx.Client | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MOMENTRY_")}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
+        return env
+
+    def start(self) -> ServiceProcess:
+        run_file = self.data_dir / "run.json"
+        log = (self.root / "service.log").open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "momentry_edge.cli", "--config", str(self.config_path), "run"],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+        def started() -> dict | None:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"service exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                info = json.loads(run_file.read_text())
+            except (OSError, ValueError):
+                return None
+            return info if info["pid"] == self.proc.pid else None
+
+        self.url = wait_for(started, timeout=30)["url"]
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        self.client = httpx.Client(base_url=self.url, timeout=15, headers=headers)
+        return self
+
+    def log(self) -> str:
+        return (self.root / "service.log").read_text(errors="replace")[-4000:]
+
+    def stop(self) -> int:
+        """SIGTERM, as launchd or systemd would send; returns the exit code."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=60)
+        self.client.close()
+        return code
+
+    def kill(self) -> None:
+        """kill -9: no chance to clean up, like a power cut for the process."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+        self.client.close()
+
+    def restart(self) -> ServiceProcess:
+        self.stop()
+        return self.start()
+
+    # -- API helpers -----------------------------------------------------------------------
+
+    def get(self, path: str, **kwargs: Any) -> Any:
+        reply = self.client.get(path, **kwargs)
+        assert reply.status_code == 200, reply.text
+        return reply.json()
+
+    def call(self, method: str, path: str, expect: int = 200, **kwargs: Any) -> Any:
+        reply = self.client.request(method, path, **kwargs)
+        assert reply.status_code == expect, f"{method} {path}: {reply.status_code} {reply.text}"
+        return reply.json()
+
+    def add_video(self, name: str, seconds: float = 0.4) -> Path:
+        """A real, distinct video file in the drop folder."""
+        path = self.drop / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Length varies with the name so that no two test files have the same content.
+        seconds = seconds + (sum(map(ord, name)) % 17) * 0.04
+        return make_video(
+            path, segments=1, segment_seconds=seconds, fps=10, size=(64, 48), audio=False
+        )
+
+    def submit(
+        self,
+        name: str,
+        processors: list[str],
+        priority: str = "normal",
+        expect: int = 201,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        if not (self.drop / name).exists():
+            self.add_video(name)
+        body = {"path": name, "processors": processors, "priority": priority, **extra}
+        return self.call("POST", "/api/v1/files/register", expect=expect, json=body)
+
+    def job(self, ref: str) -> dict[str, Any]:
+        return self.get(f"/api/v1/jobs/{ref}")
+
+    def status(self) -> dict[str, Any]:
+        return self.get("/api/v1/queue/status")
+
+    def wait_status(self, ref: str, *statuses: str, timeout: float = 30) -> dict[str, Any]:
+        return wait_for(lambda: (j := self.job(ref))["status"] in statuses and j, timeout=timeout)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """An empty database of each kind the service supports."""
+    if request.param == "sqlite":
+        yield ""
+        return
+    name = f"momentry_{secrets.token_hex(4)}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def start_service(tmp_path: Path, database_url: str) -> Iterator[Callable[..., ServiceProcess]]:
+    """start_service(queue={...}, ...) -> a running ServiceProcess; all are stopped afterwards."""
+    started: list[ServiceProcess] = []
+
+    def start(name: str = "node", **settings: dict[str, Any]) -> ServiceProcess:
+        svc = ServiceProcess(tmp_path / name, database_url, settings)
+        started.append(svc)
+        return svc.start()
+
+    yield start
+    for svc in started:
+        if svc.proc and svc.proc.poll() is None:
+            svc.proc.kill()
+            svc.proc.wait()

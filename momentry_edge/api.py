@@ -58,7 +58,11 @@ def make_app(service: Service) -> bottle.Bottle:
 
     app.install(json_api)
 
-    for status, code in ((404, "not_found"), (405, "bad_request"), (413, "payload_too_large")):
+    for status, code in (
+        (404, "not_found"),
+        (405, "method_not_allowed"),
+        (413, "payload_too_large"),
+    ):
         app.error(status)(
             lambda err, status=status, code=code: _error(
                 status, code, err.body or "no such endpoint"
@@ -178,24 +182,24 @@ def make_app(service: Service) -> bottle.Bottle:
         limit, offset = _paging()
         return views.list_jobs(statuses, limit, offset)
 
-    @app.get("/api/v1/jobs/<ref>")
-    def job_detail(ref: str) -> dict:
-        return views.job_detail(jobs.find_job(ref), service.workers.effective_limit())
+    @app.get("/api/v1/jobs/<job>")
+    def job_detail(job: str) -> dict:
+        return views.job_detail(jobs.find_job(job), service.workers.effective_limit())
 
-    @app.post("/api/v1/jobs/<ref>/retry")
-    def retry(ref: str) -> dict:
-        job = jobs.retry(jobs.find_job(ref))
+    @app.post("/api/v1/jobs/<job>/retry")
+    def retry(job: str) -> dict:
+        retried = jobs.retry(jobs.find_job(job))
         service.workers.kick()
         return {
             "success": True,
-            "task_id": job.task_id,
-            "status": job.status,
-            "position": jobs.position(job),
+            "task_id": retried.task_id,
+            "status": retried.status,
+            "position": jobs.position(retried),
         }
 
-    @app.post("/api/v1/jobs/<ref>/cancel")
-    def cancel(ref: str) -> dict:
-        return _cancel(ref)
+    @app.post("/api/v1/jobs/<job>/cancel")
+    def cancel(job: str) -> dict:
+        return _cancel(job)
 
     # -- files ---------------------------------------------------------------------------------
 
@@ -249,9 +253,10 @@ def make_app(service: Service) -> bottle.Bottle:
         return path.read_bytes()
 
     def _cancel(ref: str) -> dict:
-        status = jobs.cancel(jobs.find_job(ref))
-        message = "Task cancelled" if status != db.PROCESSING else "Task cancelling"
-        return {"success": True, "message": message}
+        was = jobs.cancel(jobs.find_job(ref))
+        # A running job stops at its next report; "status" tells the two cases apart.
+        status = "cancelling" if was == db.PROCESSING else db.CANCELLED
+        return {"success": True, "message": "Task cancelled", "status": status}
 
     def _queued(job: db.Job) -> dict:
         job = db.Job.get_by_id(job.id)

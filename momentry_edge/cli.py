@@ -3,10 +3,237 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
 from . import config as config_module
-from . import service
+from .client import ApiClient, ApiError, ServiceUnreachable
+
+# Exit codes: scripts (and the SFTPGo hook) branch on these.
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+
+Handler = Callable[[ApiClient, argparse.Namespace], int]
+
+
+class UsageError(Exception):
+    """Arguments argparse accepted but that do not make a request."""
+
+
+# -- client commands: parse (argparse did), call the client once, render -------------------------
+
+
+def cmd_status(api: ApiClient, args: argparse.Namespace) -> int:
+    return _show(args, api.queue_status(), render_status)
+
+
+def cmd_submit(api: ApiClient, args: argparse.Namespace) -> int:
+    code = EXIT_OK
+    for raw in args.paths:
+        # The service resolves relative paths against its watched folders, not our cwd.
+        path = str(Path(raw).expanduser().resolve())
+        try:
+            reply = api.register(path, args.processors, args.priority)
+        except ApiError as exc:
+            print(f"error: {raw}: {exc.message}", file=sys.stderr)
+            code = EXIT_REFUSED
+            continue
+        if args.json:
+            print(json.dumps(reply))  # one JSON object per line, one line per PATH
+        elif reply.get("task_id"):
+            print(f"{raw}: {reply['task_id']}, {_where(reply.get('position'))}")
+        if not reply.get("task_id"):
+            reason = reply.get("reason") or "not queued"
+            print(f"error: {raw}: {reply.get('state', 'not queued')}: {reason}", file=sys.stderr)
+            code = EXIT_REFUSED
+    return code
+
+
+def cmd_pause(api: ApiClient, args: argparse.Namespace) -> int:
+    return _show(args, api.pause(), _paused)
+
+
+def cmd_resume(api: ApiClient, args: argparse.Namespace) -> int:
+    return _show(args, api.resume(), _paused)
+
+
+def cmd_clear(api: ApiClient, args: argparse.Namespace) -> int:
+    return _show(args, api.clear(), lambda r: print(f"cancelled {r['cleared']} waiting job(s)"))
+
+
+def cmd_jobs(api: ApiClient, args: argparse.Namespace) -> int:
+    return _show(args, api.jobs(args.status, args.limit), render_jobs)
+
+
+def cmd_retry(api: ApiClient, args: argparse.Namespace) -> int:
+    return _show(args, api.retry(args.job), _requeued)
+
+
+def cmd_cancel(api: ApiClient, args: argparse.Namespace) -> int:
+    # The message says whether it is cancelled or, if running, stops at its next checkpoint.
+    return _show(args, api.cancel(args.job), lambda r: print(f"{args.job}: {r['message']}"))
+
+
+def cmd_concurrency(api: ApiClient, args: argparse.Namespace) -> int:
+    if args.max_concurrent is None and args.dynamic is None:
+        raise UsageError("give N, --dynamic or --no-dynamic")
+    return _show(args, api.set_concurrency(args.max_concurrent, args.dynamic), render_concurrency)
+
+
+# -- rendering ------------------------------------------------------------------------------------
+
+
+def _console() -> Console:
+    # No syntax highlighting: file names and ids should print as they are.
+    return Console(highlight=False)
+
+
+def _show(args: argparse.Namespace, reply: dict[str, Any], render: Callable[[Any], None]) -> int:
+    if args.json:
+        print(json.dumps(reply, indent=2))
+    else:
+        render(reply)
+    return EXIT_OK
+
+
+def _paused(reply: dict[str, Any]) -> None:
+    print(
+        "queue paused: running jobs finish, nothing new starts"
+        if reply["paused"]
+        else "queue running"
+    )
+
+
+def _requeued(reply: dict[str, Any]) -> None:
+    print(f"{reply['task_id']}: re-queued, {_where(reply.get('position'))}")
+
+
+def _where(position: int | None) -> str:
+    return f"position {position}" if position else "already started"
+
+
+def _on_off(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
+def render_concurrency(reply: dict[str, Any]) -> None:
+    print(
+        f"max_concurrent {reply['max_concurrent']}, "
+        f"dynamic {_on_off(reply['dynamic_concurrency'])}, "
+        f"effective {reply['effective_concurrency']}"
+    )
+
+
+def render_status(status: dict[str, Any]) -> None:
+    console = _console()
+    state = "paused" if status["paused"] else "running"
+    header = (
+        f"queue {state} · active {status['active_count']} / "
+        f"effective {status['effective_concurrency']} / max {status['max_concurrent']} "
+        f"(dynamic {_on_off(status['dynamic_concurrency'])}) · "
+        f"{status['pending_count']} pending"
+    )
+    if status.get("retrying_count"):
+        header += f", {status['retrying_count']} retrying"
+    console.print(Text(header))
+    if status["queue"]:
+        table = _table("#", "file", "priority", "status", "progress", "processors", "task")
+        for entry in status["queue"]:
+            table.add_row(
+                *_cells(
+                    entry.get("position") or "",
+                    entry["file_name"],
+                    entry["priority"],
+                    entry["status"],
+                    _percent(entry.get("progress")),
+                    ",".join(entry["processors"]),
+                    entry["task_id"],
+                )
+            )
+        console.print(table)
+    else:
+        console.print("nothing running or waiting")
+    stats = status.get("statistics") or {}
+    if stats.get("total_processed"):
+        average = stats.get("average_time")
+        line = f"{stats['total_processed']} processed, {stats.get('total_failed', 0)} failed"
+        console.print(line + (f", {average:.1f} s per job" if average is not None else ""))
+
+
+def render_jobs(reply: dict[str, Any]) -> None:
+    console = _console()
+    if not reply["jobs"]:
+        console.print("no jobs")
+        return
+    table = _table("task", "file", "priority", "status", "progress", "processors", "created")
+    for job in reply["jobs"]:
+        processors = ",".join(job["processors"])
+        if job.get("failed"):
+            processors += f" (failed: {','.join(job['failed'])})"
+        table.add_row(
+            *_cells(
+                job["task_id"],
+                job["file_name"],
+                job["priority"],
+                job["status"],
+                _percent(job.get("progress")),
+                processors,
+                job.get("created_at") or "",
+            )
+        )
+    console.print(table)
+    if reply["total"] > len(reply["jobs"]):
+        console.print(f"{len(reply['jobs'])} of {reply['total']} jobs; raise --limit to see more")
+
+
+def _table(*columns: str) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in columns:
+        numeric = name in ("#", "progress")
+        table.add_column(name, justify="right" if numeric else "left", no_wrap=name == "task")
+    return table
+
+
+def _cells(*values: Any) -> list[Text]:
+    # Text, not str: rich would read "[...]" in a file name as markup.
+    return [Text(str(v)) for v in values]
+
+
+def _percent(progress: int | None) -> str:
+    return "" if progress is None else f"{progress}%"
+
+
+# -- parser ---------------------------------------------------------------------------------------
+
+
+def _csv(value: str) -> list[str]:
+    items = [part.strip() for part in value.split(",") if part.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("expected a comma-separated list")
+    return items
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, got {number}")
+    return number
+
+
+def _service_url(value: str) -> str:
+    if not value.startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(f"expected http://host:port, got {value!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,6 +243,46 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("run", help="run the service: watcher, queue workers and HTTP API")
+
+    client = argparse.ArgumentParser(add_help=False)
+    client.add_argument("--url", type=_service_url, help="service URL (default: from the config)")
+    client.add_argument(
+        "--token", help="API token (default: service.token in the config or MOMENTRY_API_TOKEN)"
+    )
+    client.add_argument("--json", action="store_true", help="print the API's JSON reply")
+    # Also accepted after the command; SUPPRESS keeps a --config given before it.
+    client.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+    def add(name: str, handler: Handler, help: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, parents=[client], help=help, description=help)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    add("status", cmd_status, "show the queue: running and waiting jobs, concurrency")
+    sub = add("submit", cmd_submit, "register files in a watched folder and queue a deep scan")
+    sub.add_argument("paths", nargs="+", metavar="PATH")
+    sub.add_argument("--priority", choices=("low", "normal", "high"), default="normal")
+    sub.add_argument(
+        "--processors", type=_csv, help="comma-separated, e.g. asr,cut (default: the service's)"
+    )
+    add("pause", cmd_pause, "pause the queue: running jobs finish, nothing new starts")
+    add("resume", cmd_resume, "resume a paused queue")
+    add("clear", cmd_clear, "cancel every pending and retrying job")
+    sub = add("jobs", cmd_jobs, "list jobs, newest first")
+    sub.add_argument("--status", type=_csv, help="comma-separated, e.g. failed,partial")
+    sub.add_argument("--limit", type=_positive_int, default=50)
+    sub = add("retry", cmd_retry, "re-queue a failed, partial or cancelled job")
+    sub.add_argument("job", metavar="JOB", help="task id, job id or file uuid")
+    sub = add("cancel", cmd_cancel, "cancel a pending, retrying or running job")
+    sub.add_argument("job", metavar="JOB", help="task id, job id or file uuid")
+    sub = add("concurrency", cmd_concurrency, "set how many jobs run at once")
+    sub.add_argument("max_concurrent", metavar="N", nargs="?", type=_positive_int)
+    sub.add_argument(
+        "--dynamic",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="lower the limit while CPU/memory/GPU are busy",
+    )
     return parser
 
 
@@ -24,11 +291,27 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_module.load(args.config)
         if args.command == "run":
+            # Imported here: the service pulls in media and database code that client
+            # commands do not need, and they should start quickly.
+            from . import service
+
             return service.run(cfg)
+        token = cfg.service.token if args.token is None else args.token
+        with ApiClient(args.url or cfg.url, token) as api:
+            return args.handler(api, args)
     except config_module.ConfigError as exc:
         print(f"momentry-edge: configuration error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+        return EXIT_USAGE
+    except UsageError as exc:
+        print(f"momentry-edge {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ApiError as exc:
+        hint = " (pass --token or set MOMENTRY_API_TOKEN)" if exc.code == "unauthorized" else ""
+        print(f"error: {exc.message}{hint}", file=sys.stderr)
+        return EXIT_REFUSED
+    except ServiceUnreachable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
 
 
 if __name__ == "__main__":

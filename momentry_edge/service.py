@@ -158,7 +158,8 @@ class Service:
         if self.config.queue.worker_enabled:
             self.workers.stop()
         # 3. Anything still held (a processor that never reported) goes back too.
-        for job in Job.select().where(Job.lease_owner == self.owner, Job.status == db.PROCESSING):
+        held = Job.select().where(Job.lease_owner == self.owner, Job.status == db.PROCESSING)
+        for job in list(held):
             jobs.requeue(job, self.owner)
         (self.config.data_dir / "run.json").unlink(missing_ok=True)
         db.Job._meta.database.close()

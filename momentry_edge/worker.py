@@ -135,7 +135,9 @@ class Workers:
         log.info("job %s started: %s", job.task_id, ", ".join(job.processors))
         out_dir = self.config.data_dir / "results" / job.file.file_uuid
         deadline = time.monotonic() + self.config.queue.task_timeout
-        runs = (
+        # Read all rows first: an open SQLite cursor would pin an old snapshot and make
+        # the writes below fail with "database is locked".
+        runs = list(
             ProcessorRun.select()
             .where(ProcessorRun.job == job.id, ProcessorRun.status == db.RUN_PENDING)
             .order_by(ProcessorRun.position)

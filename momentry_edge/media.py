@@ -1,0 +1,321 @@
+"""Media probing and frame decoding with PyAV (no ffmpeg binary).
+
+``probe`` tells whether a file is usable and what it is; every failure becomes a
+``MediaError`` whose ``reason`` can be shown to a user as is. ``iter_frames``
+yields decoded frames with exact frame indices, starting anywhere, so a resumed
+run sees the same frames (indices and pixels) as an uninterrupted one.
+
+Frame indices are computed from each frame's presentation timestamp and the
+stream's frame rate, not by counting, so they do not depend on where decoding
+started. For variable-frame-rate files they follow the average rate.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import av
+import numpy as np
+from av.container import InputContainer
+from av.video.frame import VideoFrame
+from av.video.reformatter import VideoReformatter
+from av.video.stream import VideoStream
+
+# What PyAV raises for unreadable, odd or vanished input.
+_AV_ERRORS = (av.FFmpegError, OSError, ValueError, EOFError)
+
+# Packets to try before concluding that no frame decodes (keeps probe cheap on garbage).
+_PROBE_PACKETS = 300
+# Damaged packets in a row that iter_frames skips before it gives up on the file.
+_MAX_BAD_PACKETS = 100
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MediaInfo:
+    duration: float  # seconds
+    width: int
+    height: int
+    fps: float
+    frame_count: int  # from the container's frame count, else duration * fps
+    video_codec: str
+    audio_codec: str | None
+    has_audio: bool
+    size: int  # bytes
+    container: str  # demuxer name, e.g. "mov,mp4,m4a,3gp,3g2,mj2"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class MediaError(Exception):
+    """The file cannot be used; ``reason`` says why in words a user understands."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class MediaNotFoundError(MediaError):
+    """The file is not there. Often transient: uploads on network storage briefly vanish."""
+
+
+def probe(path: Path | str) -> MediaInfo:
+    """Read the container and decode the first (and a late) video frame.
+
+    Raises ``MediaError`` (``MediaNotFoundError`` for a missing file); never a PyAV error.
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise MediaNotFoundError(f"file not found: {path}") from None
+    except OSError as e:
+        raise MediaError(f"cannot read file: {e.strerror or e}") from None
+    if not path.is_file():
+        raise MediaError(f"not a regular file: {path}")
+    if size == 0:
+        raise MediaError("file is empty (0 bytes)")
+    try:
+        with _open(path) as container:
+            return _probe_open(container, size)
+    except MediaError:
+        raise
+    except FileNotFoundError:
+        raise MediaNotFoundError(f"file not found: {path}") from None
+    except _AV_ERRORS as e:
+        raise MediaError(f"truncated or corrupt: {_message(e)}") from None
+
+
+def iter_frames(
+    path: Path | str,
+    *,
+    start_frame: int = 0,
+    step: int = 1,
+    size: tuple[int, int] | None = None,
+    fmt: str = "bgr24",
+) -> Iterator[tuple[int, float, np.ndarray]]:
+    """Yield ``(frame_index, seconds, image)`` for every frame from ``start_frame`` on
+    whose index is a multiple of ``step`` (so a resumed run samples the same frames).
+
+    ``image`` is HxWx3 in ``fmt``, resized to ``size=(width, height)`` when given.
+    Starting later seeks to the keyframe before ``start_frame`` and decodes forward.
+    Raises ``MediaError`` for unreadable input.
+    """
+    if start_frame < 0 or step < 1:
+        raise ValueError("start_frame must be >= 0 and step >= 1")
+    width, height = size if size is not None else (None, None)
+    with _open(path) as container:
+        if not container.streams.video:
+            raise MediaError("no video stream")
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        clock = _Clock(stream)
+        # One scaler for the whole run, single-threaded: a new or threaded swscale
+        # context per frame costs more than the conversion, and decoding already
+        # keeps the cores busy.
+        scaler = VideoReformatter()
+        index = -1
+        try:
+            for frame in _decode_from(container, stream, clock, start_frame):
+                # A frame without a timestamp (rare, raw streams) follows the previous one.
+                index = clock.index(frame.pts) if frame.pts is not None else index + 1
+                if index < start_frame or index % step:
+                    continue
+                image = scaler.reformat(frame, width, height, fmt, threads=1).to_ndarray()
+                yield index, clock.seconds(frame.pts, index), image
+        except _AV_ERRORS as e:
+            raise MediaError(
+                f"truncated or corrupt: decoding failed after frame {index}: {_message(e)}"
+            ) from None
+
+
+class _Clock:
+    """Maps a stream's timestamps to frame indices and seconds from the stream start."""
+
+    def __init__(self, stream: VideoStream) -> None:
+        rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+        if not rate:
+            raise MediaError("unsupported video: no frame rate")
+        self.rate = Fraction(rate)
+        self.time_base = Fraction(stream.time_base or Fraction(1, 90_000))
+        self.origin = stream.start_time or 0
+
+    def index(self, pts: int) -> int:
+        return round((pts - self.origin) * self.time_base * self.rate)
+
+    def seconds(self, pts: int | None, index: int) -> float:
+        if pts is None:
+            return float(index / self.rate)
+        return float((pts - self.origin) * self.time_base)
+
+    def pts_at(self, seconds: Fraction) -> int:
+        return self.origin + math.floor(seconds / self.time_base)
+
+
+def _decode_from(
+    container: InputContainer, stream: VideoStream, clock: _Clock, start_frame: int
+) -> Iterator[VideoFrame]:
+    """Decoded frames beginning at or before ``start_frame``, via a keyframe seek."""
+    if start_frame == 0:
+        yield from _decode(container, stream)
+        return
+    back = Fraction(0)
+    while True:
+        target = Fraction(start_frame) / clock.rate - back
+        if target <= 0:
+            container.seek(clock.origin, stream=stream, backward=True)
+            yield from _decode(container, stream)
+            return
+        container.seek(clock.pts_at(target), stream=stream, backward=True)
+        frames = _decode(container, stream)
+        first = next(frames, None)
+        # Some demuxers land on a keyframe after the target (e.g. an index built
+        # from decode timestamps); then look one, two, four... seconds earlier.
+        if first is not None and (first.pts is None or clock.index(first.pts) <= start_frame):
+            yield first
+            yield from frames
+            return
+        back = max(Fraction(1), back * 2)
+
+
+def _decode(container: InputContainer, stream: VideoStream) -> Iterator[VideoFrame]:
+    """``container.decode(stream)``, but a damaged stretch mid-file is skipped, as
+    players do, instead of ending the run; indices stay exact (they come from pts)."""
+    bad = 0  # consecutive packets the decoder rejected
+    for packet in container.demux(stream):
+        try:
+            frames = packet.decode()
+        except av.InvalidDataError:
+            bad += 1
+            if bad > _MAX_BAD_PACKETS:
+                raise
+            continue
+        if bad:
+            log.warning("%s: skipped %d damaged video packets", container.name, bad)
+            bad = 0
+        yield from frames
+
+
+def _open(path: Path | str) -> InputContainer:
+    try:
+        return av.open(str(path), metadata_errors="replace")
+    except FileNotFoundError:
+        raise MediaNotFoundError(f"file not found: {path}") from None
+    except PermissionError:
+        raise MediaError(f"cannot read file: permission denied: {path}") from None
+    except _AV_ERRORS as e:
+        if _looks_like_media(Path(path)):
+            raise MediaError(
+                f"truncated or corrupt: cannot read the container ({_message(e)})"
+            ) from None
+        raise MediaError(f"not a readable media file: {_message(e)}") from None
+
+
+def _probe_open(container: InputContainer, size: int) -> MediaInfo:
+    if not container.streams.video:
+        raise MediaError("no video stream")
+    video = container.streams.video[0]
+    audio = container.streams.audio[0] if container.streams.audio else None
+    clock = _Clock(video)
+    fps = float(clock.rate)
+
+    if container.duration:
+        duration = container.duration / av.time_base
+    elif video.duration:
+        duration = float(video.duration * clock.time_base)
+    else:
+        duration = (video.frames or 0) / fps
+    frame_count = video.frames or round(duration * fps)
+
+    if not _decodes_a_frame(container, video):
+        raise MediaError("truncated or corrupt: could not decode any video frame")
+    if duration > 2.0 and _ends_early(container, video, clock, duration):
+        raise MediaError(f"truncated or corrupt: the data ends before the stated {duration:.1f} s")
+
+    ctx = video.codec_context
+    return MediaInfo(
+        duration=round(duration, 3),
+        width=ctx.width,
+        height=ctx.height,
+        fps=fps,
+        frame_count=int(frame_count),
+        video_codec=ctx.name,
+        audio_codec=audio.codec_context.name if audio is not None else None,
+        has_audio=audio is not None,
+        size=size,
+        container=container.format.name,
+    )
+
+
+def _decodes_a_frame(container: InputContainer, stream: VideoStream) -> bool:
+    try:
+        for n, packet in enumerate(container.demux(stream)):
+            if n >= _PROBE_PACKETS:
+                break
+            try:
+                if packet.decode():
+                    return True
+            except av.InvalidDataError:
+                continue  # a damaged packet; a later keyframe may still decode
+    except _AV_ERRORS:
+        pass  # demuxing failed: judged as undecodable
+    return False
+
+
+def _ends_early(
+    container: InputContainer, video: VideoStream, clock: _Clock, duration: float
+) -> bool:
+    """True when a file cut short still opens (index up front: mp4 "faststart", mkv).
+
+    Seeks to a keyframe about a second before the stated end and demuxes to the
+    real end (no decoding beyond one frame), so it costs one GOP of reading.
+    """
+    try:
+        container.seek(clock.pts_at(Fraction(duration) - 1), stream=video, backward=True)
+    except _AV_ERRORS:
+        return False  # not seekable: cannot tell cheaply, so accept
+    start = (container.start_time or 0) / av.time_base
+    end = 0.0
+    decoded = False
+    try:
+        for packet in container.demux():
+            if not decoded and packet.stream is video:
+                decoded = bool(packet.decode())  # the final empty packet flushes the decoder
+            if packet.pts is not None and packet.time_base is not None:
+                stop = float((packet.pts + (packet.duration or 0)) * packet.time_base) - start
+                end = max(end, stop)
+    except _AV_ERRORS:
+        pass  # reading failed part way: judge by what was read
+    # Some slack: headers may state a little more than the streams hold.
+    return not decoded or end < duration - max(1.0, 0.02 * duration)
+
+
+def _looks_like_media(path: Path) -> bool:
+    """True when the first bytes are a known container signature (then it is damaged
+    media, not a text file or other document with a video extension)."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(400)
+    except OSError:
+        return False
+    return (
+        head[4:8] in (b"ftyp", b"moov", b"mdat", b"free", b"wide", b"skip")  # mp4/mov
+        or head.startswith(b"\x1a\x45\xdf\xa3")  # matroska/webm
+        or (head.startswith(b"RIFF") and head[8:12] == b"AVI ")
+        or head.startswith(b"\x00\x00\x01\xba")  # mpeg program stream
+        or head[0:1] == head[188:189] == b"\x47"  # mpeg transport stream
+        or head[4:5] == head[196:197] == b"\x47"  # m2ts (AVCHD .mts)
+    )
+
+
+def _message(e: BaseException) -> str:
+    """FFmpeg's message without errno and path noise."""
+    return getattr(e, "strerror", None) or str(e) or type(e).__name__

@@ -1,0 +1,167 @@
+"""Scene cuts with PySceneDetect's ContentDetector over frames decoded by PyAV.
+
+Frames are decoded once, downscaled by the decoder's scaler (cuts do not need
+full resolution), and fed to the detector in order. Every ~2 s of video the run
+reports a checkpoint holding the cuts so far and the detector's filter state,
+so a resumed run continues exactly where the stopped one was and returns the
+same result an uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+from contextlib import closing
+from typing import Any
+
+from scenedetect.detectors import ContentDetector
+
+from momentry_edge import media
+from momentry_edge.processors.base import PermanentError, Processor, ProcessorError, RunContext
+
+CHECKPOINT_SECONDS = 2.0  # a resumed run redoes at most this much video
+
+# scenedetect 0.6.7 keeps its min_scene_len bookkeeping (the last frame above the
+# threshold, a pending merge of rapid cuts) in the detector's FlashFilter. A
+# resumed run restores it; a fresh filter would treat the resume point as the
+# start of the video and could add or drop cuts. Plain ints/bools: JSON-able.
+_FILTER_FIELDS = ("_last_above", "_merge_enabled", "_merge_triggered", "_merge_start")
+
+
+class CutProcessor(Processor):
+    name = "cut"
+    version = "1"
+    backend = "pyscenedetect"
+    model = "content-detector"
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        settings = self._settings()
+        info = _probe(ctx.media_path)
+        fps = info.fps
+        every = max(1, round(CHECKPOINT_SECONDS * fps))
+        size = _scaled_size(info.width, info.height, settings["downscale"])
+
+        detector = ContentDetector(
+            threshold=settings["threshold"], min_scene_len=settings["min_scene_len"]
+        )
+        resume = _usable_checkpoint(ctx.checkpoint, settings)
+        cuts: list[int] = list(resume["cuts_frames"]) if resume else []
+        done = resume["frame"] if resume else 0  # frames [0, done) are processed
+        pending_filter = resume["filter"] if resume else None
+        next_report = (done // every + 1) * every  # on multiples of `every`, gaps or not
+        reported = -1
+
+        # Decode from the frame before `done`: the detector scores each frame
+        # against the previous one, so that frame only primes the comparison.
+        frames = media.iter_frames(ctx.media_path, start_frame=max(0, done - 1), size=size)
+        with closing(frames):
+            try:
+                for index, _seconds, image in frames:
+                    if index < done:
+                        detector.process_frame(index, image)
+                        continue
+                    if pending_filter is not None:
+                        _restore_filter(detector, pending_filter)
+                        pending_filter = None
+                    cuts += detector.process_frame(index, image)
+                    done = index + 1
+                    if done >= next_report:
+                        checkpoint = _checkpoint(done, cuts, detector, settings, fps)
+                        ctx.report(done, max(info.frame_count, done), checkpoint)
+                        reported = done
+                        next_report = (done // every + 1) * every
+            except media.MediaNotFoundError as e:
+                raise ProcessorError(e.reason, transient=True) from None
+            except media.MediaError as e:
+                raise PermanentError(e.reason) from None
+
+        if done == 0:
+            raise PermanentError("truncated or corrupt: could not decode any video frame")
+        cuts += detector.post_process(done - 1)
+        if reported != done:
+            ctx.report(done, done, _checkpoint(done, cuts, detector, settings, fps))
+        return _result(cuts, done, fps)
+
+    def _settings(self) -> dict[str, Any]:
+        try:
+            threshold = float(self.settings.get("threshold", 27.0))
+            min_scene_len = int(self.settings.get("min_scene_len", 15))
+            downscale = int(self.settings.get("downscale", 320) or 0)  # 0/None: full size
+        except (TypeError, ValueError) as e:
+            raise PermanentError(f"bad cut settings: {e}") from None
+        if threshold <= 0 or min_scene_len < 0 or downscale < 0:
+            raise PermanentError(
+                "bad cut settings: threshold must be > 0, min_scene_len and downscale >= 0"
+            )
+        return {"threshold": threshold, "min_scene_len": min_scene_len, "downscale": downscale}
+
+
+def _probe(path: Any) -> media.MediaInfo:
+    try:
+        return media.probe(path)
+    except media.MediaNotFoundError as e:
+        # Uploads on network storage can briefly vanish: worth a retry.
+        raise ProcessorError(e.reason, transient=True) from None
+    except media.MediaError as e:
+        raise PermanentError(e.reason) from None
+
+
+def _scaled_size(width: int, height: int, downscale: int) -> tuple[int, int] | None:
+    """Decode size with ``downscale`` as the width, keeping the aspect; never upscale."""
+    if not downscale or width <= downscale:
+        return None
+    return downscale, max(2, round(height * downscale / width))
+
+
+def _usable_checkpoint(
+    checkpoint: dict[str, Any] | None, settings: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The checkpoint if it can be resumed from, else None (start over).
+
+    One saved with other settings (the config changed between attempts) would mix
+    two detectors' cuts, so it is ignored.
+    """
+    if not checkpoint or checkpoint.get("settings") != settings:
+        return None
+    if not all(key in checkpoint for key in ("frame", "cuts_frames", "filter")):
+        return None
+    return checkpoint
+
+
+def _checkpoint(
+    done: int, cuts: list[int], detector: ContentDetector, settings: dict[str, Any], fps: float
+) -> dict[str, Any]:
+    flash_filter = detector._flash_filter
+    return {
+        "frame": done,
+        "timestamp": round(done / fps, 3),
+        "cuts_frames": list(cuts),
+        "filter": {field: getattr(flash_filter, field) for field in _FILTER_FIELDS},
+        "settings": settings,
+        "partial": _result(cuts, done, fps),
+    }
+
+
+def _restore_filter(detector: ContentDetector, state: dict[str, Any]) -> None:
+    for field in _FILTER_FIELDS:
+        setattr(detector._flash_filter, field, state[field])
+
+
+def _result(cuts: list[int], frame_count: int, fps: float) -> dict[str, Any]:
+    """The API.md ``cut`` result for frames [0, frame_count); ``end_frame`` is inclusive."""
+    starts = [0, *sorted(c for c in set(cuts) if 0 < c < frame_count)]
+    ends = [*starts[1:], frame_count]
+    scenes = [
+        {
+            "index": i,
+            "start": round(start / fps, 3),
+            "end": round(end / fps, 3),
+            "start_frame": start,
+            "end_frame": end - 1,
+        }
+        for i, (start, end) in enumerate(zip(starts, ends, strict=True))
+    ]
+    return {
+        "scenes": scenes,
+        "cuts": [round(c / fps, 3) for c in starts[1:]],
+        "fps": fps,
+        "frame_count": frame_count,
+    }

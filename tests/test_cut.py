@@ -1,0 +1,156 @@
+import json
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+from media_factory import make_corrupt_video, make_text_file, make_video
+
+from momentry_edge.processors.base import (
+    PermanentError,
+    ProcessorError,
+    RunContext,
+    Stop,
+)
+from momentry_edge.processors.cut import CutProcessor
+
+FPS = 25
+
+
+class Reports:
+    """The worker's side of ``RunContext.report``: records calls, raises Stop when told.
+
+    Checkpoints go through JSON, as they do on their way to the database.
+    """
+
+    def __init__(self, stop_at: int | None = None, save_when_stopping: bool = True) -> None:
+        self.stop_at = stop_at
+        self.save_when_stopping = save_when_stopping
+        self.calls: list[tuple[int, int]] = []
+        self.checkpoints: list[dict] = []
+
+    def __call__(self, current: int, total: int, checkpoint: dict | None) -> None:
+        stopping = self.stop_at is not None and current >= self.stop_at
+        self.calls.append((current, total))
+        if checkpoint is not None and (self.save_when_stopping or not stopping):
+            self.checkpoints.append(json.loads(json.dumps(checkpoint)))
+        if stopping:
+            raise Stop("cancelled")
+
+
+def run_cut(path: Path, tmp_path: Path, reports: Reports, checkpoint=None, **settings) -> dict:
+    ctx = RunContext(
+        media_path=path,
+        output_dir=tmp_path / "out",
+        checkpoint=checkpoint,
+        attempt=1 if checkpoint is None else 2,
+        _report=reports,
+    )
+    return CutProcessor(settings).run(ctx)
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory):
+    """20 s, hard cuts at 5, 10 and 15 s."""
+    return make_video(tmp_path_factory.mktemp("cut") / "four scenes.mp4", fps=FPS)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(clip, tmp_path_factory):
+    reports = Reports()
+    result = run_cut(clip, tmp_path_factory.mktemp("run"), reports)
+    return result, reports
+
+
+def test_finds_the_cuts_and_covers_the_whole_clip(uninterrupted):
+    result, _ = uninterrupted
+
+    assert result["cuts"] == pytest.approx([5.0, 10.0, 15.0], abs=1 / FPS)
+    assert result["fps"] == FPS
+    assert result["frame_count"] == 500
+    scenes = result["scenes"]
+    assert [s["index"] for s in scenes] == [0, 1, 2, 3]
+    assert scenes[0]["start_frame"] == 0 and scenes[0]["start"] == 0.0
+    assert scenes[-1]["end_frame"] == 499 and scenes[-1]["end"] == pytest.approx(20.0)
+    for before, after in pairwise(scenes):
+        assert after["start_frame"] == before["end_frame"] + 1
+        assert after["start"] == before["end"]
+    assert [s["start"] for s in scenes[1:]] == result["cuts"]
+
+
+def test_reports_progress_with_checkpoints_but_not_every_frame(uninterrupted):
+    result, reports = uninterrupted
+
+    assert 5 <= len(reports.calls) <= 20
+    assert reports.calls[-1] == (500, 500)
+    currents = [current for current, _ in reports.calls]
+    assert currents == sorted(currents)
+    assert max(b - a for a, b in pairwise([0, *currents])) <= 2 * FPS
+    checkpoint = reports.checkpoints[-1]
+    assert checkpoint["frame"] == 500
+    assert checkpoint["timestamp"] == pytest.approx(20.0)
+    assert checkpoint["partial"] == result
+
+
+@pytest.mark.parametrize(
+    "save_when_stopping",
+    [True, False],
+    ids=["cancelled (checkpoint saved)", "killed (last checkpoint lost)"],
+)
+def test_stopped_run_resumes_to_the_same_result(clip, tmp_path, uninterrupted, save_when_stopping):
+    expected, _ = uninterrupted
+    first = Reports(stop_at=260, save_when_stopping=save_when_stopping)
+
+    with pytest.raises(Stop):
+        run_cut(clip, tmp_path, first)
+
+    stopped_at = first.calls[-1][0]
+    checkpoint = first.checkpoints[-1]
+    assert 260 <= stopped_at < 500
+    assert stopped_at - checkpoint["frame"] <= 2 * FPS  # redone work: at most ~2 s
+    partial = checkpoint["partial"]
+    assert partial["scenes"][-1]["end_frame"] == checkpoint["frame"] - 1
+    assert partial["cuts"] == [c for c in expected["cuts"] if c * FPS < checkpoint["frame"]]
+
+    second = Reports()
+    result = run_cut(clip, tmp_path, second, checkpoint=checkpoint)
+
+    assert result == expected
+    assert second.calls[0][0] > checkpoint["frame"]  # went on, did not start over
+
+
+def test_checkpoint_from_other_settings_is_not_reused(clip, tmp_path, uninterrupted):
+    expected, reports = uninterrupted
+    foreign = {**reports.checkpoints[4], "cuts_frames": [42]}
+    foreign["settings"] = {**foreign["settings"], "threshold": 99.0}
+
+    result = run_cut(clip, tmp_path, Reports(), checkpoint=foreign)
+
+    assert result == expected
+
+
+def test_missing_file_is_transient(tmp_path):
+    with pytest.raises(ProcessorError) as caught:
+        run_cut(tmp_path / "still uploading.mp4", tmp_path, Reports())
+
+    assert caught.value.transient is True
+    assert not isinstance(caught.value, PermanentError)
+    assert "file not found" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [(make_text_file, "not a readable media file"), (make_corrupt_video, "truncated or corrupt")],
+    ids=["text", "truncated"],
+)
+def test_unreadable_file_is_permanent(tmp_path, make, reason):
+    path = make(tmp_path / "upload.mp4")
+
+    with pytest.raises(PermanentError, match=reason) as caught:
+        run_cut(path, tmp_path, Reports())
+
+    assert caught.value.transient is False
+
+
+def test_bad_settings_are_permanent(clip, tmp_path):
+    with pytest.raises(PermanentError, match="bad cut settings"):
+        run_cut(clip, tmp_path, Reports(), threshold="high")

@@ -1,0 +1,236 @@
+"""The queue as a user sees it through the HTTP API: order, concurrency, pause, recovery."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+
+from conftest import ServiceProcess, wait_for
+
+
+def positions(svc: ServiceProcess) -> dict[str, int]:
+    return {e["task_id"]: e["position"] for e in svc.status()["queue"] if e["status"] == "pending"}
+
+
+def start_order(svc: ServiceProcess, task_ids: list[str]) -> list[str]:
+    started = {t: svc.job(t)["started_at"] for t in task_ids}
+    return sorted(task_ids, key=lambda t: started[t])
+
+
+def test_high_priority_starts_next_and_positions_move_exactly(start_service):
+    svc = start_service(queue={"max_concurrent": 1})
+    svc.call("POST", "/api/v1/queue/pause")
+    normal = [svc.submit(f"normal {i}.mp4", ["noop"])["task_id"] for i in range(10)]
+    assert [positions(svc)[t] for t in normal] == list(range(1, 11))
+
+    urgent = svc.submit("urgent.mp4", ["noop"], priority="high")
+    assert urgent["position"] == 1
+    order = positions(svc)
+    assert sorted(order.values()) == list(range(1, 12)), "positions are 1..N with no gaps"
+    assert [order[t] for t in normal] == list(range(2, 12))
+
+    # Raised to high, a job is placed among the high ones by when it entered the line.
+    moved = svc.call("PUT", f"/api/v1/queue/task/{normal[7]}/priority", json={"priority": "high"})
+    assert moved["position"] == 1
+    assert svc.job(urgent["task_id"])["position"] == 2
+    # Lowering one sends it to the back.
+    low = svc.call("PUT", f"/api/v1/queue/task/{normal[0]}/priority", json={"priority": "low"})
+    assert low["position"] == 11
+
+    # prioritize puts a file's job at position 1, ahead of the other high jobs.
+    file_uuid = svc.job(normal[5])["file_uuid"]
+    top = svc.call("POST", f"/api/v1/queue/prioritize/{file_uuid}")
+    assert top == {"success": True, "task_id": normal[5], "position": 1}
+    order = positions(svc)
+    assert sorted(order.values()) == list(range(1, 12))
+    expected = [normal[5], normal[7], urgent["task_id"]]
+    expected += [t for t in normal if t not in expected and t != normal[0]] + [normal[0]]
+    assert sorted(order, key=order.get) == expected
+
+    svc.call("POST", "/api/v1/queue/resume")
+    for task in expected:
+        svc.wait_status(task, "completed")
+    assert start_order(svc, expected) == expected, "jobs start in the order the API showed"
+
+
+def test_lowering_concurrency_live_is_obeyed_and_raising_it_starts_more(start_service):
+    svc = start_service(
+        queue={"max_concurrent": 3}, **{"processors.steps": {"steps": 12, "step_seconds": 0.1}}
+    )
+    tasks = [svc.submit(f"clip {i}.mp4", ["steps"])["task_id"] for i in range(9)]
+    wait_for(lambda: svc.status()["active_count"] == 3)
+
+    reply = svc.call("PUT", "/api/v1/queue/concurrency", json={"max_concurrent": 1})
+    assert reply["max_concurrent"] == 1
+    running_then = {e["task_id"] for e in svc.status()["queue"] if e["status"] == "processing"}
+    # The jobs already running finish; from then on never more than one runs.
+    for task in running_then:
+        svc.wait_status(task, "completed")
+    samples = []
+    for _ in range(30):
+        status = svc.status()
+        samples.append(status["active_count"])
+        assert status["effective_concurrency"] == 1
+        time.sleep(0.05)
+    assert max(samples) == 1, samples
+
+    svc.call("PUT", "/api/v1/queue/concurrency", json={"max_concurrent": 3})
+    wait_for(lambda: svc.status()["active_count"] >= 2, timeout=10)
+    for task in tasks:
+        svc.wait_status(task, "completed")
+
+
+def test_pause_lets_running_jobs_finish_and_starts_none(start_service):
+    svc = start_service(
+        queue={"max_concurrent": 2}, **{"processors.steps": {"steps": 8, "step_seconds": 0.1}}
+    )
+    tasks = [svc.submit(f"p{i}.mp4", ["steps"])["task_id"] for i in range(5)]
+    wait_for(lambda: svc.status()["active_count"] == 2)
+    assert svc.call("POST", "/api/v1/queue/pause") == {"success": True, "paused": True}
+    running = [e["task_id"] for e in svc.status()["queue"] if e["status"] == "processing"]
+    waiting = [t for t in tasks if t not in running]
+    for task in running:
+        svc.wait_status(task, "completed")
+    time.sleep(1.0)  # long enough for a worker to have started something if it were going to
+    status = svc.status()
+    assert status["paused"] is True and status["active_count"] == 0
+    assert [svc.job(t)["status"] for t in waiting] == ["pending"] * 3
+    assert sorted(positions(svc), key=positions(svc).get) == waiting, "order is kept"
+
+    assert svc.call("POST", "/api/v1/queue/resume") == {"success": True, "paused": False}
+    for task in waiting:
+        svc.wait_status(task, "completed")
+
+
+def test_kill_9_mid_job_resumes_from_checkpoint_and_runs_nothing_twice(start_service):
+    svc = start_service(
+        queue={"max_concurrent": 2},
+        **{"processors.steps": {"steps": 30, "step_seconds": 0.1}},
+    )
+    victim = svc.submit("long take.mp4", ["cut", "steps"])["task_id"]
+    waiting = svc.submit("next.mp4", ["noop"])["task_id"]
+    svc.wait_status(waiting, "completed")
+    wait_for(lambda: svc.job(victim)["processors"]["steps"].get("current", 0) >= 8)
+    svc.kill()
+
+    svc.start()
+    job = svc.wait_status(victim, "completed", timeout=30)
+    assert job["crash_count"] == 1 and job["retry_count"] == 0
+    steps = job["processors"]["steps"]
+    assert steps["attempts"] == 2 and steps["status"] == "completed"
+    out = svc.data_dir / "results" / job["file_uuid"]
+    result = json.loads((out / "steps.json").read_text())
+    resumed_from = result["result"]["resumed_from"]
+    assert resumed_from >= 8, "resumed from the checkpoint, not from the start"
+    executed = [int(n) for n in (out / "steps.log").read_text().split()]
+    # Every step ran; only the one in flight at the kill may have run twice.
+    assert sorted(set(executed)) == list(range(30))
+    assert len(executed) - 30 <= 1
+    # cut had completed before the kill and was not run again.
+    assert job["processors"]["cut"]["attempts"] == 1
+    jobs = svc.get("/api/v1/jobs")
+    assert jobs["total"] == 2 and {j["status"] for j in jobs["jobs"]} == {"completed"}
+
+
+def test_transient_failures_back_off_then_dead_list_then_retry_reruns_only_failed(start_service):
+    svc = start_service(queue={"max_retries": 3, "retry_delay": 0.3})
+    svc.marker.write_text("storage is down")
+    task = svc.submit("flaky.mp4", ["cut", "flaky"])["task_id"]
+
+    delays: dict[int, float] = {}
+
+    def record_delays() -> bool:
+        job = svc.job(task)
+        if job["status"] == "retrying":
+            failed_at = _ts(job["processors"]["flaky"]["completed_at"])
+            delays[job["retry_count"]] = _ts(job["next_attempt_at"]) - failed_at
+        return job["status"] in ("partial", "failed")
+
+    wait_for(record_delays, timeout=30, interval=0.02)
+    assert sorted(delays) == [1, 2, 3]
+    assert 0.3 <= delays[1] < delays[2] < delays[3], delays
+
+    job = svc.job(task)
+    assert job["status"] == "partial"
+    assert job["processors"]["flaky"]["attempts"] == 4
+    assert "storage unavailable" in job["processors"]["flaky"]["error"]
+    dead = svc.get("/api/v1/queue/dead")
+    assert [d["task_id"] for d in dead["jobs"]] == [task]
+    assert "storage unavailable" in dead["jobs"][0]["failed"]["flaky"]["error"]
+    cut_done_at = job["processors"]["cut"]["completed_at"]
+
+    svc.marker.unlink()  # the person fixes the cause, then retries
+    svc.call("POST", f"/api/v1/jobs/{task}/retry")
+    job = svc.wait_status(task, "completed")
+    assert job["processors"]["cut"]["completed_at"] == cut_done_at, "cut was not re-run"
+    assert job["processors"]["cut"]["attempts"] == 1
+    assert job["processors"]["flaky"]["attempts"] == 1
+    assert svc.get("/api/v1/queue/dead")["total"] == 0
+
+
+def test_cancel_stops_a_running_job_within_seconds_and_keeps_partial_output(start_service):
+    svc = start_service(
+        queue={"max_concurrent": 1}, **{"processors.steps": {"steps": 200, "step_seconds": 0.05}}
+    )
+    running = svc.submit("running.mp4", ["cut", "steps"])["task_id"]
+    pending = [svc.submit(f"wait {i}.mp4", ["noop"])["task_id"] for i in range(3)]
+    wait_for(lambda: svc.job(running)["processors"]["steps"].get("current", 0) >= 5)
+
+    asked = time.monotonic()
+    reply = svc.call("DELETE", f"/api/v1/queue/task/{running}")
+    assert reply["success"] is True
+    job = svc.wait_status(running, "cancelled", timeout=10)
+    assert time.monotonic() - asked < 5
+    out = svc.data_dir / "results" / job["file_uuid"]
+    assert json.loads((out / "cut.json").read_text())["status"] == "completed"
+    partial = json.loads((out / "steps.json").read_text())
+    assert partial["status"] == "partial"
+    assert partial["last_checkpoint"]["frame"] >= 5
+    assert partial["result"]["done"] == partial["last_checkpoint"]["frame"]
+
+    svc.call("POST", "/api/v1/queue/pause")
+    more = [svc.submit(f"more {i}.mp4", ["noop"])["task_id"] for i in range(2)]
+    leftover = [t for t in pending + more if svc.job(t)["status"] == "pending"]
+    cleared = svc.call("POST", "/api/v1/queue/clear")
+    assert cleared == {"success": True, "cleared": len(leftover)}
+    assert {svc.job(t)["status"] for t in leftover} == {"cancelled"}
+    assert svc.status()["pending_count"] == 0
+    # A cancelled job can be retried; it resumes from its checkpoint.
+    svc.call("POST", "/api/v1/queue/resume")
+    svc.call("POST", f"/api/v1/jobs/{running}/retry")
+    job = svc.wait_status(running, "completed", timeout=30)
+    assert job["processors"]["cut"]["attempts"] == 1
+
+
+def test_settings_and_order_survive_a_restart(start_service):
+    svc = start_service()
+    svc.call("POST", "/api/v1/queue/pause")
+    svc.call("PUT", "/api/v1/queue/concurrency", json={"max_concurrent": 1})
+    svc.call("PUT", "/api/v1/queue/concurrency", json={"dynamic_concurrency": True})
+    for i, priority in enumerate(["low", "normal", "high", "normal", "high"]):
+        svc.submit(f"r{i}.mp4", ["noop"], priority=priority)
+    before = positions(svc)
+    assert svc.stop() == 0
+
+    svc.start()
+    status = svc.status()
+    assert status["paused"] is True
+    assert status["max_concurrent"] == 1
+    assert status["dynamic_concurrency"] is True
+    assert positions(svc) == before
+
+
+def test_graceful_stop_returns_running_job_to_the_line(start_service):
+    svc = start_service(**{"processors.steps": {"steps": 100, "step_seconds": 0.05}})
+    task = svc.submit("stop me.mp4", ["steps"])["task_id"]
+    wait_for(lambda: svc.job(task)["processors"]["steps"].get("current", 0) >= 3)
+    assert svc.stop() == 0
+    svc.start()
+    job = svc.wait_status(task, "completed", timeout=30)
+    assert job["crash_count"] == 0, "a clean stop is not a crash"
+    assert job["processors"]["steps"]["attempts"] == 2
+
+
+def _ts(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()

@@ -73,19 +73,22 @@ class Gate:
         self._lock = threading.Lock()
         self._samples: deque[Load] = deque(maxlen=3)
         self._load_limit: int | None = None  # None until the first sample
-        self._last_step = 0.0
+        self._last_step = float("-inf")
         self._gpu_readable = True
         psutil.cpu_percent(None)  # primes the counter; the first real reading comes later
 
-    def sample(self, max_concurrent: int, now: float | None = None) -> Load:
+    def sample(self, max_concurrent: int) -> Load:
         """Read the machine's load and move the load limit one step if needed."""
         gpu = read_gpu_percent() if self._gpu_readable else None
-        self._gpu_readable = gpu is not None
+        self._gpu_readable = gpu is not None  # don't spawn a probe that never answers
         load = Load(psutil.cpu_percent(None), psutil.virtual_memory().percent, gpu)
+        self.observe(load, max_concurrent)
+        return load
+
+    def observe(self, load: Load, max_concurrent: int, now: float | None = None) -> None:
         with self._lock:
             self._samples.append(load)
             self._step(max_concurrent, _now(now))
-        return load
 
     def _step(self, max_concurrent: int, now: float) -> None:
         limit = min(self._load_limit or max_concurrent, max_concurrent)

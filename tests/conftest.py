@@ -58,7 +58,7 @@ class ServiceProcess:
                 "watch": [str(self.drop)],
                 "port": 0,
                 "database_url": database_url,
-                "plugins": ["workloads:Noop", "workloads:Steps", "workloads:Flaky"],
+                "plugins": [f"workloads:{name}" for name in ("Noop", "Steps", "Flaky", "Crash")],
             },
             "queue": {
                 "dynamic_concurrency": False,
@@ -84,8 +84,8 @@ class ServiceProcess:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
         return env
 
-    def start(self) -> ServiceProcess:
-        run_file = self.data_dir / "run.json"
+    def spawn(self) -> None:
+        """Start the process without waiting for it to serve."""
         log = (self.root / "service.log").open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "momentry_edge.cli", "--config", str(self.config_path), "run"],
@@ -93,6 +93,11 @@ class ServiceProcess:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+        self.client = httpx.Client()
+
+    def start(self) -> ServiceProcess:
+        run_file = self.data_dir / "run.json"
+        self.spawn()
 
         def started() -> dict | None:
             if self.proc.poll() is not None:
@@ -110,6 +115,12 @@ class ServiceProcess:
 
     def log(self) -> str:
         return (self.root / "service.log").read_text(errors="replace")[-4000:]
+
+    def wait_exit(self, timeout: float = 30) -> int:
+        assert self.proc is not None
+        code = self.proc.wait(timeout=timeout)
+        self.client.close()
+        return code
 
     def stop(self) -> int:
         """SIGTERM, as launchd or systemd would send; returns the exit code."""

@@ -8,6 +8,7 @@ built-in ones.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -62,3 +63,14 @@ class Flaky(Processor):
         if marker.exists():
             raise ProcessorError(f"upstream storage unavailable (attempt {ctx.attempt})")
         return {"attempt": ctx.attempt}
+
+
+class Crash(Processor):
+    """Takes the whole service process down, as a segfaulting model would."""
+
+    name = "crash"
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        ctx.report(0, 1, {"frame": 0})
+        os.kill(os.getpid(), signal.SIGKILL)
+        return {}

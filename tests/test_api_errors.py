@@ -1,0 +1,118 @@
+"""Every client mistake gets API.md's JSON error shape with a 4xx, and the service keeps going."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+
+def assert_error(reply: httpx.Response, status: int, code: str, *words: str) -> None:
+    assert reply.status_code == status, reply.text
+    body = reply.json()
+    assert body["success"] is False
+    assert body["error"]["code"] == code
+    for word in words:
+        assert word in body["error"]["message"]
+
+
+def test_client_mistakes_get_json_errors(start_service):
+    svc = start_service()
+    task = svc.submit("ok.mp4", ["noop"])["task_id"]
+    svc.wait_status(task, "completed")
+    file_uuid = svc.job(task)["file_uuid"]
+    c = svc.client
+
+    # Malformed and wrongly shaped bodies.
+    for body in (b"{not json", b"[1, 2]", b'"text"'):
+        reply = c.post("/api/v1/files/register", content=body)
+        assert_error(reply, 400, "bad_request", "JSON")
+    reply = c.put("/api/v1/queue/concurrency", content=b"")
+    assert_error(reply, 400, "bad_request", "body")
+    assert_error(
+        c.post("/api/v1/files/register", content=b"x" * (2 << 20)), 413, "payload_too_large"
+    )
+
+    # Unknown ids, in every form a job can be named.
+    for ref in ("task_000000000000", "999999", "f" * 32, "nonsense"):
+        assert_error(c.get(f"/api/v1/jobs/{ref}"), 404, "not_found", ref)
+    assert_error(c.delete("/api/v1/queue/task/task_000000000000"), 404, "not_found")
+    assert_error(c.post("/api/v1/queue/prioritize/" + "0" * 32), 404, "not_found")
+    assert_error(c.get("/api/v1/files/" + "0" * 32), 404, "not_found")
+    assert_error(c.get(f"/api/v1/files/{file_uuid}/results/ocr"), 404, "not_found", "ocr")
+    assert_error(c.get(f"/api/v1/files/{file_uuid}/results/nope"), 404, "not_found", "nope")
+    assert_error(c.get("/api/v1/no/such/endpoint"), 404, "not_found")
+    assert_error(c.patch("/api/v1/queue/status"), 405, "method_not_allowed")
+
+    # Bad values.
+    scan = f"/api/v1/file/{file_uuid}/deep-scan"
+    assert_error(c.post(scan, json={"priority": "urgent"}), 400, "bad_request", "priority")
+    assert_error(
+        c.post(scan, json={"processors": ["noop", "teleport"]}), 400, "bad_request", "teleport"
+    )
+    assert_error(c.post(scan, json={"processors": "noop"}), 400, "bad_request", "processors")
+    assert_error(c.post(scan, json={"processors": []}), 400, "bad_request", "processors")
+    assert_error(
+        c.post(scan, json={"callback_url": "file:///etc/passwd"}), 400, "bad_request", "http"
+    )
+    assert_error(c.post(scan, json={"force": "yes"}), 400, "bad_request", "force")
+    priority = f"/api/v1/queue/task/{task}/priority"
+    assert_error(c.put(priority, json={"priority": 3}), 400, "bad_request", "priority")
+    for body in ({"max_concurrent": 0}, {"max_concurrent": "2"}, {"max_concurrent": 999}, {}):
+        assert_error(c.put("/api/v1/queue/concurrency", json=body), 400, "bad_request")
+    assert_error(
+        c.put("/api/v1/queue/concurrency", json={"dynamic_concurrency": "no"}), 400, "bad_request"
+    )
+    assert_error(c.get("/api/v1/jobs?status=weird"), 400, "bad_request", "weird")
+    assert_error(c.get("/api/v1/jobs?limit=-1"), 400, "bad_request", "limit")
+    assert_error(c.get("/api/v1/files?limit=abc"), 400, "bad_request", "limit")
+
+    # State conflicts.
+    assert_error(c.post(f"/api/v1/jobs/{task}/retry"), 409, "conflict", "completed")
+    assert_error(c.post(f"/api/v1/jobs/{task}/cancel"), 409, "conflict", "completed")
+    assert_error(c.put(priority, json={"priority": "high"}), 409, "conflict")
+    assert_error(c.post(f"/api/v1/queue/prioritize/{file_uuid}"), 409, "conflict")
+
+    # Paths outside the watched folder.
+    outside = svc.root / "outside.mp4"
+    outside.write_bytes(b"not even video")
+    for path in (str(outside), "../outside.mp4", "/etc/passwd"):
+        reply = c.post("/api/v1/files/register", json={"path": path})
+        assert_error(reply, 400, "bad_request", "watched folder")
+    assert_error(c.post("/api/v1/files/register", json={"path": "absent.mp4"}), 400, "bad_request")
+
+    # None of this hurt the service.
+    assert svc.get("/healthz")["status"] == "ok"
+    assert svc.status()["paused"] is False
+    again = svc.submit("after.mp4", ["noop"])["task_id"]
+    svc.wait_status(again, "completed")
+
+
+def test_token_is_required_on_every_api_route_when_set(start_service):
+    svc = start_service(service={"token": "s3cret"})
+    anonymous = httpx.Client(base_url=svc.url, timeout=10)
+    assert anonymous.get("/healthz").status_code == 200  # probes need no token
+    for method, path in (
+        ("GET", "/api/v1/queue/status"),
+        ("POST", "/api/v1/queue/pause"),
+        ("GET", "/api/v1/jobs"),
+        ("GET", "/api/v1/jobs/task_000000000000"),
+    ):
+        assert_error(anonymous.request(method, path), 401, "unauthorized")
+        wrong = {"Authorization": "Bearer guess"}
+        assert_error(anonymous.request(method, path, headers=wrong), 401, "unauthorized")
+    assert svc.status()["paused"] is False, "a refused request changed nothing"
+    assert svc.call("POST", "/api/v1/queue/pause")["paused"] is True
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_duplicate_submission_returns_the_queued_job(start_service):
+    svc = start_service()
+    svc.call("POST", "/api/v1/queue/pause")
+    first = svc.submit("same.mp4", ["noop", "steps"])
+    file_uuid = svc.job(first["task_id"])["file_uuid"]
+    scan = f"/api/v1/file/{file_uuid}/deep-scan"
+    again = svc.call("POST", scan, expect=200, json={"processors": ["steps", "noop"]})
+    assert again["task_id"] == first["task_id"] and again["deduplicated"] is True
+    other = svc.call("POST", scan, expect=202, json={"processors": ["noop"]})
+    assert other["task_id"] != first["task_id"] and other["position"] == 2
+    assert svc.status()["pending_count"] == 2

@@ -1,0 +1,66 @@
+"""Dynamic concurrency follows machine load one step at a time, with hysteresis."""
+
+from __future__ import annotations
+
+from momentry_edge.config import QueueConfig
+from momentry_edge.gate import Gate, Load, parse_ioreg_utilisation
+
+HOT = Load(cpu_percent=95.0, memory_percent=40.0, gpu_percent=None)
+WARM = Load(cpu_percent=75.0, memory_percent=40.0, gpu_percent=None)  # inside the band
+COOL = Load(cpu_percent=20.0, memory_percent=40.0, gpu_percent=None)
+
+
+def drive(
+    gate: Gate, loads: list[Load], max_concurrent: int = 4, dynamic: bool = True
+) -> list[int]:
+    limits = []
+    for t, load in enumerate(loads):
+        gate.observe(load, max_concurrent, now=t * 10.0)
+        limits.append(gate.effective_limit(max_concurrent, dynamic))
+    return limits
+
+
+def test_limit_steps_down_under_load_and_back_up_when_cool():
+    gate = Gate(QueueConfig(max_concurrent=4, cpu_threshold=80.0))
+    limits = drive(gate, [HOT] * 6 + [COOL] * 6)
+    # Down one job per step, never below one; CPU is averaged over three samples, so the
+    # first cool sample still reads 70% and holds; then up one per step to max_concurrent.
+    assert limits == [3, 2, 1, 1, 1, 1, 1, 2, 3, 4, 4, 4]
+
+
+def test_load_inside_the_hysteresis_band_holds_the_limit():
+    gate = Gate(QueueConfig(max_concurrent=4, cpu_threshold=80.0))
+    limits = drive(gate, [HOT] * 9 + [WARM] * 10)
+    assert limits[9:] == [limits[8]] * 10, "75% CPU neither lowers nor raises it"
+
+
+def test_memory_and_gpu_pressure_count_too():
+    gate = Gate(QueueConfig(max_concurrent=3, memory_threshold=80.0, gpu_threshold=90.0))
+    mem = Load(cpu_percent=10.0, memory_percent=92.0, gpu_percent=None)
+    assert drive(gate, [mem] * 12)[-1] == 1
+    gate = Gate(QueueConfig(max_concurrent=3))
+    gpu = Load(cpu_percent=10.0, memory_percent=10.0, gpu_percent=99.0)
+    assert drive(gate, [gpu] * 12)[-1] == 1
+
+
+def test_static_limit_and_pause_ignore_load():
+    gate = Gate(QueueConfig(max_concurrent=4))
+    assert drive(gate, [HOT] * 10, dynamic=False)[-1] == 4
+    assert gate.effective_limit(4, dynamic=True, paused=True) == 0
+    assert gate.effective_limit(4, dynamic=True) == 1
+
+
+def test_steps_are_spaced_in_time():
+    gate = Gate(QueueConfig(max_concurrent=4), step_seconds=6.0)
+    for t in (0.0, 1.0, 2.0, 3.0):  # four hot samples within six seconds
+        gate.observe(HOT, 4, now=t)
+    assert gate.effective_limit(4, dynamic=True) == 3
+
+
+def test_apple_gpu_utilisation_is_read_from_ioreg_output():
+    sample = """
+    | "PerformanceStatistics" = {"In use system memory"=123,"Device Utilization %"=37,
+    |   "Renderer Utilization %"=35,"Tiler Utilization %"=12}
+    """
+    assert parse_ioreg_utilisation(sample) == 37.0
+    assert parse_ioreg_utilisation("no accelerator here") is None

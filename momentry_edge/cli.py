@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -91,8 +90,9 @@ def cmd_concurrency(api: ApiClient, args: argparse.Namespace) -> int:
 
 
 def _console() -> Console:
-    # No syntax highlighting: file names and ids should print as they are.
-    return Console(highlight=False)
+    # No highlighting: names and ids print as they are. Piped output is not squeezed to
+    # 80 columns, so one job stays on one line for grep and awk.
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 500)
 
 
 def _show(args: argparse.Namespace, reply: dict[str, Any], render: Callable[[Any], None]) -> int:
@@ -144,7 +144,7 @@ def render_status(status: dict[str, Any]) -> None:
         header += f", {status['retrying_count']} retrying"
     console.print(Text(header))
     if status["queue"]:
-        table = _table("#", "file", "priority", "status", "progress", "processors", "task")
+        table = _table("#", "file", "prio", "status", "%", "processors", "task")
         for entry in status["queue"]:
             table.add_row(
                 *_cells(
@@ -172,7 +172,7 @@ def render_jobs(reply: dict[str, Any]) -> None:
     if not reply["jobs"]:
         console.print("no jobs")
         return
-    table = _table("task", "file", "priority", "status", "progress", "processors", "created")
+    table = _table("task", "file", "prio", "status", "%", "processors", "created (UTC)")
     for job in reply["jobs"]:
         processors = ",".join(job["processors"])
         if job.get("failed"):
@@ -185,7 +185,7 @@ def render_jobs(reply: dict[str, Any]) -> None:
                 job["status"],
                 _percent(job.get("progress")),
                 processors,
-                job.get("created_at") or "",
+                (job.get("created_at") or "")[5:16].replace("T", " "),  # MM-DD HH:MM
             )
         )
     console.print(table)
@@ -194,10 +194,14 @@ def render_jobs(reply: dict[str, Any]) -> None:
 
 
 def _table(*columns: str) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(box=None, pad_edge=False, header_style="bold")
     for name in columns:
-        numeric = name in ("#", "progress")
-        table.add_column(name, justify="right" if numeric else "left", no_wrap=name == "task")
+        numeric = name in ("#", "%")
+        # On a narrow terminal only the free-text columns wrap; ids stay whole for copying.
+        if name in ("file", "processors"):
+            table.add_column(name, min_width=10, overflow="fold")
+        else:
+            table.add_column(name, justify="right" if numeric else "left", no_wrap=True)
     return table
 
 

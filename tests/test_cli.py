@@ -1,0 +1,149 @@
+"""The client commands, run as a user runs them: the console script against a real service."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+TASK_ID = re.compile(r"task_[0-9a-f]{12}")
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """cli(*args, expect=0, env={}, cwd=None) -> the finished `momentry-edge` process."""
+    # An empty data dir: no momentry.toml or token of the machine's own leaks into a test.
+    home = tmp_path / "cli-home"
+    home.mkdir()
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MOMENTRY_")}
+    base["MOMENTRY_DATA_DIR"] = str(home)
+
+    def run(
+        *args: str, expect: int = 0, env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "momentry_edge.cli", *args],
+            env=base | (env or {}),
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == expect, (
+            f"{args}: exit {proc.returncode}\nstdout: {proc.stdout}\nstderr: {proc.stderr}"
+        )
+        assert "Traceback" not in proc.stderr, proc.stderr
+        return proc
+
+    return run
+
+
+def test_submit_pause_cancel_concurrency(start_service, cli) -> None:
+    svc = start_service()
+    url = ("--url", svc.url)
+
+    assert "paused" in cli("pause", *url).stdout
+    assert svc.status()["paused"] is True
+
+    video = svc.add_video("clip one.mp4")
+    out = cli("submit", str(video), "--processors", "noop", "--priority", "high", *url).stdout
+    assert "clip one.mp4" in out and "position 1" in out
+    task_id = TASK_ID.search(out).group()
+    job = svc.job(task_id)
+    assert (job["status"], job["priority"], job["file_name"]) == ("pending", "high", "clip one.mp4")
+    assert list(job["processors"]) == ["noop"]
+
+    status = json.loads(cli("status", "--json", *url).stdout)
+    assert status["pending_count"] == svc.status()["pending_count"] == 1
+    table = cli("status", *url).stdout
+    assert "queue paused" in table and "1 pending" in table
+    assert task_id in table and "clip one.mp4" in table
+
+    refused = cli("retry", task_id, *url, expect=1)
+    assert refused.stderr.startswith("error: ")
+    assert "only failed, partial or cancelled jobs retry" in refused.stderr
+
+    assert task_id in cli("cancel", task_id, *url).stdout
+    assert svc.job(task_id)["status"] == "cancelled"
+
+    cli("concurrency", "1", *url)
+    assert svc.status()["max_concurrent"] == 1
+    cli("concurrency", "--dynamic", *url)
+    assert (svc.status()["max_concurrent"], svc.status()["dynamic_concurrency"]) == (1, True)
+
+    # A relative PATH is resolved against the user's working directory, not the service's.
+    svc.add_video("second.mp4")
+    cli("submit", "second.mp4", "--processors", "noop", *url, cwd=svc.drop)
+    assert "cancelled 1 waiting job" in cli("clear", *url).stdout
+    assert svc.status()["pending_count"] == 0
+
+    outside = svc.root / "outside.mp4"
+    outside.write_bytes(b"not in the drop folder")
+    refused = cli("submit", str(outside), *url, expect=1)
+    assert "outside.mp4" in refused.stderr and "not inside a watched folder" in refused.stderr
+
+    garbage = svc.drop / "garbage.mp4"
+    garbage.write_bytes(b"\0" * 4096)
+    refused = cli("submit", str(garbage), *url, expect=1)
+    assert "garbage.mp4" in refused.stderr and "rejected" in refused.stderr
+
+    assert "queue running" in cli("resume", *url).stdout
+    assert svc.status()["paused"] is False
+    # A cancelled job can be retried, and now runs.
+    assert "re-queued" in cli("retry", task_id, *url).stdout
+    svc.wait_status(task_id, "completed")
+
+
+def test_jobs_filter_and_retry(start_service, cli) -> None:
+    svc = start_service(queue={"max_retries": 0})
+    url = ("--url", svc.url)
+    svc.marker.touch()  # flaky fails while it exists; with no retries left the job is failed
+    bad = svc.submit("bad.mp4", ["flaky"])["task_id"]
+    good = svc.submit("good.mp4", ["noop"])["task_id"]
+    svc.wait_status(bad, "failed")
+    svc.wait_status(good, "completed")
+
+    listed = json.loads(cli("jobs", "--status", "failed", "--json", *url).stdout)
+    assert [j["task_id"] for j in listed["jobs"]] == [bad]
+    table = cli("jobs", "--status", "failed", *url).stdout
+    assert "bad.mp4" in table and "failed: flaky" in table and "good.mp4" not in table
+    everything = cli("jobs", *url).stdout
+    assert bad in everything and good in everything
+    assert "unknown status 'bogus'" in cli("jobs", "--status", "bogus", *url, expect=1).stderr
+
+    svc.marker.unlink()
+    assert bad in cli("retry", bad, *url).stdout
+    svc.wait_status(bad, "completed")
+
+
+def test_token(start_service, cli) -> None:
+    svc = start_service(service={"token": "s3cret"})
+    url = ("--url", svc.url)
+
+    for wrong in ((), ("--token", "guess")):
+        refused = cli("status", *wrong, *url, expect=1)
+        assert "missing or wrong bearer token" in refused.stderr
+
+    cli("status", *url, env={"MOMENTRY_API_TOKEN": "s3cret"})
+    # With no --token the one in the service's own config file is used.
+    cli("--config", str(svc.config_path), "status", *url)
+
+
+def test_without_a_service(cli) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"  # nothing listens here once the socket is closed
+    for command in (("status",), ("pause",), ("submit", "x.mp4")):
+        failed = cli(*command, "--url", url, expect=3)
+        assert url in failed.stderr and "momentry-edge run" in failed.stderr
+    # Usage errors are caught before any request is made.
+    assert "expected http://" in cli("status", "--url", "localhost:8765", expect=2).stderr
+    assert "give N" in cli("concurrency", "--url", url, expect=2).stderr

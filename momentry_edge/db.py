@@ -139,7 +139,20 @@ class ProcessorRun(BaseModel):
         indexes = ((("job", "processor"), True),)
 
 
-MODELS = (QueueState, MediaFile, Job, ProcessorRun)
+class Node(BaseModel):
+    """A service process working on this queue; its heartbeat keeps ``last_seen`` fresh."""
+
+    node_id = pw.CharField(max_length=120, primary_key=True)
+    host = pw.CharField(max_length=255)
+    pid = pw.IntegerField()
+    owner = pw.CharField(max_length=120)  # the lease owner id of its current process
+    processors = JSONField(default=list)  # the processors it can run (ready here)
+    max_concurrent = pw.IntegerField(default=0)  # its effective limit at its last heartbeat
+    started_at = pw.DoubleField(default=time.time)
+    last_seen = pw.DoubleField(default=time.time, index=True)
+
+
+MODELS = (QueueState, MediaFile, Job, ProcessorRun, Node)
 
 
 class SchemaVersion(BaseModel):
@@ -148,11 +161,15 @@ class SchemaVersion(BaseModel):
 
 
 def _v1_initial(db: pw.Database) -> None:
-    db.create_tables(MODELS)
+    db.create_tables([QueueState, MediaFile, Job, ProcessorRun])
+
+
+def _v2_nodes(db: pw.Database) -> None:
+    db.create_tables([Node])
 
 
 # Append-only: each entry moves the schema one version forward.
-MIGRATIONS: list[Callable[[pw.Database], None]] = [_v1_initial]
+MIGRATIONS: list[Callable[[pw.Database], None]] = [_v1_initial, _v2_nodes]
 
 
 def connect(database_url: str, data_dir: Path) -> pw.Database:
@@ -233,6 +250,18 @@ class _PostgresSnapshot:
 
     def __exit__(self, *exc: Any) -> Any:
         return self._tx.__exit__(*exc)
+
+
+def holds_cluster_lock(db: pw.Database, name: str) -> bool:
+    """Inside a transaction: whether this node may do cluster-wide work ``name`` now.
+
+    On PostgreSQL one node at a time gets it (a transaction-scoped advisory lock);
+    SQLite serialises writers anyway, so there it is always granted.
+    """
+    if not is_postgres(db):
+        return True
+    key = int.from_bytes(name.encode()[:8].ljust(8, b"\0"), "big") & 0x7FFFFFFFFFFFFFFF
+    return bool(db.execute_sql("SELECT pg_try_advisory_xact_lock(%s)", (key,)).fetchone()[0])
 
 
 def migrate(db: pw.Database) -> int:

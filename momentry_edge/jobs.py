@@ -253,10 +253,25 @@ def retry(job: Job, now: float | None = None) -> Job:
 # -- the worker's side ----------------------------------------------------------------------
 
 
+CLAIM_BATCH = 50
+
+
 def claim(
-    owner: str, node: str, limit: int, lease_seconds: float, now: float | None = None
+    owner: str,
+    node: str,
+    limit: int,
+    lease_seconds: float,
+    *,
+    can_run: set[str] | None = None,
+    cluster_can_run: set[str] | None = None,
+    now: float | None = None,
 ) -> Job | None:
-    """Atomically take the next job in line, if fewer than ``limit`` run on ``node``."""
+    """Atomically take the next job in line, if fewer than ``limit`` run on ``node``.
+
+    With ``can_run`` the node skips jobs that need a processor it lacks but another
+    live node has (``cluster_can_run``); a processor no node can run does not hold a
+    job back: it fails there with its reason instead of waiting forever.
+    """
     now = _now(now)
     database = Job._meta.database
     with _claim_lock, db.write_transaction(database):
@@ -270,15 +285,7 @@ def claim(
         running = Job.select().where(Job.status == db.PROCESSING, Job.node == node).count()
         if running >= limit:
             return None
-        query = (
-            Job.select(Job.id)
-            .where(Job.status == db.PENDING)
-            .order_by(Job.priority.desc(), Job.seq, Job.id)
-            .limit(1)
-        )
-        if db.is_postgres(database):
-            query = query.for_update("FOR UPDATE SKIP LOCKED")
-        row = query.first()
+        row = _next_claimable(database, can_run, cluster_can_run or set())
         if row is None:
             return None
         Job.update(
@@ -294,6 +301,27 @@ def claim(
     job = Job.get_by_id(row.id)
     bus.publish("job.started", task_id=job.task_id, node=node)
     return job
+
+
+def _next_claimable(
+    database: pw.Database, can_run: set[str] | None, cluster_can_run: set[str]
+) -> Job | None:
+    query = (
+        Job.select(Job.id, Job.processors)
+        .where(Job.status == db.PENDING)
+        .order_by(Job.priority.desc(), Job.seq, Job.id)
+    )
+    if db.is_postgres(database):
+        query = query.for_update("FOR UPDATE SKIP LOCKED")
+    offset = 0
+    while True:
+        rows = list(query.limit(1 if can_run is None else CLAIM_BATCH).offset(offset))
+        for row in rows:
+            if can_run is None or set(row.processors) & cluster_can_run <= can_run:
+                return row
+        if len(rows) < CLAIM_BATCH:
+            return None
+        offset += len(rows)
 
 
 def heartbeat(owner: str, lease_seconds: float, now: float | None = None) -> int:
@@ -504,7 +532,10 @@ def reap(node: str, owner: str, policy: RetryPolicy, now: float | None = None) -
     """
     now = _now(now)
     reaped = []
-    with db.write_transaction(Job._meta.database):
+    database = Job._meta.database
+    with db.write_transaction(database):
+        if not db.holds_cluster_lock(database, "reaper"):
+            return []  # another node is reaping right now
         stale = Job.select().where(
             Job.status == db.PROCESSING,
             (Job.lease_until < now) | ((Job.node == node) & (Job.lease_owner != owner)),

@@ -16,11 +16,12 @@ from typing import Any
 
 from cheroot import wsgi
 
-from . import __version__, db, ingest, jobs, views
+from . import __version__, cluster, db, ingest, jobs, views
 from .api import make_app
 from .clock import iso
 from .config import Config, ConfigError
 from .db import Job, MediaFile
+from .errors import Conflict
 from .events import bus
 from .gate import Gate
 from .processors import Registry
@@ -44,6 +45,7 @@ class Service:
         self.gate = Gate(config.queue)
         self.workers = Workers(config, self.registry, self.gate, self.node, self.owner)
         self.server: wsgi.Server | None = None
+        self.notifier: cluster.Notifier | None = None
         self.url = ""
         self._threads: list[threading.Thread] = []
 
@@ -92,16 +94,23 @@ class Service:
         return record, job, changed
 
     def queue_status(self) -> dict[str, Any]:
-        return views.queue_status(self.workers.effective_limit(), self.gate.load)
+        nodes = cluster.node_rows(within=self.config.queue.lease_seconds)
+        return views.queue_status(self.workers.effective_limit(), self.gate.load, {"nodes": nodes})
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> None:
         """Open the database, recover what a crash left, then start serving and working."""
         setup_logging(self.config)
-        db.connect(self.config.service.database_url, self.config.data_dir)
+        database = db.connect(self.config.service.database_url, self.config.data_dir)
         q = self.config.queue
         jobs.init_queue_state(q.max_concurrent, q.dynamic_concurrency)
+        try:
+            cluster.register_node(self.node, self.owner, sorted(self.workers.can_run))
+        except Conflict as exc:
+            raise ConfigError(f"service.node_id: {exc.message}") from None
+        self.notifier = cluster.Notifier(database, on_wake=self.workers.kick)
+        bus.listen(self.notifier.on_event)
         recovered = jobs.reap(self.node, self.owner, self.workers.policy)
         if recovered:
             log.warning(
@@ -112,6 +121,7 @@ class Service:
         self._start_http()
         if q.worker_enabled:
             self.workers.start()
+            self.notifier.start()
         self._write_run_file()
         log.info("momentry-edge %s listening on %s (node %s)", __version__, self.url, self.node)
 
@@ -137,6 +147,7 @@ class Service:
                 self.gate.sample(jobs.queue_state().max_concurrent)
             elif task == "heartbeat":
                 jobs.heartbeat(self.owner, self.config.queue.lease_seconds)
+                cluster.heartbeat(self.node, self.owner, self.workers.effective_limit())
             elif task == "reap":
                 jobs.reap(self.node, self.owner, self.workers.policy)
                 if self.config.queue.worker_enabled:
@@ -155,12 +166,16 @@ class Service:
         if self.server is not None:
             self.server.stop()
         # 2. Running processors stop at their next report and go back to the line.
-        if self.config.queue.worker_enabled:
+        if self.workers.started:
             self.workers.stop()
+        if self.notifier is None:
+            return  # start-up failed before the database was ready
+        self.notifier.stop()
         # 3. Anything still held (a processor that never reported) goes back too.
         held = Job.select().where(Job.lease_owner == self.owner, Job.status == db.PROCESSING)
         for job in list(held):
             jobs.requeue(job, self.owner)
+        cluster.leave(self.node, self.owner)
         (self.config.data_dir / "run.json").unlink(missing_ok=True)
         db.Job._meta.database.close()
         log.info("stopped")

@@ -20,7 +20,7 @@ from huey import Huey
 from huey.consumer import Consumer
 from huey.storage import MemoryStorage
 
-from . import db, jobs
+from . import cluster, db, jobs
 from .clock import iso
 from .config import Config
 from .db import Job, ProcessorRun
@@ -82,6 +82,9 @@ class Workers:
             lease_seconds=config.queue.lease_seconds,
         )
         self.stopping = threading.Event()
+        self.started = False
+        # What this node can run; a job needing more waits for a node that can.
+        self.can_run = {name for name in registry.names if registry.create(name).readiness().ready}
         self._local = threading.local()
         self.huey = Huey("momentry-edge", storage_class=BlockingMemoryStorage, results=False)
         self._drain_task = self.huey.task(name="drain")(self._drain)
@@ -97,6 +100,7 @@ class Workers:
 
     def start(self) -> None:
         self.consumer.start()
+        self.started = True
         self.kick()
 
     def stop(self) -> None:
@@ -123,9 +127,15 @@ class Workers:
     # -- running jobs ------------------------------------------------------------------------
 
     def _drain(self) -> None:
+        lease = self.config.queue.lease_seconds
         while not self.stopping.is_set():
             job = jobs.claim(
-                self.owner, self.node, self.effective_limit(), self.config.queue.lease_seconds
+                self.owner,
+                self.node,
+                self.effective_limit(),
+                lease,
+                can_run=self.can_run,
+                cluster_can_run=cluster.cluster_processors(within=lease),
             )
             if job is None:
                 return

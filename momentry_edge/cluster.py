@@ -1,0 +1,163 @@
+"""Nodes sharing one queue: registration, heartbeats, and wake-ups across processes.
+
+Each service process is a node. It registers what it can run, renews
+``last_seen`` with its heartbeat, and is considered gone once that is older
+than the lease. On PostgreSQL a node LISTENs on a channel that every node
+NOTIFYs when work may have become claimable, so an idle node on another
+machine starts a job within milliseconds; SQLite (one machine) relies on the
+in-process wake-up and the periodic kick.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import peewee as pw
+import psutil
+
+from . import db
+from .clock import iso
+from .db import Node
+from .errors import Conflict
+from .events import Event
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "momentry_jobs"
+# Local events after which another node may find a job it can start.
+WAKE_EVENTS = {
+    "job.queued",
+    "job.prioritized",
+    "job.recovered",
+    "job.requeued",
+    "queue.resumed",
+    "queue.concurrency",
+}
+
+
+def register_node(
+    node_id: str, owner: str, processors: list[str], now: float | None = None
+) -> None:
+    """Claim ``node_id`` for this process; refuse if a live process on this host holds it."""
+    now = time.time() if now is None else now
+    host = socket.gethostname()
+    with db.write_transaction(Node._meta.database):
+        current = Node.get_or_none(Node.node_id == node_id)
+        if current is not None and current.owner != owner and _alive_here(current, host):
+            raise Conflict(
+                f"node id {node_id!r} is in use by process {current.pid} on this host; "
+                "give each service its own service.node_id"
+            )
+        values = {
+            "host": host,
+            "pid": os.getpid(),
+            "owner": owner,
+            "processors": processors,
+            "started_at": now,
+            "last_seen": now,
+        }
+        if current is None:
+            Node.create(node_id=node_id, **values)
+        else:
+            Node.update(values).where(Node.node_id == node_id).execute()
+
+
+def _alive_here(node: Node, host: str) -> bool:
+    return node.host == host and node.pid != os.getpid() and psutil.pid_exists(node.pid)
+
+
+def heartbeat(node_id: str, owner: str, max_concurrent: int) -> None:
+    Node.update(last_seen=time.time(), max_concurrent=max_concurrent).where(
+        Node.node_id == node_id, Node.owner == owner
+    ).execute()
+
+
+def leave(node_id: str, owner: str) -> None:
+    """A clean stop: this node no longer counts as able to run anything."""
+    Node.update(last_seen=0, max_concurrent=0).where(
+        Node.node_id == node_id, Node.owner == owner
+    ).execute()
+
+
+def live_nodes(within: float, now: float | None = None) -> list[Node]:
+    now = time.time() if now is None else now
+    return list(Node.select().where(Node.last_seen >= now - within).order_by(Node.node_id))
+
+
+def cluster_processors(within: float) -> set[str]:
+    """Every processor some live node can run."""
+    return {name for node in live_nodes(within) for name in node.processors}
+
+
+def node_rows(within: float) -> list[dict[str, Any]]:
+    """The ``nodes`` list of the queue status."""
+    active = dict(
+        db.Job.select(db.Job.node, pw.fn.COUNT(db.Job.id))
+        .where(db.Job.status == db.PROCESSING)
+        .group_by(db.Job.node)
+        .tuples()
+    )
+    return [
+        {
+            "id": node.node_id,
+            "host": node.host,
+            "processors": node.processors,
+            "active": active.get(node.node_id, 0),
+            "max_concurrent": node.max_concurrent,
+            "last_seen": iso(node.last_seen),
+        }
+        for node in live_nodes(within)
+    ]
+
+
+class Notifier:
+    """PostgreSQL LISTEN/NOTIFY: tell other nodes about new work, and hear them."""
+
+    def __init__(self, database: pw.Database, on_wake: Callable[[], None]) -> None:
+        self.database = database
+        self.on_wake = on_wake
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._listen, name="listen", daemon=True)
+        self._last_sent = 0.0
+
+    @property
+    def enabled(self) -> bool:
+        return db.is_postgres(self.database)
+
+    def start(self) -> None:
+        if self.enabled:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def on_event(self, event: Event) -> None:
+        """Bus listener: a local change that may free work for other nodes."""
+        if self.enabled and event["type"] in WAKE_EVENTS:
+            try:
+                self.database.execute_sql(f"NOTIFY {CHANNEL}")
+            except pw.DatabaseError:
+                log.warning("could not notify other nodes; they will poll")
+
+    def _listen(self) -> None:
+        import psycopg
+
+        params = self.database.connect_params
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(
+                    dbname=self.database.database, autocommit=True, connect_timeout=5, **params
+                ) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    while not self._stop.is_set():
+                        for _ in conn.notifies(timeout=1.0, stop_after=1):
+                            self.on_wake()
+            except psycopg.Error as exc:
+                log.warning("listening for other nodes failed (%s); retrying", exc)
+                self._stop.wait(2.0)

@@ -163,6 +163,21 @@ class ServiceProcess:
             path, segments=1, segment_seconds=seconds, fps=10, size=(64, 48), audio=False
         )
 
+    def add_copies(self, count: int, prefix: str = "copy") -> list[str]:
+        """``count`` distinct real videos, made quickly: one clip with a different tail each."""
+        clip = make_video(
+            self.root / "clip.mp4",
+            segments=1,
+            segment_seconds=0.4,
+            fps=10,
+            size=(64, 48),
+            audio=False,
+        ).read_bytes()
+        names = [f"{prefix} {i:04d}.mp4" for i in range(count)]
+        for i, name in enumerate(names):
+            (self.drop / name).write_bytes(clip + i.to_bytes(8, "big"))
+        return names
+
     def submit(
         self,
         name: str,

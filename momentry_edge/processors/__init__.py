@@ -73,7 +73,7 @@ class Registry:
         return list(dict.fromkeys(names))
 
     def create(self, name: str) -> Processor:
-        cls = self._classes[name]
+        cls = self._classes.get(name, f"processor {name!r} is not installed on this node")
         if isinstance(cls, str):
             return Unavailable(name, cls)
         return cls(self._settings.get(name, {}))

@@ -1,0 +1,112 @@
+"""Several service processes (nodes) sharing one PostgreSQL queue."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from conftest import wait_for
+
+pytestmark = pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+
+ALL = [f"workloads:{name}" for name in ("Noop", "Steps", "Flaky", "Crash")]
+
+
+def node(start_service, name, **settings):
+    service = {"node_id": f"node-{name}"} | settings.pop("service", {})
+    return start_service(name, service=service, **settings)
+
+
+def completed(svc) -> int:
+    return svc.get("/api/v1/jobs", params={"status": "completed", "limit": 1})["total"]
+
+
+def test_two_nodes_drain_500_jobs_each_exactly_once(start_service):
+    quick = {"processors.steps": {"steps": 1, "step_seconds": 0}, "queue": {"max_concurrent": 3}}
+    a = node(start_service, "a", **quick)
+    b = node(start_service, "b", **quick)
+    a.call("POST", "/api/v1/queue/pause")
+    names = a.add_copies(500)
+    tasks = [a.submit(name, ["steps"])["task_id"] for name in names]
+    assert len(set(tasks)) == 500
+    status = b.status()
+    assert status["pending_count"] == 500 and status["paused"] is True
+    assert {n["id"] for n in status["nodes"]} == {"node-a", "node-b"}
+
+    b.call("POST", "/api/v1/queue/resume")
+    wait_for(lambda: completed(a) == 500, timeout=180, interval=0.5)
+
+    runs: dict[str, int] = {}
+    per_node = {}
+    for svc in (a, b):
+        logs = list((svc.data_dir / "results").glob("*/steps.log"))
+        per_node[svc.root.name] = len(logs)
+        for log in logs:
+            runs[log.parent.name] = runs.get(log.parent.name, 0) + len(log.read_text().split())
+    assert len(runs) == 500, "no job lost"
+    assert set(runs.values()) == {1}, "no job ran twice"
+    assert per_node["a"] > 0 and per_node["b"] > 0, per_node
+    assert a.get("/api/v1/jobs", params={"limit": 1})["total"] == 500
+
+
+def test_kill_9_of_one_node_lets_the_other_finish_from_the_checkpoint(start_service):
+    slow = {
+        "processors.steps": {"steps": 40, "step_seconds": 0.1},
+        "queue": {"lease_seconds": 2},
+    }
+    a = node(start_service, "a", **slow)
+    task = a.submit("shared.mp4", ["steps"])["task_id"]
+    wait_for(lambda: a.job(task)["processors"]["steps"].get("current", 0) >= 10)
+    assert a.job(task)["node"] == "node-a"
+    b = node(start_service, "b", **slow)
+    a.kill()
+
+    job = b.wait_status(task, "completed", timeout=60)
+    assert job["node"] == "node-b" and job["crash_count"] == 1
+    result = json.loads((b.data_dir / "results" / job["file_uuid"] / "steps.json").read_text())
+    assert result["result"]["resumed_from"] >= 10
+    done_on_a = (a.data_dir / "results" / job["file_uuid"] / "steps.log").read_text().split()
+    done_on_b = (b.data_dir / "results" / job["file_uuid"] / "steps.log").read_text().split()
+    assert sorted(set(map(int, done_on_a + done_on_b))) == list(range(40))
+    assert len(done_on_a) + len(done_on_b) <= 41, "at most the step in flight ran twice"
+
+
+def test_a_job_needing_a_processor_only_node_b_has_runs_on_b(start_service):
+    a = node(start_service, "a", service={"plugins": ALL[:2]}, queue={"max_concurrent": 4})
+    b = node(
+        start_service,
+        "b",
+        service={"plugins": ALL},
+        queue={"max_concurrent": 1},
+        **{"processors.steps": {"steps": 5, "step_seconds": 0.1}},
+    )
+    nodes = {n["id"]: n for n in a.status()["nodes"]}
+    assert "flaky" not in nodes["node-a"]["processors"]
+    assert "flaky" in nodes["node-b"]["processors"]
+
+    only_b = [b.submit(f"b{i}.mp4", ["noop", "flaky"])["task_id"] for i in range(4)]
+    anyone = [b.submit(f"x{i}.mp4", ["noop"])["task_id"] for i in range(4)]
+    for task in only_b:
+        job = b.wait_status(task, "completed")
+        assert job["node"] == "node-b" and job["retry_count"] == 0
+        assert job["processors"]["flaky"]["attempts"] == 1, "node-a never tried it"
+    for task in anyone:
+        b.wait_status(task, "completed")
+    assert "node-a" in {b.job(t)["node"] for t in anyone}, "the idle node took the others"
+
+
+def test_pause_through_one_node_stops_admission_on_both(start_service):
+    a = node(start_service, "a")
+    b = node(start_service, "b")
+    assert a.call("POST", "/api/v1/queue/pause")["paused"] is True
+    tasks = [b.submit(f"p{i}.mp4", ["noop"])["task_id"] for i in range(4)]
+    tasks += [a.submit(f"q{i}.mp4", ["noop"])["task_id"] for i in range(4)]
+    wait_for(lambda: b.status()["pending_count"] == 8)
+    time.sleep(1.5)  # both nodes had time to start something if they were going to
+    assert {a.job(t)["status"] for t in tasks} == {"pending"}
+    assert b.status()["paused"] is True and b.status()["active_count"] == 0
+
+    b.call("POST", "/api/v1/queue/resume")
+    for task in tasks:
+        a.wait_status(task, "completed")

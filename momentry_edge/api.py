@@ -209,7 +209,7 @@ def make_app(service: Service) -> bottle.Bottle:
         raw = body.get("path")
         if not isinstance(raw, str) or not raw:
             raise Invalid("path is required")
-        result = service.register(
+        record, job, created = service.register(
             raw,
             upload_ok=body.get("upload_status", 1) == 1,
             scan=body.get("scan", True),
@@ -217,7 +217,6 @@ def make_app(service: Service) -> bottle.Bottle:
             priority=body.get("priority", "normal"),
             options=_scan_options(body),
         )
-        record, job, created = result
         response.status = 201 if created else 200
         reply = {
             "success": True,
@@ -226,6 +225,8 @@ def make_app(service: Service) -> bottle.Bottle:
             "reason": record.reason,
             "task_id": None,
             "position": None,
+            # Not created: the same unchanged file was registered before; its job is returned.
+            "deduplicated": job is not None and not created,
         }
         if job is not None:
             reply |= {"task_id": job.task_id, "position": jobs.position(job)}

@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import config as config_module
-from .client import ApiClient, ApiError, ServiceUnreachable
+from .client import ApiClient, ApiError, ServiceUnreachable, default_url
 
 # Exit codes: scripts (and the SFTPGo hook) branch on these.
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return service.run(cfg)
         token = cfg.service.token if args.token is None else args.token
-        with ApiClient(args.url or cfg.url, token) as api:
+        with ApiClient(args.url or default_url(cfg), token) as api:
             return args.handler(api, args)
     except config_module.ConfigError as exc:
         print(f"momentry-edge: configuration error: {exc}", file=sys.stderr)

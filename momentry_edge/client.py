@@ -7,10 +7,14 @@ ServiceUnreachable, so callers tell "it said no" from "nobody answered".
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 from urllib.parse import quote
 
 import httpx
+
+from .config import Config
 
 DEFAULT_TIMEOUT = 15.0
 
@@ -141,3 +145,17 @@ def _api_error(reply: httpx.Response, data: Any) -> ApiError:
 def _seg(value: str) -> str:
     # Job refs and uuids are plain tokens, but a typo must not turn into another route.
     return quote(str(value), safe="")
+
+
+def default_url(cfg: Config) -> str:
+    """The local service's URL: from its run file while it runs, else from the config.
+
+    The run file matters when the port is 0 (chosen at start-up) or was changed
+    by an environment variable the client does not see.
+    """
+    try:
+        info = json.loads((cfg.data_dir / "run.json").read_text(encoding="utf-8"))
+        os.kill(int(info["pid"]), 0)
+        return str(info["url"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return cfg.url

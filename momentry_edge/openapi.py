@@ -247,6 +247,7 @@ _REGISTERED = _ok(
     reason=_null(STR),
     task_id=_null(TASK_ID),
     position=_null(INT),
+    deduplicated=BOOL,
 )
 _PAGING = ("limit", "offset")
 _CANCELLED = _ok(message=_enum("Task cancelled"), status=_enum("cancelled", "cancelling"))

@@ -109,6 +109,10 @@ def test_duplicate_submission_returns_the_queued_job(start_service):
     svc = start_service()
     svc.call("POST", "/api/v1/queue/pause")
     first = svc.submit("same.mp4", ["noop", "steps"])
+    assert first["deduplicated"] is False
+    body = {"path": "same.mp4", "processors": ["noop", "steps"]}
+    repeat = svc.call("POST", "/api/v1/files/register", expect=200, json=body)
+    assert repeat["task_id"] == first["task_id"] and repeat["deduplicated"] is True
     file_uuid = svc.job(first["task_id"])["file_uuid"]
     scan = f"/api/v1/file/{file_uuid}/deep-scan"
     again = svc.call("POST", scan, expect=200, json={"processors": ["steps", "noop"]})

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -246,7 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", help="path to momentry.toml (default: MOMENTRY_CONFIG or the data dir)"
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("run", help="run the service: watcher, queue workers and HTTP API")
+    run = commands.add_parser("run", help="run the service: watcher, queue workers and HTTP API")
+    run.add_argument(
+        "--log-level", choices=config_module.LOG_LEVELS, help="overrides service.log_level"
+    )
 
     client = argparse.ArgumentParser(add_help=False)
     client.add_argument("--url", type=_service_url, help="service URL (default: from the config)")
@@ -299,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
             # commands do not need, and they should start quickly.
             from . import service
 
+            if args.log_level:
+                cfg = replace(cfg, service=replace(cfg.service, log_level=args.log_level))
             return service.run(cfg)
         token = cfg.service.token if args.token is None else args.token
         with ApiClient(args.url or default_url(cfg), token) as api:

@@ -24,8 +24,17 @@ class ConfigError(ValueError):
     """A setting that cannot be used; the message names the key."""
 
 
-def _setting(default: Any, *, minimum: float | None = None, env: str | None = None) -> Any:
-    meta = {"minimum": minimum, "env": env}
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _setting(
+    default: Any,
+    *,
+    minimum: float | None = None,
+    env: str | None = None,
+    choices: tuple[str, ...] | None = None,
+) -> Any:
+    meta = {"minimum": minimum, "env": env, "choices": choices}
     if isinstance(default, list | tuple):
         return field(default_factory=lambda: tuple(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -41,7 +50,7 @@ class ServiceConfig:
     database_url: str = _setting("", env="DATABASE_URL")
     # Extra processors, "module:Class"; the built-in ones need no entry.
     plugins: tuple[str, ...] = _setting([], env="MOMENTRY_PLUGINS")
-    log_level: str = _setting("info", env="MOMENTRY_LOG_LEVEL")
+    log_level: str = _setting("info", env="MOMENTRY_LOG_LEVEL", choices=LOG_LEVELS)
     # Names this process in a shared queue; empty = the host name.
     node_id: str = _setting("", env="MOMENTRY_NODE_ID")
 
@@ -202,6 +211,9 @@ def _coerce(key: str, f: dataclasses.Field, value: Any, origin: str) -> Any:
             raise TypeError(kind)
     except (ValueError, TypeError):
         raise ConfigError(f"{key}: expected {_describe(kind)}, got {value!r} ({origin})") from None
+    choices = f.metadata.get("choices")
+    if choices and result not in choices:
+        raise ConfigError(f"{key}: must be one of {', '.join(choices)}, got {value!r} ({origin})")
     minimum = f.metadata.get("minimum")
     if minimum is not None and result < minimum:
         raise ConfigError(f"{key}: must be at least {minimum}, got {value!r} ({origin})")

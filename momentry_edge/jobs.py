@@ -182,20 +182,26 @@ def cancel(job: Job) -> str:
             Job.update(cancel_requested=True).where(Job.id == job.id).execute()
         else:
             raise Conflict(f"job {job.task_id} is already {job.status}")
-    bus.publish("job.cancel", task_id=job.task_id, status=job.status)
+    if job.status == db.PROCESSING:
+        bus.publish("job.cancelling", task_id=job.task_id)
+    else:
+        bus.publish("job.finished", task_id=job.task_id, status=db.CANCELLED)
     return job.status
 
 
 def clear() -> int:
     """Cancel every pending and retrying job."""
     now = time.time()
-    n = (
-        Job.update(status=db.CANCELLED, completed_at=now, error_message="cleared from the queue")
-        .where(Job.status.in_((db.PENDING, db.RETRYING)))
-        .execute()
-    )
-    bus.publish("queue.cleared", cleared=n)
-    return n
+    with db.write_transaction(Job._meta.database):
+        waiting = Job.select(Job.task_id).where(Job.status.in_((db.PENDING, db.RETRYING)))
+        cleared = [job.task_id for job in waiting]
+        Job.update(
+            status=db.CANCELLED, completed_at=now, error_message="cleared from the queue"
+        ).where(Job.task_id.in_(cleared)).execute()
+    for task_id in cleared:
+        bus.publish("job.finished", task_id=task_id, status=db.CANCELLED)
+    bus.publish("queue.cleared", cleared=len(cleared))
+    return len(cleared)
 
 
 def prioritize(job: Job) -> Job:
@@ -531,7 +537,7 @@ def reap(node: str, owner: str, policy: RetryPolicy, now: float | None = None) -
     has taken a process down ``max_crashes`` times is parked as failed instead.
     """
     now = _now(now)
-    reaped = []
+    reaped, parked = [], []
     database = Job._meta.database
     with db.write_transaction(database):
         if not db.holds_cluster_lock(database, "reaper"):
@@ -553,11 +559,15 @@ def reap(node: str, owner: str, policy: RetryPolicy, now: float | None = None) -
                     ProcessorRun.job == job.id, ProcessorRun.status == db.RUN_RUNNING
                 ).execute()
                 _finalise(job, db.FAILED, error, now)
+                parked.append(job.task_id)
             else:
                 _requeue(job.id)
             reaped.append(job.task_id)
     for task_id in reaped:
-        bus.publish("job.recovered", task_id=task_id)
+        if task_id in parked:
+            bus.publish("job.finished", task_id=task_id, status=db.FAILED)
+        else:
+            bus.publish("job.recovered", task_id=task_id)
     return reaped
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
-import logging.handlers
 import os
 import secrets
 import signal
@@ -16,8 +15,9 @@ from typing import Any
 
 from cheroot import wsgi
 
-from . import __version__, cluster, db, ingest, jobs, views
+from . import __version__, cluster, db, ingest, jobs, logs, views
 from .api import make_app
+from .callbacks import CallbackSender
 from .clock import iso
 from .config import Config, ConfigError
 from .db import Job, MediaFile
@@ -46,6 +46,7 @@ class Service:
         self.workers = Workers(config, self.registry, self.gate, self.node, self.owner)
         self.server: wsgi.Server | None = None
         self.notifier: cluster.Notifier | None = None
+        self.callbacks = CallbackSender(self._callback_payload)
         self.url = ""
         self._threads: list[threading.Thread] = []
 
@@ -93,6 +94,11 @@ class Service:
             changed = changed or created
         return record, job, changed
 
+    def _callback_payload(self, task_id: str) -> tuple[str | None, dict[str, Any]]:
+        job = jobs.find_job(task_id)
+        detail = views.job_detail(job, self.workers.effective_limit())
+        return job.options.get("callback_url"), {"event": "job.finished", "job": detail}
+
     def queue_status(self) -> dict[str, Any]:
         nodes = cluster.node_rows(within=self.config.queue.lease_seconds)
         return views.queue_status(self.workers.effective_limit(), self.gate.load, {"nodes": nodes})
@@ -101,7 +107,7 @@ class Service:
 
     def start(self) -> None:
         """Open the database, recover what a crash left, then start serving and working."""
-        setup_logging(self.config)
+        logs.setup(self.config.data_dir, self.config.service.log_level)
         database = db.connect(self.config.service.database_url, self.config.data_dir)
         q = self.config.queue
         jobs.init_queue_state(q.max_concurrent, q.dynamic_concurrency)
@@ -111,6 +117,8 @@ class Service:
             raise ConfigError(f"service.node_id: {exc.message}") from None
         self.notifier = cluster.Notifier(database, on_wake=self.workers.kick)
         bus.listen(self.notifier.on_event)
+        bus.listen(self.callbacks.on_event)
+        self.callbacks.start()
         recovered = jobs.reap(self.node, self.owner, self.workers.policy)
         if recovered:
             log.warning(
@@ -171,6 +179,7 @@ class Service:
         if self.notifier is None:
             return  # start-up failed before the database was ready
         self.notifier.stop()
+        self.callbacks.stop()
         # 3. Anything still held (a processor that never reported) goes back too.
         held = Job.select().where(Job.lease_owner == self.owner, Job.status == db.PROCESSING)
         for job in list(held):
@@ -240,19 +249,3 @@ def _url_host(host: str) -> str:
     if host in ("0.0.0.0", "", "::"):
         return "127.0.0.1"
     return f"[{host}]" if ":" in host else host
-
-
-def setup_logging(config: Config) -> None:
-    logs = config.data_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    to_file = logging.handlers.RotatingFileHandler(
-        logs / "momentry-edge.log", maxBytes=10 << 20, backupCount=5, encoding="utf-8"
-    )
-    to_stderr = logging.StreamHandler()
-    root = logging.getLogger()
-    for handler in (to_file, to_stderr):
-        handler.setFormatter(fmt)
-        root.addHandler(handler)
-    root.setLevel(config.service.log_level.upper())
-    logging.getLogger("huey").setLevel(logging.WARNING)

@@ -20,7 +20,7 @@ from huey import Huey
 from huey.consumer import Consumer
 from huey.storage import MemoryStorage
 
-from . import cluster, db, jobs
+from . import cluster, db, jobs, logs
 from .clock import iso
 from .config import Config
 from .db import Job, ProcessorRun
@@ -142,6 +142,13 @@ class Workers:
             self.run_job(job)
 
     def run_job(self, job: Job) -> str:
+        context = logs.current_task.set(job.task_id)
+        try:
+            return self._run_job(job)
+        finally:
+            logs.current_task.reset(context)
+
+    def _run_job(self, job: Job) -> str:
         log.info("job %s started: %s", job.task_id, ", ".join(job.processors))
         out_dir = self.config.data_dir / "results" / job.file.file_uuid
         deadline = time.monotonic() + self.config.queue.task_timeout

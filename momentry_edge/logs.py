@@ -1,0 +1,64 @@
+"""Logging: JSON lines in <data_dir>/logs (rotated) and readable lines on stderr.
+
+Every line logged while a worker runs a job carries that job's task_id, set
+once per job through a context variable, so processors need not pass it along.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import logging.handlers
+from contextvars import ContextVar
+from pathlib import Path
+
+from .clock import iso
+
+current_task: ContextVar[str | None] = ContextVar("current_task", default=None)
+
+
+def _task_id(record: logging.LogRecord) -> str | None:
+    return getattr(record, "task_id", None) or current_task.get()
+
+
+class JsonLines(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line = {
+            "time": iso(record.created),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if task_id := _task_id(record):
+            line["task_id"] = task_id
+        if record.exc_info:
+            line["error"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False)
+
+
+class Readable(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        task_id = _task_id(record)
+        return f"{text} [{task_id}]" if task_id and task_id not in record.getMessage() else text
+
+
+def setup(data_dir: Path, level: str) -> Path:
+    """Send logs to a rotated JSON-lines file and to stderr; returns the file's path."""
+    folder = data_dir / "logs"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "momentry-edge.log"
+    to_file = logging.handlers.RotatingFileHandler(
+        path, maxBytes=10 << 20, backupCount=5, encoding="utf-8"
+    )
+    to_file.setFormatter(JsonLines())
+    to_stderr = logging.StreamHandler()
+    to_stderr.setFormatter(Readable())
+    root = logging.getLogger()
+    root.handlers[:] = [to_file, to_stderr]
+    root.setLevel(level.upper())
+    logging.getLogger("huey").setLevel(logging.WARNING)
+    return path

@@ -5,18 +5,18 @@ from __future__ import annotations
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
-
 from conftest import wait_for
 
 
 class Receiver(BaseHTTPRequestHandler):
     """Answers 500 to the first POST, then 200; keeps every body it got."""
 
-    received: list[dict] = []
+    received: ClassVar[list[dict]] = []
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+    def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.received.append(body)
         self.send_response(500 if len(self.received) == 1 else 200)

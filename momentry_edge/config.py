@@ -51,6 +51,8 @@ class ServiceConfig:
     # Extra processors, "module:Class"; the built-in ones need no entry.
     plugins: tuple[str, ...] = _setting([], env="MOMENTRY_PLUGINS")
     log_level: str = _setting("info", env="MOMENTRY_LOG_LEVEL", choices=LOG_LEVELS)
+    # Finished jobs, their results and old logs are removed after this many days; 0 keeps all.
+    retention_days: float = _setting(30.0, minimum=0)
     # Names this process in a shared queue; empty = the host name.
     node_id: str = _setting("", env="MOMENTRY_NODE_ID")
 
@@ -74,6 +76,8 @@ class QueueConfig:
     lease_seconds: float = _setting(60.0, minimum=1)
     # A job whose run took the process down this many times is parked as failed.
     max_crashes: int = _setting(3, minimum=1)
+    # No job starts while the data dir's disk has less free space than this.
+    min_free_disk_mb: float = _setting(1024.0, minimum=0)
 
 
 @dataclass(frozen=True)

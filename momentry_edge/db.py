@@ -193,7 +193,6 @@ def open_database(database_url: str, data_dir: Path) -> pw.Database:
             port=url.port or 5432,
             user=unquote(url.username) if url.username else None,
             password=unquote(url.password) if url.password else None,
-            autorollback=True,
         )
     if url.scheme == "sqlite":
         return sqlite(Path(unquote(url.path)))

@@ -17,6 +17,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
@@ -75,7 +76,27 @@ class Gate:
         self._load_limit: int | None = None  # None until the first sample
         self._last_step = float("-inf")
         self._gpu_readable = True
+        self._blocked: str | None = None  # why nothing may start, besides a pause
         psutil.cpu_percent(None)  # primes the counter; the first real reading comes later
+
+    def check_disk(self, folder: Path) -> str | None:
+        """Stop admitting jobs while ``folder``'s disk is below ``queue.min_free_disk_mb``."""
+        free_mb = shutil.disk_usage(folder).free / 2**20
+        need_mb = self._queue.min_free_disk_mb
+        reason = None
+        if free_mb < need_mb:
+            reason = (
+                f"low disk space: {free_mb:,.0f} MB free for {folder}, "
+                f"below queue.min_free_disk_mb = {need_mb:,.0f} MB"
+            )
+        with self._lock:
+            self._blocked = reason
+        return reason
+
+    @property
+    def blocked_reason(self) -> str | None:
+        with self._lock:
+            return self._blocked
 
     def sample(self, max_concurrent: int) -> Load:
         """Read the machine's load and move the load limit one step if needed."""
@@ -125,6 +146,8 @@ class Gate:
         if paused:
             return 0
         with self._lock:
+            if self._blocked:
+                return 0
             if dynamic and self._load_limit is not None:
                 return max(1, min(max_concurrent, self._load_limit))
         return max_concurrent

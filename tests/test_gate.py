@@ -64,3 +64,13 @@ def test_apple_gpu_utilisation_is_read_from_ioreg_output():
     """
     assert parse_ioreg_utilisation(sample) == 37.0
     assert parse_ioreg_utilisation("no accelerator here") is None
+
+
+def test_disk_guard_blocks_admission_and_says_why(tmp_path):
+    gate = Gate(QueueConfig(min_free_disk_mb=1e12))  # more than any disk has
+    reason = gate.check_disk(tmp_path)
+    assert reason and "low disk space" in reason and "queue.min_free_disk_mb" in reason
+    assert gate.effective_limit(4, dynamic=False) == 0
+    gate = Gate(QueueConfig(min_free_disk_mb=0))
+    assert gate.check_disk(tmp_path) is None
+    assert gate.effective_limit(4, dynamic=False) == 4

@@ -234,3 +234,39 @@ def test_graceful_stop_returns_running_job_to_the_line(start_service):
 
 def _ts(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def test_low_disk_space_holds_jobs_and_the_status_says_why(start_service):
+    svc = start_service(queue={"min_free_disk_mb": 1e12})  # more than any disk has
+    task = svc.submit("waits.mp4", ["noop"])["task_id"]
+    time.sleep(1.0)
+    status = svc.status()
+    assert "low disk space" in status["blocked_reason"]
+    assert status["effective_concurrency"] == 0 and status["paused"] is False
+    assert svc.job(task)["status"] == "pending"
+
+
+def test_estimated_start_follows_the_line_once_there_is_history(start_service):
+    svc = start_service(
+        queue={"max_concurrent": 1}, **{"processors.steps": {"steps": 20, "step_seconds": 0.1}}
+    )
+    first = svc.submit("history.mp4", ["steps"])
+    assert first["estimated_start"] is None, "no timing history yet"
+    svc.wait_status(first["task_id"], "completed")
+
+    blocker = svc.submit("blocker.mp4", ["steps"])["task_id"]
+    svc.wait_status(blocker, "processing")
+    for i in range(3):
+        svc.submit(f"eta {i}.mp4", ["steps"])
+    status = svc.status()
+    average = status["statistics"]["average_time"]
+    pending = [e for e in status["queue"] if e["status"] == "pending"]
+    assert [e["position"] for e in pending] == [1, 2, 3]
+    starts = [_ts(e["estimated_start"]) for e in pending]
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    assert all(abs(gap - average) < 0.02 for gap in gaps), (gaps, average)
+    assert starts[0] > time.time() - 1, "the first waits for the running job to end"
+
+    svc.call("POST", "/api/v1/queue/pause")
+    pending = [e for e in svc.status()["queue"] if e["status"] == "pending"]
+    assert [e["estimated_start"] for e in pending] == [None] * 3, "paused: nothing will start"

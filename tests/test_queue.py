@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from datetime import datetime
@@ -263,7 +264,7 @@ def test_estimated_start_follows_the_line_once_there_is_history(start_service):
     pending = [e for e in status["queue"] if e["status"] == "pending"]
     assert [e["position"] for e in pending] == [1, 2, 3]
     starts = [_ts(e["estimated_start"]) for e in pending]
-    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert all(abs(gap - average) < 0.02 for gap in gaps), (gaps, average)
     assert starts[0] > time.time() - 1, "the first waits for the running job to end"
 

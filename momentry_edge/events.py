@@ -36,6 +36,11 @@ class EventBus:
         for listener in listeners:
             listener(event)
 
+    @property
+    def subscriber_count(self) -> int:
+        with self._lock:
+            return len(self._queues)
+
     def listen(self, callback: Callable[[Event], None]) -> None:
         """Call ``callback`` synchronously for every event (must be quick and not raise)."""
         with self._lock:

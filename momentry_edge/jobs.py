@@ -383,8 +383,17 @@ def report(
         )
         if not held:
             raise LeaseLost(f"job {job_id} is no longer held by {owner}")
-        cancel = Job.select(Job.cancel_requested).where(Job.id == job_id).scalar()
-    bus.publish("job.progress", job_id=job_id, progress=progress, current=current, total=total)
+        cancel, task_id = (
+            Job.select(Job.cancel_requested, Job.task_id).where(Job.id == job_id).tuples().get()
+        )
+    bus.publish(
+        "job.progress",
+        task_id=task_id,
+        job_id=job_id,
+        progress=progress,
+        current=current,
+        total=total,
+    )
     return bool(cancel)
 
 

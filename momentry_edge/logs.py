@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import logging.handlers
+import sys
 from contextvars import ContextVar
 from pathlib import Path
 
@@ -57,6 +58,9 @@ def setup(data_dir: Path, level: str) -> Path:
     to_file.setFormatter(JsonLines())
     to_stderr = logging.StreamHandler()
     to_stderr.setFormatter(Readable())
+    if not sys.stderr.isatty():
+        # Under launchd/systemd stderr is a file nobody rotates: keep it to problems.
+        to_stderr.setLevel(logging.WARNING)
     root = logging.getLogger()
     root.handlers[:] = [to_file, to_stderr]
     root.setLevel(level.upper())

@@ -114,7 +114,15 @@ class ServiceProcess:
         return self
 
     def log(self) -> str:
-        return (self.root / "service.log").read_text(errors="replace")[-4000:]
+        """The service's log messages (its JSON-lines file), then what it wrote to stderr."""
+        lines = []
+        log_file = self.data_dir / "logs" / "momentry-edge.log"
+        if log_file.exists():
+            for line in log_file.read_text(errors="replace").splitlines():
+                entry = json.loads(line)
+                lines.append(f"{entry['level']} {entry['logger']}: {entry['message']}")
+        stderr = (self.root / "service.log").read_text(errors="replace")
+        return "\n".join(lines)[-8000:] + "\n--- stderr ---\n" + stderr[-4000:]
 
     def wait_exit(self, timeout: float = 30) -> int:
         assert self.proc is not None

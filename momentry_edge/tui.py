@@ -1,0 +1,619 @@
+"""`momentry-edge tui`: a live terminal view of the queue, over the HTTP API.
+
+Three small parts:
+
+- ``Feed``: the one thread that talks to the service. It polls about once a second
+  and runs the user's commands in between, so the screen never waits on the network.
+- ``render()``: a pure function, snapshot -> renderable; tests call it directly.
+- ``run()``: the loop: draw, read keys, turn a key into a selection move or a command.
+
+The view only reads (STYLE.md: observers never change state); the only writes are
+the commands the user types.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import select
+import sys
+import termios
+import threading
+import time
+import tty
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.layout import Layout
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from .client import ApiClient, ApiError, ServiceUnreachable
+
+POLL_SECONDS = 1.0  # API.md: the view refreshes at least once a second
+TICK = 0.2  # how long a key may wait before it is acted on
+DETAIL_JOBS = 4  # running jobs whose per-processor progress is fetched
+RECENT = 5  # rows in "failed" and in "recently finished"
+
+Job = dict[str, Any]
+Command = tuple[str, Any]
+
+STATUS_STYLE = {
+    "processing": "bold cyan",
+    "running": "cyan",
+    "pending": "white",
+    "retrying": "yellow",
+    "completed": "green",
+    "skipped": "green",
+    "partial": "yellow",
+    "failed": "bold red",
+    "cancelled": "bright_black",
+}
+KEY_HELP = "p pause/resume · +/- concurrency · ↑/↓ select · c cancel · r retry · t to top · q quit"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the service said at the last poll (and why the latest poll failed, if it did)."""
+
+    url: str
+    status: dict[str, Any] | None = None  # GET /api/v1/queue/status
+    details: dict[str, Job] = field(default_factory=dict)  # task_id -> GET /api/v1/jobs/{job}
+    failed: list[Job] = field(default_factory=list)  # newest failed/partial jobs
+    finished: list[Job] = field(default_factory=list)  # newest completed/cancelled jobs
+    errors: dict[str, str] = field(default_factory=dict)  # task_id -> error of a failed job
+    error: str | None = None  # why the latest poll failed; None when it worked
+    fetched_at: float | None = None  # wall-clock time of the last poll that worked
+
+
+# -- talking to the service -----------------------------------------------------------------------
+
+
+def fetch(api: ApiClient, previous: Snapshot) -> Snapshot:
+    """Poll the API once; on failure keep the last data and say why."""
+    try:
+        status = api.queue_status()
+        running = [j["task_id"] for j in status.get("queue", []) if j["status"] == "processing"]
+        details = {t: d for t in running[:DETAIL_JOBS] if (d := _job_or_none(api, t))}
+        failed = api.jobs(["failed", "partial"], limit=RECENT)["jobs"]
+        finished = api.jobs(["completed", "cancelled"], limit=RECENT)["jobs"]
+        # A final job's error does not change, so it is fetched once while the job stays
+        # listed. (A job retried and failed again within one poll keeps its old text.)
+        errors = {
+            job["task_id"]: previous.errors.get(job["task_id"]) or _error_of(api, job)
+            for job in failed
+        }
+    except (ServiceUnreachable, ApiError) as exc:
+        return replace(previous, error=_reason(exc))
+    return Snapshot(previous.url, status, details, failed, finished, errors, None, time.time())
+
+
+def _job_or_none(api: ApiClient, ref: str) -> Job | None:
+    try:
+        return api.job(ref)
+    except ApiError:  # gone between two requests (e.g. the retention sweep): skip it
+        return None
+
+
+def _error_of(api: ApiClient, job: Job) -> str:
+    detail = _job_or_none(api, job["task_id"]) or {}
+    if detail.get("error_message"):
+        return str(detail["error_message"])
+    runs = (detail.get("processors") or {}).items()
+    return "; ".join(f"{name}: {run['error']}" for name, run in runs if run.get("error"))
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, ApiError) and exc.code == "unauthorized":
+        return f"{exc.message} (pass --token or set MOMENTRY_API_TOKEN)"
+    return exc.message if isinstance(exc, ApiError) else str(exc)
+
+
+class Feed:
+    """Polls the service and runs commands, in one background thread."""
+
+    def __init__(self, api: ApiClient, interval: float = POLL_SECONDS) -> None:
+        self.api = api
+        self.interval = interval
+        self.snapshot = Snapshot(api.base_url)  # replaced whole, never mutated: safe to read
+        self.message = ""  # the outcome of the latest command, for the status line
+        self._commands: queue.Queue[Command | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="tui-feed", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._commands.put(None)
+        # A request in flight may take up to the client's timeout; the thread is a daemon.
+        self._thread.join(timeout=1.0)
+
+    def send(self, command: Command) -> None:
+        self._commands.put(command)
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                self.snapshot = fetch(self.api, self.snapshot)
+            except Exception as exc:  # an observer keeps observing: show the bug, don't freeze
+                self.snapshot = replace(self.snapshot, error=f"{type(exc).__name__}: {exc}")
+            try:
+                command = self._commands.get(timeout=self.interval)
+            except queue.Empty:
+                continue
+            if command is None:
+                return
+            self.message = execute(self.api, command, self.snapshot)
+
+
+def execute(api: ApiClient, command: Command, snap: Snapshot) -> str:
+    """Run one user command; returns the line to show (the API's message when it refuses)."""
+    name, job = command
+    try:
+        if job is None and snap.status is None:
+            return "not connected to the service yet"
+        return ACTIONS[name](api, job or snap.status)
+    except ApiError as exc:
+        return f"refused: {_reason(exc)}"
+    except ServiceUnreachable as exc:
+        return str(exc)
+
+
+def _toggle(api: ApiClient, status: dict[str, Any]) -> str:
+    # Decided on the freshest status: the feed polls right after every command.
+    if (api.resume() if status["paused"] else api.pause())["paused"]:
+        return "queue paused: running jobs finish, nothing new starts"
+    return "queue running"
+
+
+def _concurrency(step: int) -> Any:
+    def change(api: ApiClient, status: dict[str, Any]) -> str:
+        wanted = status["max_concurrent"] + step
+        if wanted < 1:
+            return "max_concurrent is already 1"
+        reply = api.set_concurrency(wanted)
+        return (
+            f"max_concurrent {reply['max_concurrent']}, effective {reply['effective_concurrency']}"
+        )
+
+    return change
+
+
+def _cancel(api: ApiClient, job: Job) -> str:
+    if api.cancel(job["task_id"]).get("status") == "cancelling":
+        return f"{job['file_name']}: cancelling, it stops at its next checkpoint"
+    return f"{job['file_name']}: cancelled"
+
+
+def _retry(api: ApiClient, job: Job) -> str:
+    reply = api.retry(job["task_id"])
+    return f"{job['file_name']}: re-queued at position {reply.get('position')}"
+
+
+def _top(api: ApiClient, job: Job) -> str:
+    reply = api.prioritize(job["file_uuid"])
+    return f"{job['file_name']}: moved to position {reply['position']}"
+
+
+ACTIONS = {
+    "toggle": _toggle,
+    "more": _concurrency(+1),
+    "fewer": _concurrency(-1),
+    "cancel": _cancel,
+    "retry": _retry,
+    "top": _top,
+}
+
+
+# -- selection ------------------------------------------------------------------------------------
+
+
+def selectable(snap: Snapshot) -> list[Job]:
+    """Jobs the arrows move through, top to bottom as drawn: the queue, failed, finished."""
+    queue_rows = (snap.status or {}).get("queue", [])
+    seen: set[str] = set()
+    rows = []
+    for job in [*queue_rows, *snap.failed, *snap.finished]:
+        # Two requests make a snapshot; a job may show up in both the queue and a list.
+        if job["task_id"] not in seen:
+            seen.add(job["task_id"])
+            rows.append(job)
+    return rows
+
+
+@dataclass
+class Cursor:
+    """The selected job: follows the job as it moves; if it vanishes, takes its place's."""
+
+    task_id: str | None = None
+    index: int = 0
+
+    def pick(self, rows: list[Job]) -> Job | None:
+        ids = [row["task_id"] for row in rows]
+        if not rows:
+            return None
+        self.index = (
+            ids.index(self.task_id) if self.task_id in ids else min(self.index, len(rows) - 1)
+        )
+        self.task_id = ids[self.index]
+        return rows[self.index]
+
+    def move(self, rows: list[Job], step: int) -> None:
+        if self.pick(rows) is not None:
+            self.index = max(0, min(self.index + step, len(rows) - 1))
+            self.task_id = rows[self.index]["task_id"]
+
+
+# -- keys -----------------------------------------------------------------------------------------
+
+ARROWS = {"\x1b[A": "up", "\x1bOA": "up", "\x1b[B": "down", "\x1bOB": "down"}
+JOB_COMMANDS = {"c": "cancel", "r": "retry", "t": "top"}
+QUEUE_COMMANDS = {"p": "toggle", "+": "more", "=": "more", "-": "fewer"}
+
+
+def parse_keys(chunk: str) -> list[str]:
+    """Split what one read returned into keys: arrows (escape sequences) and characters."""
+    keys = []
+    while chunk:
+        arrow = next((seq for seq in ARROWS if chunk.startswith(seq)), None)
+        if arrow:
+            keys.append(ARROWS[arrow])
+            chunk = chunk[len(arrow) :]
+        else:
+            keys.append({"k": "up", "j": "down"}.get(chunk[0], chunk[0]))
+            chunk = chunk[1:]
+    return keys
+
+
+class KeyReader:
+    """Keys from the terminal without waiting for Enter (cbreak), polled with select()."""
+
+    def __init__(self, stream: Any = None) -> None:
+        self.fd = (stream or sys.stdin).fileno()
+        self._saved: list[Any] | None = None
+
+    def __enter__(self) -> KeyReader:
+        self._saved = termios.tcgetattr(self.fd)
+        tty.setcbreak(self.fd)  # ISIG stays on, so Ctrl-C still interrupts
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._saved is not None:
+            termios.tcsetattr(self.fd, termios.TCSADRAIN, self._saved)
+
+    def read(self, timeout: float) -> list[str]:
+        ready, _, _ = select.select([self.fd], [], [], timeout)
+        if not ready:
+            return []
+        return parse_keys(os.read(self.fd, 64).decode(errors="ignore"))
+
+
+# -- the loop -------------------------------------------------------------------------------------
+
+
+def run(api: ApiClient, console: Console | None = None) -> int:
+    """Show the live view until the user presses q (or Ctrl-C); returns the exit code."""
+    if not sys.stdin.isatty():
+        print("error: tui needs a terminal; use `momentry-edge status` in scripts", file=sys.stderr)
+        return 2
+    console = console or Console()
+    feed, cursor = Feed(api), Cursor()
+    feed.start()
+    try:
+        with KeyReader() as keys, Live(console=console, screen=True, auto_refresh=False) as live:
+            while True:
+                snap = feed.snapshot
+                picked = cursor.pick(selectable(snap))
+                selected = picked["task_id"] if picked else None
+                view = render(snap, selected, feed.message, console.height, time.time())
+                live.update(view, refresh=True)
+                for key in keys.read(TICK):
+                    if key == "q":
+                        return 0
+                    on_key(key, snap, cursor, feed)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        feed.stop()
+
+
+def on_key(key: str, snap: Snapshot, cursor: Cursor, feed: Feed) -> None:
+    rows = selectable(snap)
+    if key in ("up", "down"):
+        cursor.move(rows, -1 if key == "up" else 1)
+    elif key in QUEUE_COMMANDS:
+        feed.send((QUEUE_COMMANDS[key], None))
+    elif key in JOB_COMMANDS:
+        job = cursor.pick(rows)
+        if job is None:
+            feed.message = "no job to act on"
+        else:
+            feed.send((JOB_COMMANDS[key], job))
+
+
+# -- rendering: pure functions of the snapshot ----------------------------------------------------
+
+
+def render(
+    snap: Snapshot,
+    selected: str | None = None,
+    message: str = "",
+    height: int = 40,
+    now: float | None = None,
+) -> RenderableType:
+    """The whole screen for one snapshot; ``height`` is the terminal's, ``now`` a Unix time."""
+    if now is None:
+        now = snap.fetched_at or 0.0
+    header = _header(snap)
+    nodes = _nodes(snap.status, now)
+    footer = _footer(snap, message)
+    lists = [part for part in (_failed(snap, selected), _finished(snap, selected)) if part]
+    # The queue gets what the other parts leave; its title and column header take two lines.
+    room = height - _lines(header, nodes, footer, *lists) - 2
+    body = Group(_queue(snap, selected, room, now), *lists)
+    parts = [header, nodes, body, footer]
+    layout = Layout()
+    # Fixed-size header and footer: the key help stays visible however long the queue is.
+    layout.split_column(
+        *(Layout(part, size=None if part is body else _lines(part)) for part in parts if part)
+    )
+    return layout
+
+
+def _lines(*parts: RenderableType | None) -> int:
+    # The parts below are built with a known number of lines: Text lines or table rows.
+    total = 0
+    for part in parts:
+        if isinstance(part, Table):
+            total += part.row_count + (1 if part.show_header else 0) + (1 if part.title else 0)
+        elif isinstance(part, Text):
+            total += len(part.plain.splitlines()) or 1
+        elif isinstance(part, Group):
+            total += _lines(*part.renderables)
+    return total
+
+
+def _header(snap: Snapshot) -> Group:
+    status = snap.status
+    # One line each, cut rather than wrapped: the header has a fixed height.
+    title = Text.assemble(
+        ("momentry-edge ", "bold"),
+        (snap.url, "bright_black"),
+        "  ",
+        no_wrap=True,
+        overflow="ellipsis",
+    )
+    if status is None:
+        title.append("connecting…" if snap.error is None else "not connected", style="yellow")
+        return Group(title, Text(""))
+    if status["paused"]:
+        title.append(" PAUSED ", style="bold black on yellow")
+    else:
+        title.append(" RUNNING ", style="bold black on green")
+    title.append(
+        f"   active {status['active_count']} / effective {status['effective_concurrency']}"
+        f" / max {status['max_concurrent']}"
+        f" (dynamic {'on' if status.get('dynamic_concurrency') else 'off'})"
+    )
+    title.append(f"   updated {_clock(snap.fetched_at)}", style="bright_black")
+    return Group(title, _gauges(status))
+
+
+def _gauges(status: dict[str, Any]) -> Table:
+    grid = Table.grid(padding=(0, 1))
+    resources = status.get("resources") or {}
+    cells: list[RenderableType] = []
+    for label, key in (("CPU", "cpu_percent"), ("MEM", "memory_percent"), ("GPU", "gpu_percent")):
+        value = resources.get(key)
+        cells += [Text(label, style="bold")]
+        if value is None:
+            cells += [Text("n/a", style="bright_black"), Text("")]
+        else:
+            cells += [ProgressBar(total=100, completed=value, width=10), Text(f"{value:3.0f}%")]
+    stats = status.get("statistics") or {}
+    average = stats.get("average_time")
+    totals = (
+        f" processed {stats.get('total_processed', 0)} · failed {stats.get('total_failed', 0)}"
+        f" · partial {stats.get('total_partial', 0)}"
+        f" · cancelled {stats.get('total_cancelled', 0)}"
+        + (f" · {average:.1f} s/job" if average is not None else "")
+    )
+    for _ in cells:
+        grid.add_column(no_wrap=True)
+    grid.add_column(no_wrap=True, overflow="ellipsis")
+    grid.add_row(*cells, Text(totals, style="bright_black"))
+    return grid
+
+
+def _nodes(status: dict[str, Any] | None, now: float) -> Table | None:
+    nodes = (status or {}).get("nodes") or []
+    if len(nodes) < 2:  # one node is this service; the header already says it all
+        return None
+    table = _table("node", "host", "active", "processors", "last seen", title="nodes")
+    for node in nodes:
+        table.add_row(
+            Text(str(node["id"])),
+            Text(str(node.get("host", ""))),
+            Text(f"{node.get('active', 0)} / {node.get('max_concurrent', '?')}"),
+            Text(",".join(node.get("processors", []))),
+            Text(_ago(node.get("last_seen"), now)),
+        )
+    return table
+
+
+def _queue(snap: Snapshot, selected: str | None, room: int, now: float) -> RenderableType:
+    status = snap.status
+    if status is None:
+        return Text("")
+    entries = status.get("queue", [])
+    title = f"queue: {status['active_count']} running, {status['pending_count']} pending" + (
+        f", {status['retrying_count']} retrying" if status.get("retrying_count") else ""
+    )
+    table = _table("", "#", "file", "prio", "status", "progress", "processors", "when", title=title)
+    for job in _window(entries, selected, room):
+        table.add_row(*_job_cells(job, selected, now))
+        for name, run in (snap.details.get(job["task_id"], {}).get("processors") or {}).items():
+            table.add_row(*_processor_cells(name, run))
+    if not entries:
+        table.add_row("", "", Text("nothing running or waiting", style="bright_black"))
+    return table
+
+
+def _window(entries: list[Job], selected: str | None, room: int) -> list[Job]:
+    # Keep the selected job on screen: scroll just far enough. Each running job also takes
+    # one line per processor; keep a little slack for them.
+    room = max(room - 2 * sum(j["status"] == "processing" for j in entries[:DETAIL_JOBS]), 3)
+    ids = [job["task_id"] for job in entries]
+    index = ids.index(selected) if selected in ids else 0
+    start = max(0, index - room + 1)
+    return entries[start : start + room]
+
+
+def _job_cells(job: Job, selected: str | None, now: float) -> list[RenderableType]:
+    status = job["status"]
+    if status == "processing":
+        when = f"started {_ago(job.get('started_at'), now)}" + (
+            f" on {job['node']}" if job.get("node") else ""
+        )
+    elif status == "retrying":
+        when = f"retry {_until(job.get('next_attempt_at'), now)}"
+    else:
+        when = f"starts {_until(job.get('estimated_start'), now)}"
+    processors = ",".join(job.get("processors", []))
+    if job.get("error"):
+        processors += f"  {job['error']}"
+    return [
+        _marker(job, selected),
+        Text(str(job.get("position") or "")),
+        Text(job["file_name"], style="reverse" if job["task_id"] == selected else ""),
+        Text(job.get("priority", "")),
+        Text(status, style=STATUS_STYLE.get(status, "")),
+        _progress(job.get("progress")) if status == "processing" else Text(""),
+        Text(processors),
+        Text(when, style="bright_black"),
+    ]
+
+
+def _processor_cells(name: str, run: dict[str, Any]) -> list[RenderableType]:
+    status = run.get("status", "")
+    counts = f"{run['current']}/{run['total']}" if run.get("total") else ""
+    note = run.get("error") or run.get("reason") or counts
+    return [
+        Text(""),
+        Text(""),
+        Text(f"  └ {name}", style="bright_black"),
+        Text(""),
+        Text(status, style=STATUS_STYLE.get(status, "")),
+        _progress(run.get("progress")) if run.get("progress") is not None else Text(""),
+        Text(note, style="bright_black"),
+        Text(""),
+    ]
+
+
+def _failed(snap: Snapshot, selected: str | None) -> Table | None:
+    if not snap.failed:
+        return None
+    table = _table("", "file", "status", "failed", "error", "task", title="failed")
+    for job in snap.failed:
+        table.add_row(
+            _marker(job, selected),
+            Text(job["file_name"], style="reverse" if job["task_id"] == selected else ""),
+            Text(job["status"], style=STATUS_STYLE.get(job["status"], "")),
+            Text(",".join(job.get("failed", []))),
+            Text(snap.errors.get(job["task_id"], ""), style="red"),
+            Text(job["task_id"], style="bright_black"),
+        )
+    return table
+
+
+def _finished(snap: Snapshot, selected: str | None) -> Table | None:
+    if not snap.finished:
+        return None
+    table = _table("", "file", "status", "processors", "task", title="recently finished")
+    for job in snap.finished:
+        table.add_row(
+            _marker(job, selected),
+            Text(job["file_name"], style="reverse" if job["task_id"] == selected else ""),
+            Text(job["status"], style=STATUS_STYLE.get(job["status"], "")),
+            Text(",".join(job.get("processors", []))),
+            Text(job["task_id"], style="bright_black"),
+        )
+    return table
+
+
+def _footer(snap: Snapshot, message: str) -> Group:
+    # One line each, cut rather than wrapped, so the key help is never pushed off screen.
+    cut = {"no_wrap": True, "overflow": "ellipsis"}
+    if snap.error:
+        since = f", last answer {_clock(snap.fetched_at)}" if snap.fetched_at else ""
+        line = Text(f"⚠ retrying every second{since}: {snap.error}", style="bold red", **cut)
+    else:
+        line = Text(message or " ", style="yellow", **cut)
+    return Group(line, Text(KEY_HELP, style="bright_black", **cut))
+
+
+def _table(*columns: str, title: str) -> Table:
+    table = Table(
+        box=None,
+        pad_edge=False,
+        header_style="bold",
+        title=title,
+        title_justify="left",
+        title_style="bold underline",
+        expand=True,
+    )
+    for name in columns:
+        wide = name in ("file", "processors", "error")
+        # File names and errors give way on a narrow terminal; the rest stay whole.
+        table.add_column(name, no_wrap=True, overflow="ellipsis", ratio=2 if wide else None)
+    return table
+
+
+def _marker(job: Job, selected: str | None) -> Text:
+    return Text("›", style="bold") if job["task_id"] == selected else Text(" ")
+
+
+def _progress(percent: float | None) -> Table:
+    grid = Table.grid(padding=(0, 1))
+    grid.add_row(
+        ProgressBar(total=100, completed=percent or 0, width=16), Text(f"{percent or 0:3.0f}%")
+    )
+    return grid
+
+
+def _parse(stamp: str | None) -> float | None:
+    if not stamp:
+        return None
+    with contextlib.suppress(ValueError):
+        return datetime.fromisoformat(stamp).timestamp()
+    return None
+
+
+def _span(seconds: float) -> str:
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60:02d}s"
+    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
+
+
+def _until(stamp: str | None, now: float) -> str:
+    at = _parse(stamp)
+    if at is None:
+        return "—"
+    return "now" if at <= now else f"in {_span(at - now)}"
+
+
+def _ago(stamp: str | None, now: float) -> str:
+    at = _parse(stamp)
+    return "—" if at is None else f"{_span(max(now - at, 0))} ago"
+
+
+def _clock(at: float | None) -> str:
+    return "—" if at is None else time.strftime("%H:%M:%S", time.localtime(at))

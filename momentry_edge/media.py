@@ -112,25 +112,38 @@ def iter_frames(
     if start_frame < 0 or step < 1:
         raise ValueError("start_frame must be >= 0 and step >= 1")
     width, height = size if size is not None else (None, None)
+    # One scaler for the whole run, single-threaded: a new or threaded swscale
+    # context per frame costs more than the conversion, and decoding already
+    # keeps the cores busy.
+    scaler = VideoReformatter()
+    for index, seconds, frame in iter_decoded(path, start_frame=start_frame):
+        if index % step == 0:
+            yield index, seconds, scaler.reformat(frame, width, height, fmt, threads=1).to_ndarray()
+
+
+def iter_decoded(
+    path: Path | str, *, start_frame: int = 0
+) -> Iterator[tuple[int, float, VideoFrame]]:
+    """Yield ``(frame_index, seconds, frame)`` for every frame from ``start_frame`` on,
+    still in the decoder's pixel format: for callers that convert one frame to
+    several sizes (the shared decode pass). Raises ``MediaError`` for unreadable input.
+    """
+    if start_frame < 0:
+        raise ValueError("start_frame must be >= 0")
     with _open(path) as container:
         if not container.streams.video:
             raise MediaError("no video stream")
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
         clock = _Clock(stream)
-        # One scaler for the whole run, single-threaded: a new or threaded swscale
-        # context per frame costs more than the conversion, and decoding already
-        # keeps the cores busy.
-        scaler = VideoReformatter()
         index = -1
         try:
             for frame in _decode_from(container, stream, clock, start_frame):
                 # A frame without a timestamp (rare, raw streams) follows the previous one.
                 index = clock.index(frame.pts) if frame.pts is not None else index + 1
-                if index < start_frame or index % step:
+                if index < start_frame:
                     continue
-                image = scaler.reformat(frame, width, height, fmt, threads=1).to_ndarray()
-                yield index, clock.seconds(frame.pts, index), image
+                yield index, clock.seconds(frame.pts, index), frame
         except _AV_ERRORS as e:
             raise MediaError(
                 f"truncated or corrupt: decoding failed after frame {index}: {_message(e)}"

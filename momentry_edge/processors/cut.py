@@ -1,23 +1,22 @@
 """Scene cuts with PySceneDetect's ContentDetector over frames decoded by PyAV.
 
-Frames are decoded once, downscaled by the decoder's scaler (cuts do not need
-full resolution), and fed to the detector in order. Every ~2 s of video the run
-reports a checkpoint holding the cuts so far and the detector's filter state,
-so a resumed run continues exactly where the stopped one was and returns the
-same result an uninterrupted run would.
+A frame processor: it shares the job's decode pass (see frames.py) and takes
+every frame, downscaled (cuts do not need full resolution). Every ~2 s of video
+the pass saves a checkpoint holding the cuts so far and the detector's filter
+state, so a resumed run continues exactly where the stopped one was and returns
+the same result an uninterrupted run would.
 """
 
 from __future__ import annotations
 
-from contextlib import closing
 from typing import Any
 
+import numpy as np
 from scenedetect.detectors import ContentDetector
 
 from momentry_edge import media
-from momentry_edge.processors.base import PermanentError, Processor, ProcessorError, RunContext
-
-CHECKPOINT_SECONDS = 2.0  # a resumed run redoes at most this much video
+from momentry_edge.processors.base import PermanentError
+from momentry_edge.processors.frames import FramePlan, FrameProcessor
 
 # scenedetect 0.6.7 keeps its min_scene_len bookkeeping (the last frame above the
 # threshold, a pending merge of rapid cuts) in the detector's FlashFilter. A
@@ -26,59 +25,50 @@ CHECKPOINT_SECONDS = 2.0  # a resumed run redoes at most this much video
 _FILTER_FIELDS = ("_last_above", "_merge_enabled", "_merge_triggered", "_merge_start")
 
 
-class CutProcessor(Processor):
+class CutProcessor(FrameProcessor):
     name = "cut"
     version = "1"
     backend = "pyscenedetect"
     model = "content-detector"
 
-    def run(self, ctx: RunContext) -> dict[str, Any]:
+    def plan(self, info: media.MediaInfo, checkpoint: dict[str, Any] | None) -> FramePlan:
         settings = self._settings()
-        info = _probe(ctx.media_path)
-        fps = info.fps
-        every = max(1, round(CHECKPOINT_SECONDS * fps))
-        size = _scaled_size(info.width, info.height, settings["downscale"])
-
-        detector = ContentDetector(
+        self._fps = info.fps
+        self._run_settings = settings
+        self._detector = ContentDetector(
             threshold=settings["threshold"], min_scene_len=settings["min_scene_len"]
         )
-        resume = _usable_checkpoint(ctx.checkpoint, settings)
-        cuts: list[int] = list(resume["cuts_frames"]) if resume else []
-        done = resume["frame"] if resume else 0  # frames [0, done) are processed
-        pending_filter = resume["filter"] if resume else None
-        next_report = (done // every + 1) * every  # on multiples of `every`, gaps or not
-        reported = -1
+        resume = _usable_checkpoint(checkpoint, settings)
+        self._cuts: list[int] = list(resume["cuts_frames"]) if resume else []
+        self._done = resume["frame"] if resume else 0  # frames [0, done) are processed
+        self._pending_filter = resume["filter"] if resume else None
+        # Start from the frame before `done`: the detector scores each frame against
+        # the previous one, so that frame only primes the comparison.
+        return FramePlan(
+            resume=self._done,
+            start=max(0, self._done - 1),
+            size=_scaled_size(info.width, info.height, settings["downscale"]),
+            fmt="bgr24",
+        )
 
-        # Decode from the frame before `done`: the detector scores each frame
-        # against the previous one, so that frame only primes the comparison.
-        frames = media.iter_frames(ctx.media_path, start_frame=max(0, done - 1), size=size)
-        with closing(frames):
-            try:
-                for index, _seconds, image in frames:
-                    if index < done:
-                        detector.process_frame(index, image)
-                        continue
-                    if pending_filter is not None:
-                        _restore_filter(detector, pending_filter)
-                        pending_filter = None
-                    cuts += detector.process_frame(index, image)
-                    done = index + 1
-                    if done >= next_report:
-                        checkpoint = _checkpoint(done, cuts, detector, settings, fps)
-                        ctx.report(done, max(info.frame_count, done), checkpoint)
-                        reported = done
-                        next_report = (done // every + 1) * every
-            except media.MediaNotFoundError as e:
-                raise ProcessorError(e.reason, transient=True) from None
-            except media.MediaError as e:
-                raise PermanentError(e.reason) from None
+    def feed(self, index: int, seconds: float, image: np.ndarray) -> None:
+        if index < self._done:
+            self._detector.process_frame(index, image)
+            return
+        if self._pending_filter is not None:
+            _restore_filter(self._detector, self._pending_filter)
+            self._pending_filter = None
+        self._cuts += self._detector.process_frame(index, image)
+        self._done = index + 1
 
-        if done == 0:
+    def checkpoint(self, done: int) -> dict[str, Any]:
+        return _checkpoint(self._done, self._cuts, self._detector, self._run_settings, self._fps)
+
+    def finish(self, done: int) -> dict[str, Any]:
+        if self._done == 0:
             raise PermanentError("truncated or corrupt: could not decode any video frame")
-        cuts += detector.post_process(done - 1)
-        if reported != done:
-            ctx.report(done, done, _checkpoint(done, cuts, detector, settings, fps))
-        return _result(cuts, done, fps)
+        self._cuts += self._detector.post_process(self._done - 1)
+        return _result(self._cuts, self._done, self._fps)
 
     def _settings(self) -> dict[str, Any]:
         try:
@@ -92,16 +82,6 @@ class CutProcessor(Processor):
                 "bad cut settings: threshold must be > 0, min_scene_len and downscale >= 0"
             )
         return {"threshold": threshold, "min_scene_len": min_scene_len, "downscale": downscale}
-
-
-def _probe(path: Any) -> media.MediaInfo:
-    try:
-        return media.probe(path)
-    except media.MediaNotFoundError as e:
-        # Uploads on network storage can briefly vanish: worth a retry.
-        raise ProcessorError(e.reason, transient=True) from None
-    except media.MediaError as e:
-        raise PermanentError(e.reason) from None
 
 
 def _scaled_size(width: int, height: int, downscale: int) -> tuple[int, int] | None:

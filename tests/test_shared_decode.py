@@ -1,0 +1,148 @@
+"""One decode pass feeding every frame processor gives what each gives decoding alone,
+stops and resumes per processor, and keeps one processor's failure to itself."""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+import pytest
+from frame_media import Reports, context, fall_detection_onnx, scenes_video
+
+from momentry_edge import media
+from momentry_edge.processors import frames
+from momentry_edge.processors.base import PermanentError, Stop
+from momentry_edge.processors.cut import CutProcessor
+from momentry_edge.processors.face import FaceProcessor
+from momentry_edge.processors.frames import SampledProcessor
+from momentry_edge.processors.ocr import OcrProcessor
+from momentry_edge.processors.pose import PoseProcessor
+from momentry_edge.processors.yolo import YoloProcessor
+
+FPS = 25
+TOTAL = 20 * FPS
+
+
+def make_processors() -> list:
+    # Sample rates kept low so the suite stays quick on two cores; all differ on purpose.
+    return [
+        CutProcessor({}),
+        YoloProcessor({"model_path": str(fall_detection_onnx()), "sample_fps": 0.25}),
+        OcrProcessor({"sample_fps": 0.2}),
+        FaceProcessor({"sample_fps": 1.0}),
+        PoseProcessor({"sample_fps": 1.5}),
+    ]
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory):
+    return scenes_video(tmp_path_factory.mktemp("shared") / "scenes.mp4", fps=FPS)
+
+
+@pytest.fixture(scope="module")
+def solo(clip):
+    """Each processor decoding the video on its own."""
+    results = {}
+    for processor in make_processors():
+        results[processor.name] = processor.run(context(clip, Reports()))
+    return results
+
+
+class CountingDecodes:
+    def __init__(self, monkeypatch):
+        self.calls = 0
+        real = media.iter_decoded
+
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(media, "iter_decoded", counted)
+
+
+def test_one_shared_decode_gives_each_processor_its_solo_result(clip, solo, monkeypatch):
+    decodes = CountingDecodes(monkeypatch)
+    processors = make_processors()
+    reports = [Reports() for _ in processors]
+
+    outcomes = frames.run_shared(
+        clip, [(p, context(clip, r)) for p, r in zip(processors, reports, strict=True)]
+    )
+
+    assert decodes.calls == 1
+    assert {p.name: o for p, o in zip(processors, outcomes, strict=True)} == solo
+    assert solo["cut"]["cuts"] == pytest.approx([5.0, 10.0, 15.0], abs=1 / FPS)
+    for r in reports:  # each processor has its own progress, ending at the last frame
+        currents = [current for current, _ in r.calls]
+        assert currents == sorted(currents) and r.calls[-1] == (TOTAL, TOTAL)
+        assert max(b - a for a, b in pairwise([0, *currents])) <= 2 * FPS
+        assert r.checkpoints[-1]["frame"] == TOTAL
+
+
+def test_a_stopped_pass_resumes_each_processor_to_the_same_result(clip, solo):
+    processors = make_processors()
+    first = [Reports(stop_at=260) for _ in processors]
+
+    outcomes = frames.run_shared(
+        clip, [(p, context(clip, r)) for p, r in zip(processors, first, strict=True)]
+    )
+
+    assert all(isinstance(o, Stop) for o in outcomes)
+    checkpoints = [r.checkpoints[-1] for r in first]
+    for r, checkpoint in zip(first, checkpoints, strict=True):
+        assert r.calls[-1][0] - checkpoint["frame"] <= 2 * FPS  # redone: at most ~2 s of video
+        assert 260 <= checkpoint["frame"] < TOTAL
+    # Resume with different starting points: cut starts over, the others go on.
+    checkpoints[0] = None
+    processors = make_processors()
+    second = [Reports() for _ in processors]
+    outcomes = frames.run_shared(
+        clip,
+        [
+            (p, context(clip, r, checkpoint))
+            for p, r, checkpoint in zip(processors, second, checkpoints, strict=True)
+        ],
+    )
+
+    assert {p.name: o for p, o in zip(processors, outcomes, strict=True)} == solo
+    assert second[1].calls[0][0] > checkpoints[1]["frame"]  # yolo went on, did not start over
+
+
+class Broken(SampledProcessor):
+    name = "broken"
+    item_key = "things"
+
+    def detect(self, image):
+        raise RuntimeError("model exploded")
+
+
+def test_one_failing_processor_does_not_fail_the_others(clip, solo, tmp_path):
+    members = [
+        CutProcessor({}),
+        Broken({}),
+        YoloProcessor({"model_path": str(tmp_path / "missing.onnx")}),
+        FaceProcessor({"sample_fps": 1.0}),
+    ]
+
+    outcomes = frames.run_shared(clip, [(p, context(clip, Reports())) for p in members])
+
+    cut, broken, yolo, face = outcomes
+    assert cut == solo["cut"] and face == solo["face"]
+    assert isinstance(broken, RuntimeError) and "model exploded" in str(broken)
+    assert isinstance(yolo, PermanentError) and "does not exist" in str(yolo)
+
+
+def test_unreadable_video_fails_every_member(tmp_path):
+    notes = tmp_path / "notes.mp4"
+    notes.write_text("not a video\n" * 50)
+
+    outcomes = frames.run_shared(notes, [(CutProcessor({}), context(notes, Reports()))] * 2)
+
+    assert all(isinstance(o, PermanentError) for o in outcomes)
+    assert "not a readable media file" in str(outcomes[0])
+
+
+def test_decode_sizes_keep_the_aspect_and_never_upscale():
+    assert frames.fit_size(1920, 1080, 640) == (640, 360)
+    assert frames.fit_size(1080, 1920, 640) == (360, 640)
+    assert frames.fit_size(640, 360, 640) is None  # never upscale
+    assert frames.fit_size(1920, 1080, 0) is None

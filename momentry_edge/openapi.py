@@ -249,6 +249,13 @@ _REGISTERED = _ok(
     position=_null(INT),
     deduplicated=BOOL,
 )
+_RESCANNED = _ok(
+    new=INT | {"description": "files registered for the first time"},
+    changed=INT | {"description": "known files re-registered: new content, or back on disk"},
+    missing=INT | {"description": "known files now gone from disk"},
+    unchanged=INT | {"description": "known files recognised by size and mtime, not read"},
+    settling=INT | {"description": "written too recently; registered once settled"},
+)
 _PAGING = ("limit", "offset")
 _CANCELLED = _ok(message=_enum("Task cancelled"), status=_enum("cancelled", "cancelling"))
 
@@ -392,6 +399,11 @@ OPERATIONS: dict[str, Schema] = {  # "method path": operation, one per route in 
         body="RegisterRequest",
         status="201",
         more={"200": _json(_REGISTERED, "already registered and unchanged")},
+    ),
+    "post /api/v1/files/rescan": _op(
+        "rescan",
+        "Reconcile the watched folders with the database now",
+        _RESCANNED,
     ),
     "get /api/v1/files": _op(
         "list_files",

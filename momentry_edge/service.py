@@ -15,16 +15,17 @@ from typing import Any
 
 from cheroot import wsgi
 
-from . import __version__, cluster, db, ingest, jobs, logs, views
+from . import __version__, cluster, db, housekeeping, ingest, jobs, logs, models, views
 from .api import make_app
 from .callbacks import CallbackSender
 from .clock import iso
 from .config import Config, ConfigError
 from .db import Job, MediaFile
-from .errors import Conflict
+from .errors import Conflict, Invalid
 from .events import bus
 from .gate import Gate
 from .processors import Registry
+from .watcher import Watcher
 from .worker import Workers
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 TICK = 1.0  # main loop period, seconds
 SAMPLE_EVERY = 2.0  # resource monitor period
 HEALTH_EVERY = 10.0  # worker thread health check period
+SWEEP_EVERY = 3600.0  # retention sweep period
+DAY = 86400.0
 
 
 class Service:
@@ -41,9 +44,20 @@ class Service:
         self.stopping = threading.Event()
         self.node = config.service.node_id or socket.gethostname()
         self.owner = f"{self.node}/{os.getpid()}/{secrets.token_hex(3)}"
+        models.use_data_dir(config.data_dir)  # before any processor looks for its model
         self.registry = Registry(config.service.plugins, config.processors)
         self.gate = Gate(config.queue)
         self.workers = Workers(config, self.registry, self.gate, self.node, self.owner)
+        # Drop folders: settled files and rescans go through the intake (ingest.py).
+        self.intake = ingest.Intake(
+            config.service.watch,
+            config.ingest.extensions,
+            config.ingest.settle_seconds,
+            _default_processors(self.registry, config),
+            config.queue.max_retries,
+            on_queued=self.workers.kick,
+        )
+        self.watcher = Watcher(self.intake, config.ingest.settle_seconds)
         self.server: wsgi.Server | None = None
         self.notifier: cluster.Notifier | None = None
         self.callbacks = CallbackSender(self._callback_payload)
@@ -84,24 +98,37 @@ class Service:
         """Record a file from a watched folder and (unless scan is False) queue its deep scan."""
         if processors is not None:
             processors = self.registry.validate(processors)
-        jobs.parse_priority(priority)
+        level = jobs.parse_priority(priority)
         path, root = ingest.resolve_in_watch(raw_path, self.config.service.watch)
-        record, changed = ingest.register(path, root, upload_ok=upload_ok)
-        job = None
-        if scan and record.state == db.PRESENT:
-            wanted = processors or list(self.config.ingest.processors)
-            job, created = self.submit(record, wanted, priority, options)
-            changed = changed or created
-        return record, job, changed
+        admitted = self.intake.register(
+            path,
+            root,
+            upload_ok=upload_ok,
+            scan=scan,
+            processors=processors,
+            priority=level,
+            options=options,
+        )
+        return admitted.record, admitted.job, admitted.created
+
+    def rescan(self) -> dict[str, int]:
+        """Reconcile the watched folders with the database now (the rescan route)."""
+        return self.watcher.rescan()
 
     def _callback_payload(self, task_id: str) -> tuple[str | None, dict[str, Any]]:
         job = jobs.find_job(task_id)
+        url = job.options.get("callback_url")
+        if not url:
+            return None, {}
         detail = views.job_detail(job, self.workers.effective_limit())
-        return job.options.get("callback_url"), {"event": "job.finished", "job": detail}
+        return url, {"event": "job.finished", "job": detail}
 
     def queue_status(self) -> dict[str, Any]:
-        nodes = cluster.node_rows(within=self.config.queue.lease_seconds)
-        return views.queue_status(self.workers.effective_limit(), self.gate.load, {"nodes": nodes})
+        extra = {
+            "nodes": cluster.node_rows(within=self.config.queue.lease_seconds),
+            "blocked_reason": self.gate.blocked_reason,  # why nothing starts, besides a pause
+        }
+        return views.queue_status(self.workers.effective_limit(), self.gate.load, extra)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -119,6 +146,7 @@ class Service:
         bus.listen(self.notifier.on_event)
         bus.listen(self.callbacks.on_event)
         self.callbacks.start()
+        self.gate.check_disk(self.config.data_dir)
         recovered = jobs.reap(self.node, self.owner, self.workers.policy)
         if recovered:
             log.warning(
@@ -130,17 +158,21 @@ class Service:
         if q.worker_enabled:
             self.workers.start()
             self.notifier.start()
+        self.watcher.start()  # its first act is the start-up rescan
         self._write_run_file()
         log.info("momentry-edge %s listening on %s (node %s)", __version__, self.url, self.node)
 
     def run_forever(self) -> None:
         """The main thread's loop: housekeeping until a signal sets ``stopping``."""
-        due: dict[str, float] = {}
+        # The watcher did the start-up rescan; the next one is a full interval away.
+        due: dict[str, float] = {"rescan": time.monotonic() + self.config.ingest.rescan_interval}
         every = {
             "sample": SAMPLE_EVERY,
             "heartbeat": self.config.queue.lease_seconds / 3,
             "reap": self.config.queue.poll_interval,
             "health": HEALTH_EVERY,
+            "rescan": self.config.ingest.rescan_interval,
+            "sweep": SWEEP_EVERY,
         }
         while not self.stopping.wait(min(TICK, self.config.queue.poll_interval)):
             now = time.monotonic()
@@ -153,6 +185,8 @@ class Service:
         try:
             if task == "sample":
                 self.gate.sample(jobs.queue_state().max_concurrent)
+                if self.gate.check_disk(self.config.data_dir) is None:
+                    self.workers.kick()  # in case a full disk had held jobs back
             elif task == "heartbeat":
                 jobs.heartbeat(self.owner, self.config.queue.lease_seconds)
                 cluster.heartbeat(self.node, self.owner, self.workers.effective_limit())
@@ -162,6 +196,10 @@ class Service:
                     self.workers.kick()
             elif task == "health" and self.config.queue.worker_enabled:
                 self.workers.check_health()
+            elif task == "sweep" and self.config.service.retention_days:
+                housekeeping.sweep(self.config.data_dir, self.config.service.retention_days * DAY)
+            elif task == "rescan":
+                self.watcher.request_rescan()  # runs on the ingest thread, not this one
         except Exception:
             # The database may be briefly unreachable; the next tick tries again.
             log.exception("housekeeping step %r failed", task)
@@ -170,6 +208,8 @@ class Service:
         """Shut down in order, each step bounded."""
         self.stopping.set()
         bus.publish("service.stopping")  # wakes event-stream readers so they end
+        # 0. Stop watching: nothing new is registered while we shut down.
+        self.watcher.stop()
         # 1. Stop taking requests.
         if self.server is not None:
             self.server.stop()
@@ -191,7 +231,7 @@ class Service:
 
     def _start_http(self) -> None:
         host, port = self.config.service.host, self.config.service.port
-        self.server = wsgi.Server((host, port), make_app(self), numthreads=16, timeout=10)
+        self.server = wsgi.Server((host, port), make_app(self), numthreads=32, timeout=10)
         self.server.prepare()  # binds now, so a port in use fails start-up loudly
         bound = self.server.bind_addr
         self.url = f"http://{_url_host(host)}:{bound[1]}"
@@ -225,6 +265,16 @@ def run(config: Config) -> int:
     finally:
         service.stop()
     return 0
+
+
+def _default_processors(registry: Registry, config: Config) -> list[str]:
+    """[ingest].processors, checked at start-up rather than at the first dropped file."""
+    if not config.ingest.processors:
+        return []  # register dropped files, queue nothing
+    try:
+        return registry.validate(list(config.ingest.processors))
+    except Invalid as exc:
+        raise ConfigError(f"ingest.processors: {exc.message}") from None
 
 
 def check_bind_address(config: Config) -> None:

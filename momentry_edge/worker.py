@@ -20,13 +20,21 @@ from huey import Huey
 from huey.consumer import Consumer
 from huey.storage import MemoryStorage
 
-from . import cluster, db, jobs, logs
+from . import cluster, db, ingest, jobs, logs
 from .clock import iso
 from .config import Config
 from .db import Job, ProcessorRun
 from .gate import Gate
-from .processors import Registry
-from .processors.base import Processor, ProcessorError, RunContext, Stop, write_json_atomic
+from .processors import Registry, frames
+from .processors.base import (
+    PermanentError,
+    Processor,
+    ProcessorError,
+    RunContext,
+    Stop,
+    write_json_atomic,
+)
+from .processors.frames import FrameProcessor
 
 log = logging.getLogger(__name__)
 
@@ -129,16 +137,21 @@ class Workers:
     def _drain(self) -> None:
         lease = self.config.queue.lease_seconds
         while not self.stopping.is_set():
+            others = cluster.cluster_processors(within=lease) - self.can_run
             job = jobs.claim(
                 self.owner,
                 self.node,
                 self.effective_limit(),
                 lease,
-                can_run=self.can_run,
-                cluster_can_run=cluster.cluster_processors(within=lease),
+                # Only when another node can run something this one cannot must it look
+                # past the head of the line.
+                can_run=self.can_run if others else None,
+                cluster_can_run=self.can_run | others,
             )
             if job is None:
+                db.release_connection()
                 return
+            self.kick()  # another worker may take the next job while this one runs
             self.run_job(job)
 
     def run_job(self, job: Job) -> str:
@@ -147,6 +160,7 @@ class Workers:
             return self._run_job(job)
         finally:
             logs.current_task.reset(context)
+            db.release_connection()
 
     def _run_job(self, job: Job) -> str:
         log.info("job %s started: %s", job.task_id, ", ".join(job.processors))
@@ -159,9 +173,16 @@ class Workers:
             .where(ProcessorRun.job == job.id, ProcessorRun.status == db.RUN_PENDING)
             .order_by(ProcessorRun.position)
         )
+        guard = ingest.FileGuard(job.file)  # the file deleted or replaced while we work
+        batches = self._batches(runs)
         try:
-            for run in runs:
-                self._run_processor(job, run, Path(job.file.path), out_dir, deadline)
+            for i, batch in enumerate(batches):
+                if problem := guard.problem():
+                    for rest in batches[i:]:
+                        for run in rest:
+                            jobs.fail_run(run, problem, transient=False)
+                    break
+                self._run_batch(job, batch, Path(job.file.path), out_dir, deadline, guard)
         except Stop as stop:
             if stop.reason == "shutdown":
                 jobs.requeue(job, self.owner)
@@ -174,6 +195,8 @@ class Workers:
         log.info("job %s %s", job.task_id, status)
         if status == db.RETRYING:
             self.kick(delay=Job.get_by_id(job.id).next_attempt_at - time.time())
+        if guard.replaced and ingest.requeue_replaced(job, job.file):
+            self.kick()  # the new content was registered while this job ran
         return status
 
     def _processor(self, name: str) -> Processor:
@@ -186,26 +209,100 @@ class Workers:
             cache[name] = processor
         return cache[name]
 
-    def _run_processor(
-        self, job: Job, run: ProcessorRun, media_path: Path, out_dir: Path, deadline: float
-    ) -> None:
-        tracker = _Reporter(self, job, run, deadline)
+    def _batches(self, runs: list[ProcessorRun]) -> list[list[ProcessorRun]]:
+        """Runs in order, one per batch, except that the frame processors form one batch
+        at the first one's place: they share a single decode pass (frames.run_shared)."""
+        frame_runs = [r for r in runs if self._is_frame(r.processor)]
+        batches = []
+        for run in runs:
+            if run not in frame_runs:
+                batches.append([run])
+            elif run is frame_runs[0]:
+                batches.append(frame_runs)
+        return batches
+
+    def _is_frame(self, name: str) -> bool:
         try:
-            processor = self._processor(run.processor)
-            state = processor.readiness()
-            if not state.ready:
-                raise ProcessorError(state.reason or "not ready", transient=False)
-            jobs.start_run(run, processor.backend, processor.model)
-            ctx = RunContext(
-                media_path=media_path,
-                output_dir=out_dir,
-                checkpoint=run.last_checkpoint,
-                attempt=run.attempts + 1,
-                _report=tracker.report,
+            cached = self._local.__dict__.get("processors", {}).get(name)
+            return isinstance(cached or self.registry.create(name), FrameProcessor)
+        except Exception:
+            return False  # a broken plugin fails in _begin, with its error recorded
+
+    def _run_batch(
+        self,
+        job: Job,
+        runs: list[ProcessorRun],
+        media_path: Path,
+        out_dir: Path,
+        deadline: float,
+        guard: ingest.FileGuard | None = None,
+    ) -> None:
+        """Run one processor, or several frame processors over one decode. Each run keeps
+        its own status, progress, checkpoint, error and output file; one failing does
+        not fail the others. A ``Stop`` is raised after every run has been recorded."""
+        started = []
+        for run in runs:
+            tracker = _Reporter(self, job, run, deadline, guard)
+            try:
+                begun = self._begin(job, run, media_path, out_dir, tracker)
+            except Exception as exc:
+                self._settle(job, run, None, tracker, exc, out_dir, guard)
+                continue
+            if begun is not None:
+                started.append((run, *begun, tracker))
+        if len(started) > 1:
+            members = [(processor, ctx) for _, processor, ctx, _ in started]
+            outcomes = frames.run_shared(media_path, members)  # type: ignore[arg-type]
+        else:
+            outcomes = [_outcome(processor, ctx) for _, processor, ctx, _ in started]
+        stop = None
+        for (run, processor, _ctx, tracker), outcome in zip(started, outcomes, strict=True):
+            stop = self._settle(job, run, processor, tracker, outcome, out_dir, guard) or stop
+        if stop is not None:
+            raise stop
+
+    def _begin(
+        self, job: Job, run: ProcessorRun, media_path: Path, out_dir: Path, tracker: _Reporter
+    ) -> tuple[Processor, RunContext] | None:
+        """Mark the run started and give its context; None when it is skipped."""
+        processor = self._processor(run.processor)
+        if not job.options.get("force") and (
+            duplicate := ingest.duplicate_output(
+                job.file, run.processor, processor.model, processor.version, out_dir
             )
-            result = processor.run(ctx)
-        except Stop as stop:
-            if stop.reason in ("cancelled", "timeout") and tracker.checkpoint:
+        ):
+            jobs.skip_run(run, *duplicate)  # same content processed under another name
+            log.info("job %s: %s skipped: %s", job.task_id, run.processor, duplicate[0])
+            return None
+        state = processor.readiness()
+        if not state.ready:
+            raise ProcessorError(state.reason or "not ready", transient=False)
+        jobs.start_run(run, processor.backend, processor.model)
+        ctx = RunContext(
+            media_path=media_path,
+            output_dir=out_dir,
+            checkpoint=run.last_checkpoint,
+            attempt=run.attempts + 1,
+            _report=tracker.report,
+        )
+        return processor, ctx
+
+    def _settle(
+        self,
+        job: Job,
+        run: ProcessorRun,
+        processor: Processor | None,
+        tracker: _Reporter,
+        outcome: Any,
+        out_dir: Path,
+        guard: ingest.FileGuard | None,
+    ) -> Stop | None:
+        """Record how a run ended: its result, or the exception it ended with."""
+        problem = guard.problem() if guard is not None else None
+        if problem and not isinstance(outcome, BaseException):
+            outcome = PermanentError(problem)  # a result for content that is no longer there
+        if isinstance(outcome, Stop):
+            if outcome.reason in ("cancelled", "timeout") and tracker.checkpoint and processor:
                 self._write_output(
                     job,
                     run,
@@ -216,24 +313,27 @@ class Workers:
                     tracker.checkpoint,
                     out_dir,
                 )
-            if stop.reason == "timeout":
+            if outcome.reason == "timeout":
                 error = f"timed out after {self.config.queue.task_timeout:g} s (queue.task_timeout)"
                 jobs.fail_run(run, error, transient=True)
             else:
                 jobs.release_run(run)
-            raise
-        except ProcessorError as exc:
-            log.warning("job %s: %s failed: %s", job.task_id, run.processor, exc)
-            jobs.fail_run(run, str(exc), transient=exc.transient)
-        except Exception as exc:
-            log.exception("job %s: %s crashed", job.task_id, run.processor)
-            jobs.fail_run(run, f"{type(exc).__name__}: {exc}", transient=True)
+            return outcome
+        if isinstance(outcome, ProcessorError):
+            # A read error because the file went away is reported as just that.
+            log.warning("job %s: %s failed: %s", job.task_id, run.processor, problem or outcome)
+            jobs.fail_run(run, problem or str(outcome), transient=outcome.transient and not problem)
+        elif isinstance(outcome, BaseException):
+            log.error("job %s: %s crashed", job.task_id, run.processor, exc_info=outcome)
+            jobs.fail_run(run, f"{type(outcome).__name__}: {outcome}", transient=True)
         else:
+            assert processor is not None
             path = self._write_output(
-                job, run, processor, "completed", result, None, tracker.checkpoint, out_dir
+                job, run, processor, "completed", outcome, None, tracker.checkpoint, out_dir
             )
             jobs.complete_run(run, str(path))
             log.info("job %s: %s completed", job.task_id, run.processor)
+        return None
 
     def _write_output(
         self,
@@ -268,6 +368,14 @@ class Workers:
         return write_json_atomic(path, document)
 
 
+def _outcome(processor: Processor, ctx: RunContext) -> Any:
+    """``processor.run(ctx)``'s result, or the exception it raised."""
+    try:
+        return processor.run(ctx)
+    except Exception as exc:
+        return exc
+
+
 def _holds_complete_result(path: Path) -> bool:
     try:
         return json.loads(path.read_text(encoding="utf-8")).get("status") == "completed"
@@ -278,11 +386,19 @@ def _holds_complete_result(path: Path) -> bool:
 class _Reporter:
     """The report callback a processor gets: saves progress, relays stop requests."""
 
-    def __init__(self, workers: Workers, job: Job, run: ProcessorRun, deadline: float) -> None:
+    def __init__(
+        self,
+        workers: Workers,
+        job: Job,
+        run: ProcessorRun,
+        deadline: float,
+        guard: ingest.FileGuard | None = None,
+    ) -> None:
         self.workers = workers
         self.job = job
         self.run = run
         self.deadline = deadline
+        self.guard = guard
         self.checkpoint: dict[str, Any] | None = run.last_checkpoint
         self._last_write = 0.0
 
@@ -307,6 +423,8 @@ class _Reporter:
                 raise Stop("lease") from None
             if cancel:
                 raise Stop("cancelled")
+            if self.guard is not None and (problem := self.guard.problem()):
+                raise PermanentError(problem)  # stop now rather than at the end of the run
         if stopping:
             raise Stop("shutdown")
         if now > self.deadline:

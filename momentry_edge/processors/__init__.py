@@ -10,7 +10,13 @@ from ..errors import Invalid
 from .base import PROCESSOR_NAMES, PermanentError, Processor, Readiness
 
 BUILTIN = {
+    "asr": "momentry_edge.processors.asr:AsrProcessor",
+    "asrx": "momentry_edge.processors.asr:AsrxProcessor",
     "cut": "momentry_edge.processors.cut:CutProcessor",
+    "yolo": "momentry_edge.processors.yolo:YoloProcessor",
+    "ocr": "momentry_edge.processors.ocr:OcrProcessor",
+    "face": "momentry_edge.processors.face:FaceProcessor",
+    "pose": "momentry_edge.processors.pose:PoseProcessor",
 }
 
 

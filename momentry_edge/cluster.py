@@ -136,6 +136,8 @@ class Notifier:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=3)  # it wakes at least once a second
 
     def on_event(self, event: Event) -> None:
         """Bus listener: a local change that may free work for other nodes."""

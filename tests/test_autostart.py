@@ -13,7 +13,7 @@ import pytest
 
 from momentry_edge import autostart
 
-TEMPLATE = Path(__file__).resolve().parent.parent / "launchd" / "com.momentry.edge.plist.template"
+TEMPLATE = autostart.TEMPLATE
 
 
 def cli(home: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

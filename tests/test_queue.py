@@ -251,8 +251,10 @@ def test_estimated_start_follows_the_line_once_there_is_history(start_service):
     svc = start_service(
         queue={"max_concurrent": 1}, **{"processors.steps": {"steps": 20, "step_seconds": 0.1}}
     )
+    svc.call("POST", "/api/v1/queue/pause")
     first = svc.submit("history.mp4", ["steps"])
-    assert first["estimated_start"] is None, "no timing history yet"
+    assert svc.job(first["task_id"])["estimated_start"] is None, "no timing history yet"
+    svc.call("POST", "/api/v1/queue/resume")
     svc.wait_status(first["task_id"], "completed")
 
     blocker = svc.submit("blocker.mp4", ["steps"])["task_id"]

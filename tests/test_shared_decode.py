@@ -10,6 +10,7 @@ from frame_media import Reports, context, fall_detection_onnx, scenes_video
 
 from momentry_edge import media
 from momentry_edge.processors import frames
+from momentry_edge.processors.backends import Backend
 from momentry_edge.processors.base import PermanentError, Stop
 from momentry_edge.processors.cut import CutProcessor
 from momentry_edge.processors.face import FaceProcessor
@@ -110,6 +111,7 @@ def test_a_stopped_pass_resumes_each_processor_to_the_same_result(clip, solo):
 class Broken(SampledProcessor):
     name = "broken"
     item_key = "things"
+    backends = (Backend("numpy", ("numpy",)),)
 
     def detect(self, image):
         raise RuntimeError("model exploded")

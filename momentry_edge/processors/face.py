@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .backends import Backend, choose, this_platform
+from .backends import Backend
 from .base import PermanentError, Readiness
 from .frames import SampledProcessor, settings_number
 
@@ -34,21 +34,19 @@ class FaceProcessor(SampledProcessor):
     name = "face"
     version = "1"
     item_key = "faces"
+    backends = BACKENDS
     default_fps = 2.0
 
     def __init__(self, settings: Any = None) -> None:
         super().__init__(settings)
-        self.choice = choose(
-            BACKENDS, str(self.settings.get("backend", "auto")), platform=this_platform()
-        )
-        self.backend = self.choice.name
         # Full range (faces up to ~5 m away) suits video; short range is for selfies.
         self.model = str(self.settings.get("model", "mediapipe-face-full-range"))
         self._detector: Any = None
 
     def readiness(self) -> Readiness:
-        if self.choice.backend is None:
-            return Readiness(False, f"no face backend: {self.choice.reason}")
+        state = super().readiness()
+        if not state.ready:
+            return state
         if self.model not in MODELS:
             known = ", ".join(MODELS)
             return Readiness(False, f"unknown face model {self.model!r}; known: {known}")

@@ -28,7 +28,8 @@ from av.video.reformatter import VideoReformatter
 
 from momentry_edge import media
 
-from .base import PermanentError, Processor, ProcessorError, RunContext, Stop
+from .backends import Backend, choose, this_platform
+from .base import PermanentError, Processor, ProcessorError, Readiness, RunContext, Stop
 
 log = logging.getLogger(__name__)
 
@@ -259,11 +260,28 @@ class SampledProcessor(FrameProcessor):
     """
 
     item_key: ClassVar[str]
+    backends: ClassVar[Sequence[Backend]]
     default_fps: ClassVar[float] = 1.0
     default_max_side: ClassVar[int] = 640
     fmt: ClassVar[str] = "rgb24"
 
     _loaded = False
+
+    def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
+        super().__init__(settings)
+        # Chosen by the machine and the [processors.<name>] backend setting.
+        backend = str(self.settings.get("backend", "auto"))
+        self.choice = choose(self.backends, backend, platform=this_platform())
+        self.backend = self.choice.name
+
+    def readiness(self) -> Readiness:
+        if self.choice.backend is None:
+            return Readiness(False, f"no {self.name} backend: {self.choice.reason}")
+        return Readiness(True)
+
+    def require_backend(self) -> None:
+        if self.choice.backend is None:
+            raise PermanentError(f"no {self.name} backend: {self.choice.reason}")
 
     def load(self) -> None:
         self._loaded = True

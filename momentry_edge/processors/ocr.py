@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from .backends import Backend, choose, this_platform
-from .base import PermanentError, Readiness
+from .backends import Backend
+from .base import PermanentError
 from .frames import SampledProcessor, settings_number
 
 _NEEDS = ("rapidocr", "onnxruntime")
@@ -29,23 +29,15 @@ class OcrProcessor(SampledProcessor):
     name = "ocr"
     version = "1"
     item_key = "lines"
+    backends = BACKENDS
     default_fps = 1.0
     default_max_side = 1920
     fmt = "bgr24"  # rapidocr takes arrays as OpenCV BGR
 
     def __init__(self, settings: Any = None) -> None:
         super().__init__(settings)
-        self.choice = choose(
-            BACKENDS, str(self.settings.get("backend", "auto")), platform=this_platform()
-        )
-        self.backend = self.choice.name
         self.model = MODEL
         self._engine: Any = None
-
-    def readiness(self) -> Readiness:
-        if self.choice.backend is None:
-            return Readiness(False, f"no ocr backend: {self.choice.reason}")
-        return Readiness(True)
 
     def own_settings(self) -> dict[str, Any]:
         score = settings_number(self.settings, "min_confidence", 0.5, self.name)
@@ -55,8 +47,7 @@ class OcrProcessor(SampledProcessor):
         return {"min_confidence": score, "det_max_side": int(det_side)}
 
     def load(self) -> None:
-        if self.choice.backend is None:
-            raise PermanentError(f"no ocr backend: {self.choice.reason}")
+        self.require_backend()
         from rapidocr import RapidOCR  # imported here: the service starts without [ml]
 
         self._engine = RapidOCR(

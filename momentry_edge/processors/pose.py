@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from .backends import Backend, choose, this_platform
-from .base import PermanentError, Readiness
+from .backends import Backend
+from .base import PermanentError
 from .face import import_mediapipe
 from .frames import SampledProcessor, settings_number
 
@@ -64,21 +64,13 @@ class PoseProcessor(SampledProcessor):
     name = "pose"
     version = "1"
     item_key = "people"
+    backends = BACKENDS
     default_fps = 2.0
 
     def __init__(self, settings: Any = None) -> None:
         super().__init__(settings)
-        self.choice = choose(
-            BACKENDS, str(self.settings.get("backend", "auto")), platform=this_platform()
-        )
-        self.backend = self.choice.name
         self.model = MODEL
         self._pose: Any = None
-
-    def readiness(self) -> Readiness:
-        if self.choice.backend is None:
-            return Readiness(False, f"no pose backend: {self.choice.reason}")
-        return Readiness(True)
 
     def own_settings(self) -> dict[str, Any]:
         score = settings_number(self.settings, "min_confidence", 0.5, self.name)
@@ -87,8 +79,7 @@ class PoseProcessor(SampledProcessor):
         return {"min_confidence": score}
 
     def load(self) -> None:
-        if self.choice.backend is None:
-            raise PermanentError(f"no pose backend: {self.choice.reason}")
+        self.require_backend()
         mp = import_mediapipe()
         self._pose = mp.solutions.pose.Pose(
             static_image_mode=True,

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .backends import APPLE_HINT, Backend, choose, resolve_model, this_platform
+from .backends import APPLE_HINT, Backend, resolve_model
 from .base import PermanentError, Readiness
 from .frames import SampledProcessor, settings_number
 
@@ -41,20 +41,18 @@ class YoloProcessor(SampledProcessor):
     name = "yolo"
     version = "1"
     item_key = "detections"
+    backends = BACKENDS
     default_fps = 2.0
 
     def __init__(self, settings: Any = None) -> None:
         super().__init__(settings)
-        self.choice = choose(
-            BACKENDS, str(self.settings.get("backend", "auto")), platform=this_platform()
-        )
-        self.backend = self.choice.name
         self.model = str(self.settings.get("model", DEFAULT_MODEL))
         self._engine: OrtYolo | UltralyticsYolo | None = None
 
     def readiness(self) -> Readiness:
-        if self.choice.backend is None:
-            return Readiness(False, f"no yolo backend: {self.choice.reason}")
+        state = super().readiness()
+        if not state.ready:
+            return state
         try:
             self._weights()
         except PermanentError as exc:
@@ -74,8 +72,7 @@ class YoloProcessor(SampledProcessor):
         return {"confidence": conf, "iou": iou}
 
     def load(self) -> None:
-        if self.choice.backend is None:
-            raise PermanentError(f"no yolo backend: {self.choice.reason}")
+        self.require_backend()
         if self.backend == "coreml":
             self._engine = UltralyticsYolo(self._weights())
             self.backend = self._engine.backend  # "coreml", or the fallback it used

@@ -68,6 +68,13 @@ def cmd_clear(api: ApiClient, args: argparse.Namespace) -> int:
     return _show(args, api.clear(), lambda r: print(f"cancelled {r['cleared']} waiting job(s)"))
 
 
+def cmd_rescan(api: ApiClient, args: argparse.Namespace) -> int:
+    def render(r: dict[str, Any]) -> None:
+        print(f"new {r['new']}, changed {r['changed']}, missing {r['missing']}")
+
+    return _show(args, api.rescan(), render)
+
+
 def cmd_jobs(api: ApiClient, args: argparse.Namespace) -> int:
     return _show(args, api.jobs(args.status, args.limit), render_jobs)
 
@@ -302,6 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("pause", cmd_pause, "pause the queue: running jobs finish, nothing new starts")
     add("resume", cmd_resume, "resume a paused queue")
     add("clear", cmd_clear, "cancel every pending and retrying job")
+    add("rescan", cmd_rescan, "reconcile the watched folders with the database now")
     sub = add("jobs", cmd_jobs, "list jobs, newest first")
     sub.add_argument("--status", type=_csv, help="comma-separated, e.g. failed,partial")
     sub.add_argument("--limit", type=_positive_int, default=50)

@@ -69,6 +69,9 @@ class ApiClient:
     def clear(self) -> dict[str, Any]:
         return self._call("POST", "/api/v1/queue/clear")
 
+    def rescan(self) -> dict[str, Any]:
+        return self._call("POST", "/api/v1/files/rescan")
+
     def set_concurrency(
         self, max_concurrent: int | None = None, dynamic: bool | None = None
     ) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from conftest import wait_for
 
 TASK_ID = re.compile(r"task_[0-9a-f]{12}")
 
@@ -147,3 +148,24 @@ def test_without_a_service(cli) -> None:
     # Usage errors are caught before any request is made.
     assert "expected http://" in cli("status", "--url", "localhost:8765", expect=2).stderr
     assert "give N" in cli("concurrency", "--url", url, expect=2).stderr
+
+
+def test_rescan_registers_what_no_event_announced(start_service, cli) -> None:
+    svc = start_service(ingest={"settle_seconds": 0})
+    svc.call("POST", "/api/v1/queue/pause")
+    first = cli("rescan", "--url", svc.url)
+    assert first.stdout.startswith("new 0,"), first.stdout
+    # Written where the watcher cannot see it, then moved in: as if dropped while it was down.
+    outside = svc.root / "elsewhere"
+    outside.mkdir()
+    svc.add_video("late.mp4")
+    (svc.drop / "late.mp4").rename(outside / "late.mp4")
+    svc.stop()
+    (outside / "late.mp4").rename(svc.drop / "late.mp4")
+    svc.start()  # its start-up rescan finds the file
+    wait_for(lambda: svc.get("/api/v1/files")["total"] == 1)
+    (svc.drop / "late.mp4").unlink()
+    reply = json.loads(cli("rescan", "--json", "--url", svc.url).stdout)
+    # The watcher may have seen the deletion first; either way the file is missing now.
+    assert reply["success"] is True and reply["new"] == 0 and reply["missing"] in (0, 1)
+    assert svc.get("/api/v1/files", params={"state": "missing"})["total"] == 1

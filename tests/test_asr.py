@@ -622,3 +622,29 @@ def test_kill_9_during_asr_resumes_from_the_checkpoint(start_service, long_clip,
     assert segments[-1]["end"] > 72 and segments[0]["start"] < 1
     results = svc.data_dir / "results" / job["file_uuid"]
     assert len(list(srt.parse((results / "asr.srt").read_text()))) == len(segments)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_one_job_with_every_processor_completes(start_service, clip, models_dir):
+    from frame_media import fall_detection_onnx
+
+    names = ["asr", "asrx", "cut", "yolo", "ocr", "face", "pose"]
+    whisper = {"model": MODEL, "models_dir": str(models_dir)}
+    svc = start_service(
+        **{
+            "processors.asr": whisper,
+            "processors.asrx": whisper,
+            "processors.yolo": {"model_path": str(fall_detection_onnx())},
+        }
+    )
+    shutil.copy(clip, svc.drop / "everything.mp4")
+    task = svc.submit("everything.mp4", names)
+    job = svc.wait_status(task["task_id"], "completed", "partial", "failed", timeout=240)
+    assert job["status"] == "completed", json.dumps(job["processors"], indent=1)
+    assert [job["processors"][n]["status"] for n in names] == ["completed"] * 7
+    results = {n: svc.get(f"/api/v1/files/{task['file_uuid']}/results/{n}") for n in names}
+    assert "weekly meeting" in results["asr"]["result"]["text"].lower()
+    assert results["asrx"]["result"]["segments"][0]["words"]
+    assert results["cut"]["result"]["cuts"] == pytest.approx([5.0, 10.0, 15.0], abs=0.04)
+    folder = svc.data_dir / "results" / task["file_uuid"]
+    assert {"asr.srt", "asr.vtt", "asrx.srt", "asrx.vtt"} <= {p.name for p in folder.iterdir()}

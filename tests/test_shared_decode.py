@@ -6,7 +6,7 @@ from __future__ import annotations
 from itertools import pairwise
 
 import pytest
-from frame_media import Reports, context, fall_detection_onnx, scenes_video
+from frame_media import Reports, context, scenes_video
 
 from momentry_edge import media
 from momentry_edge.processors import frames
@@ -23,11 +23,11 @@ FPS = 25
 TOTAL = 20 * FPS
 
 
-def make_processors() -> list:
+def make_processors(models_dir) -> list:
     # Sample rates kept low so the suite stays quick on two cores; all differ on purpose.
     return [
         CutProcessor({}),
-        YoloProcessor({"model_path": str(fall_detection_onnx()), "sample_fps": 0.25}),
+        YoloProcessor({"models_dir": str(models_dir), "sample_fps": 0.25}),
         OcrProcessor({"sample_fps": 0.2}),
         FaceProcessor({"sample_fps": 1.0}),
         PoseProcessor({"sample_fps": 1.5}),
@@ -40,10 +40,10 @@ def clip(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def solo(clip):
+def solo(clip, models_dir):
     """Each processor decoding the video on its own."""
     results = {}
-    for processor in make_processors():
+    for processor in make_processors(models_dir):
         results[processor.name] = processor.run(context(clip, Reports()))
     return results
 
@@ -60,9 +60,11 @@ class CountingDecodes:
         monkeypatch.setattr(media, "iter_decoded", counted)
 
 
-def test_one_shared_decode_gives_each_processor_its_solo_result(clip, solo, monkeypatch):
+def test_one_shared_decode_gives_each_processor_its_solo_result(
+    clip, solo, models_dir, monkeypatch
+):
     decodes = CountingDecodes(monkeypatch)
-    processors = make_processors()
+    processors = make_processors(models_dir)
     reports = [Reports() for _ in processors]
 
     outcomes = frames.run_shared(
@@ -79,8 +81,8 @@ def test_one_shared_decode_gives_each_processor_its_solo_result(clip, solo, monk
         assert r.checkpoints[-1]["frame"] == TOTAL
 
 
-def test_a_stopped_pass_resumes_each_processor_to_the_same_result(clip, solo):
-    processors = make_processors()
+def test_a_stopped_pass_resumes_each_processor_to_the_same_result(clip, solo, models_dir):
+    processors = make_processors(models_dir)
     first = [Reports(stop_at=260) for _ in processors]
 
     outcomes = frames.run_shared(
@@ -94,7 +96,7 @@ def test_a_stopped_pass_resumes_each_processor_to_the_same_result(clip, solo):
         assert 260 <= checkpoint["frame"] < TOTAL
     # Resume with different starting points: cut starts over, the others go on.
     checkpoints[0] = None
-    processors = make_processors()
+    processors = make_processors(models_dir)
     second = [Reports() for _ in processors]
     outcomes = frames.run_shared(
         clip,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import models
 from .base import PermanentError
 
 ML_HINT = "pip install 'momentry-edge[ml]' (scripts/setup does it)"
@@ -90,32 +91,23 @@ def choose(
     return Choice(None, "; ".join(reasons))
 
 
-def resolve_model(processor: str, name: str, filename: str, settings: Mapping[str, Any]) -> Path:
-    """The local path of a model file; raises ``PermanentError`` saying how to get it.
-
-    ``processors.<name>.model_path`` wins. Otherwise the model catalog
-    (momentry_edge.models, when present) is asked for ``filename`` of model
-    ``name``; it is expected to return a verified local path or raise an error
-    whose message names the `models pull` command. Models are never downloaded here.
-    """
+def resolve_model(
+    processor: str, model: str, backend: str, suffix: str, settings: Mapping[str, Any]
+) -> Path:
+    """The local path of the model file ``backend`` loads; raises ``PermanentError``
+    saying how to get it. ``processors.<name>.model_path`` wins over the catalog.
+    Models are never downloaded here."""
     explicit = settings.get("model_path")
     if explicit:
         path = Path(str(explicit)).expanduser()
         if not path.is_file():
             raise PermanentError(f"{processor}: model_path {path} does not exist")
         return path
+    models_dir = settings.get("models_dir")
     try:
-        from momentry_edge import models  # the catalog, owned elsewhere
-
-        resolve = models.resolve
-    except (ImportError, AttributeError):
-        resolve = None
-    if resolve is not None:
-        try:
-            return Path(resolve(name, filename))
-        except Exception as exc:  # the catalog's own "not pulled / bad hash" errors
-            raise PermanentError(f"{processor}: {exc}") from None
-    raise PermanentError(
-        f"{processor}: model {name} is not installed: run `momentry-edge models pull {name}`"
-        f" or set processors.{processor}.model_path"
-    )
+        return models.locate(
+            model, backend, suffix, Path(str(models_dir)).expanduser() if models_dir else None
+        )
+    except models.ModelError as exc:
+        fix = f"or set processors.{processor}.model_path"
+        raise PermanentError(f"{processor}: {exc}; {fix}") from None

@@ -61,8 +61,8 @@ class YoloProcessor(SampledProcessor):
 
     def _weights(self) -> Path:
         # Core ML is exported from the PyTorch weights; onnxruntime runs the ONNX export.
-        suffix = "pt" if self.backend == "coreml" else "onnx"
-        return resolve_model(self.name, self.model, f"{self.model}.{suffix}", self.settings)
+        suffix = ".pt" if self.backend == "coreml" else ".onnx"
+        return resolve_model(self.name, self.model, self.backend, suffix, self.settings)
 
     def own_settings(self) -> dict[str, Any]:
         conf = settings_number(self.settings, "confidence", 0.25, self.name)

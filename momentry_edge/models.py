@@ -28,7 +28,8 @@ from typing import Any, Protocol
 
 import httpx
 
-REPO_CATALOG = Path(__file__).resolve().parent.parent / "models" / "catalog.toml"
+# models/catalog.toml, through a link inside the package so that wheels carry it too.
+CATALOG = Path(__file__).parent / "catalog.toml"
 RECORD = ".momentry-model.json"  # what pull/verify checked, inside each model's folder
 PARTIAL = ".partial"  # interrupted downloads, resumed by the next pull
 DEFAULT_MODELS_DIR = Path("~/.momentry-edge/models")
@@ -113,8 +114,8 @@ class Catalog:
 
 
 def load_catalog(path: Path | str | None = None) -> Catalog:
-    """Read the catalog (``MOMENTRY_MODEL_CATALOG`` or the repo's ``models/catalog.toml``)."""
-    path = Path(path or os.environ.get("MOMENTRY_MODEL_CATALOG") or REPO_CATALOG)
+    """Read the catalog (``MOMENTRY_MODEL_CATALOG`` or ``models/catalog.toml``)."""
+    path = Path(path or os.environ.get("MOMENTRY_MODEL_CATALOG") or CATALOG)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as e:

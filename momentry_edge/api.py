@@ -123,7 +123,7 @@ def make_app(service: Service) -> bottle.Bottle:
             options=_scan_options(body),
         )
         response.status = 202 if created else 200
-        return _queued(job) | ({} if created else {"deduplicated": True})
+        return _queued(job) | {"deduplicated": not created}
 
     @app.get("/api/v1/queue/status")
     def queue_status() -> dict:

@@ -142,34 +142,79 @@ def submit(
 ) -> tuple[Job, bool]:
     """Queue a deep scan of ``file``; returns (job, created).
 
-    A file that already has an active job for the same processors gets that job
-    back (created False), so repeated triggers never queue twice.
+    One file's work is never queued twice, whichever way it is asked for (watcher,
+    upload hook, API): an active job that runs every processor asked for is returned
+    as it is; a job still waiting in line takes on the processors it lacks (and the
+    higher priority). Only when neither fits is a new job created.
     """
     now = _now(now)
-    wanted = sorted(processors)
+    wanted = list(dict.fromkeys(processors))
+    options = options or {}
+    added: list[str] = []
     with db.write_transaction(Job._meta.database):
-        for active in Job.select().where(Job.file == file, Job.status.in_(db.ACTIVE_STATES)):
-            if sorted(active.processors) == wanted:
-                return active, False
-        job = Job.create(
-            task_id="task_" + secrets.token_hex(6),
-            file=file,
-            priority=priority,
-            seq=_seq(now),
-            processors=list(processors),
-            options=options or {},
-            max_retries=max_retries,
-            created_at=now,
-            queued_at=now,
+        active = list(
+            Job.select().where(Job.file == file, Job.status.in_(db.ACTIVE_STATES)).order_by(Job.id)
         )
-        ProcessorRun.insert_many(
-            [
-                {"job": job.id, "processor": name, "position": i, "updated_at": now}
-                for i, name in enumerate(processors)
-            ]
-        ).execute()
+        for job in active:
+            if set(wanted) <= set(job.processors):
+                return job, False
+        for job in active:
+            if job.status == db.PENDING and _compatible(job.options, options):
+                added = _take_on(job, wanted, priority, options, now)
+                if added:
+                    break
+        if not added:
+            job = Job.create(
+                task_id="task_" + secrets.token_hex(6),
+                file=file,
+                priority=priority,
+                seq=_seq(now),
+                processors=wanted,
+                options=options,
+                max_retries=max_retries,
+                created_at=now,
+                queued_at=now,
+            )
+            _add_runs(job, wanted, 0, now)
+    if added:
+        bus.publish("job.extended", task_id=job.task_id, added=added)
+        return Job.get_by_id(job.id), False
     bus.publish("job.queued", task_id=job.task_id, file_uuid=file.file_uuid)
     return job, True
+
+
+def _compatible(have: dict[str, Any], asked: dict[str, Any]) -> bool:
+    """Whether a job with options ``have`` can also do what was ``asked`` with its own."""
+    return all(have.get(key) in (None, value) for key, value in asked.items())
+
+
+def _take_on(
+    job: Job, wanted: list[str], priority: int, options: dict[str, Any], now: float
+) -> list[str]:
+    """Add the processors a waiting job lacks; returns them (none if a worker claimed it)."""
+    missing = [name for name in wanted if name not in job.processors]
+    updated = (
+        Job.update(
+            processors=[*job.processors, *missing],
+            priority=max(job.priority, priority),
+            options={**options, **job.options},
+        )
+        .where(Job.id == job.id, Job.status == db.PENDING)  # claims change the status first
+        .execute()
+    )
+    if not updated:
+        return []
+    _add_runs(job, missing, len(job.processors), now)
+    return missing
+
+
+def _add_runs(job: Job, names: list[str], first_position: int, now: float) -> None:
+    ProcessorRun.insert_many(
+        [
+            {"job": job.id, "processor": name, "position": first_position + i, "updated_at": now}
+            for i, name in enumerate(names)
+        ]
+    ).execute()
 
 
 def cancel(job: Job) -> str:

@@ -240,7 +240,10 @@ SCHEMAS: dict[str, Schema] = {
 }
 
 _QUEUED = _ok(task_id=TASK_ID, status=STR, position=_null(INT), estimated_start=TIME)
-_QUEUED["properties"]["deduplicated"] = {"type": "boolean", "enum": [True]}
+_QUEUED["properties"]["deduplicated"] = BOOL | {
+    "description": "true: an active job of this file already runs these processors, or the "
+    "waiting one took on those it lacked; that job is returned"
+}
 _REGISTERED = _ok(
     file_uuid=FILE_UUID,
     state=STR,
@@ -350,7 +353,7 @@ OPERATIONS: dict[str, Schema] = {  # "method path": operation, one per route in 
         "404",
         body="DeepScanRequest",
         status="202",
-        more={"200": _json(_QUEUED, "an equivalent job is already queued (deduplicated)")},
+        more={"200": _json(_QUEUED, "an active job of this file covers it (deduplicated)")},
     ),
     "get /api/v1/queue/status": _op("queue_status", "Queue state and line", _ref("QueueStatus")),
     "post /api/v1/queue/pause": _op("pause", "Pause the queue", _ok(paused=BOOL)),

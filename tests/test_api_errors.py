@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import httpx
-import pytest
 
 
 def assert_error(reply: httpx.Response, status: int, code: str, *words: str) -> None:
@@ -105,19 +104,45 @@ def test_token_is_required_on_every_api_route_when_set(start_service):
     assert svc.call("POST", "/api/v1/queue/pause")["paused"] is True
 
 
-@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
-def test_duplicate_submission_returns_the_queued_job(start_service):
-    svc = start_service()
+def test_one_files_work_is_never_queued_twice(start_service, tmp_path):
+    svc = start_service(
+        **{
+            "processors.steps": {"steps": 40, "step_seconds": 0.1},
+            "processors.flaky": {"fail_while_exists": str(tmp_path / "no such marker")},
+        }
+    )
     svc.call("POST", "/api/v1/queue/pause")
     first = svc.submit("same.mp4", ["noop", "steps"])
     assert first["deduplicated"] is False
+    file_uuid = svc.job(first["task_id"])["file_uuid"]
+    scan = f"/api/v1/file/{file_uuid}/deep-scan"
+
+    # Asked again, by the hook or the API, in another order or for part of it: that job.
     body = {"path": "same.mp4", "processors": ["noop", "steps"]}
     repeat = svc.call("POST", "/api/v1/files/register", expect=200, json=body)
     assert repeat["task_id"] == first["task_id"] and repeat["deduplicated"] is True
-    file_uuid = svc.job(first["task_id"])["file_uuid"]
-    scan = f"/api/v1/file/{file_uuid}/deep-scan"
-    again = svc.call("POST", scan, expect=200, json={"processors": ["steps", "noop"]})
-    assert again["task_id"] == first["task_id"] and again["deduplicated"] is True
-    other = svc.call("POST", scan, expect=202, json={"processors": ["noop"]})
-    assert other["task_id"] != first["task_id"] and other["position"] == 2
-    assert svc.status()["pending_count"] == 2
+    for processors in (["steps", "noop"], ["noop"]):
+        again = svc.call("POST", scan, expect=200, json={"processors": processors})
+        assert again["task_id"] == first["task_id"] and again["deduplicated"] is True
+    # Asked for more while it waits in line: it takes the rest on, at the higher priority,
+    # with the callback asked for.
+    more = {
+        "processors": ["steps", "cut"],
+        "priority": "high",
+        "callback_url": "http://127.0.0.1:9/",
+    }
+    extended = svc.call("POST", scan, expect=200, json=more)
+    assert extended["task_id"] == first["task_id"] and extended["deduplicated"] is True
+    job = svc.job(first["task_id"])
+    assert list(job["processors"]) == ["noop", "steps", "cut"] and job["priority"] == "high"
+    assert svc.status()["pending_count"] == 1
+
+    # Once it runs, only new work makes a new job.
+    svc.call("POST", "/api/v1/queue/resume")
+    svc.wait_status(first["task_id"], "processing")
+    running = svc.call("POST", scan, expect=200, json={"processors": ["cut"]})
+    assert running["task_id"] == first["task_id"]
+    other = svc.call("POST", scan, expect=202, json={"processors": ["noop", "flaky"]})
+    assert other["task_id"] != first["task_id"] and other["deduplicated"] is False
+    done = svc.wait_status(first["task_id"], "completed", "partial", "failed", timeout=60)
+    assert [run["status"] for run in done["processors"].values()] == ["completed"] * 3

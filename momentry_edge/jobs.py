@@ -151,7 +151,10 @@ def submit(
     wanted = list(dict.fromkeys(processors))
     options = options or {}
     added: list[str] = []
-    with db.write_transaction(Job._meta.database):
+    database = Job._meta.database
+    with db.write_transaction(database):
+        if db.is_postgres(database):  # one submit per file at a time (SQLite: the write lock)
+            MediaFile.select(MediaFile.id).where(MediaFile.id == file.id).for_update().execute()
         active = list(
             Job.select().where(Job.file == file, Job.status.in_(db.ACTIVE_STATES)).order_by(Job.id)
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import httpx
 
 
@@ -146,3 +148,20 @@ def test_one_files_work_is_never_queued_twice(start_service, tmp_path):
     assert other["task_id"] != first["task_id"] and other["deduplicated"] is False
     done = svc.wait_status(first["task_id"], "completed", "partial", "failed", timeout=60)
     assert [run["status"] for run in done["processors"].values()] == ["completed"] * 3
+
+
+def test_concurrent_requests_for_one_file_queue_one_job(start_service):
+    svc = start_service()
+    svc.call("POST", "/api/v1/queue/pause")
+    first = svc.submit("busy.mp4", ["noop"])
+    scan = f"/api/v1/file/{svc.job(first['task_id'])['file_uuid']}/deep-scan"
+
+    def ask(_: int) -> str:
+        return svc.call("POST", scan, json={"processors": ["noop", "steps"]})["task_id"]
+
+    with ThreadPoolExecutor(8) as pool:
+        task_ids = set(pool.map(ask, range(16)))
+
+    assert task_ids == {first["task_id"]}
+    assert list(svc.job(first["task_id"])["processors"]) == ["noop", "steps"]
+    assert svc.status()["pending_count"] == 1

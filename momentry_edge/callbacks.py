@@ -1,13 +1,13 @@
 """POST a job's summary to its ``callback_url`` when it ends, off the worker threads.
 
-Deliveries are retried with doubling delays; a worker never waits on a client's
-server. Pending deliveries live in memory: a restart drops them (the job's state
-in the API is the lasting record).
+What is owed lives in the job table (``callback_due``, set in the same commit that
+ends the job), so a restart or a crash loses no callback, and with several nodes
+each is sent by one of them. Deliveries are retried with doubling delays; a worker
+never waits on a client's server.
 """
 
 from __future__ import annotations
 
-import heapq
 import logging
 import threading
 import time
@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from . import db, jobs
 from .events import Event
 
 log = logging.getLogger(__name__)
@@ -32,13 +33,15 @@ class CallbackSender:
         attempts: int = 6,
         first_delay: float = 1.0,
         timeout: float = 10.0,
+        idle_check: float = 30.0,  # how often to look for callbacks other nodes left
     ) -> None:
         self._summarize = summarize
         self._attempts = attempts
         self._first_delay = first_delay
         self._timeout = timeout
-        self._due: list[tuple[float, str, int]] = []  # (when, task_id, attempt)
+        self._idle_check = idle_check
         self._wake = threading.Condition()
+        self._poked = False
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="callbacks", daemon=True)
 
@@ -49,46 +52,57 @@ class CallbackSender:
         with self._wake:
             self._stopping = True
             self._wake.notify()
+        if self._thread.is_alive():
+            # Not the whole POST timeout: a delivery cut short here stays owed and is
+            # sent again once its hold runs out, by this node after a restart or another.
+            self._thread.join(timeout=2.0)
 
     def on_event(self, event: Event) -> None:
-        """Bus listener: queue a delivery for every job that ends."""
+        """Bus listener: a job ended, so a callback may be owed now."""
         if event["type"] == "job.finished":
-            self._schedule(event["task_id"], attempt=1, delay=0.0)
-
-    def _schedule(self, task_id: str, attempt: int, delay: float) -> None:
-        with self._wake:
-            heapq.heappush(self._due, (time.monotonic() + delay, task_id, attempt))
-            self._wake.notify()
+            with self._wake:
+                self._poked = True
+                self._wake.notify()
 
     def _loop(self) -> None:
         with httpx.Client(timeout=self._timeout, follow_redirects=False) as client:
-            while (item := self._next()) is not None:
-                task_id, attempt = item
-                try:
-                    self._deliver(client, task_id, attempt)
-                except Exception:  # a bad summary must not end deliveries for other jobs
-                    log.exception("job %s: callback failed", task_id, extra={"task_id": task_id})
-
-    def _next(self) -> tuple[str, int] | None:
-        """Wait for the next due delivery; None once stopping."""
-        with self._wake:
             while not self._stopping:
-                now = time.monotonic()
-                if self._due and self._due[0][0] <= now:
-                    _, task_id, attempt = heapq.heappop(self._due)
-                    return task_id, attempt
-                self._wake.wait(self._due[0][0] - now if self._due else None)
-        return None
+                try:
+                    due = jobs.claim_callback(hold_seconds=self._timeout * 3)
+                    if due is not None:
+                        self._deliver(client, *due)
+                        continue
+                    next_due = jobs.next_callback_due()
+                except Exception:  # the database away for a moment: try again shortly
+                    log.exception("callbacks: cannot read what is owed")
+                    next_due = time.time() + self._first_delay
+                finally:
+                    db.release_connection()
+                self._sleep(next_due)
+
+    def _sleep(self, next_due: float | None) -> None:
+        wait = self._idle_check if next_due is None else next_due - time.time()
+        with self._wake:
+            if not (self._poked or self._stopping):
+                self._wake.wait(min(max(wait, 0.0), self._idle_check))
+            self._poked = False
 
     def _deliver(self, client: httpx.Client, task_id: str, attempt: int) -> None:
-        url, payload = self._summarize(task_id)
-        if not url:
-            return
         extra = {"task_id": task_id}
+        try:
+            url, payload = self._summarize(task_id)
+        except Exception:  # a job deleted since, or a summary bug: never retried forever
+            log.exception("job %s: no callback summary", task_id, extra=extra)
+            jobs.settle_callback(task_id, None)
+            return
+        if not url:
+            jobs.settle_callback(task_id, None)
+            return
         try:
             reply = client.post(url, json=payload)
             if reply.is_success:
                 log.info("job %s: callback delivered to %s", task_id, url, extra=extra)
+                jobs.settle_callback(task_id, None)
                 return
             problem = f"HTTP {reply.status_code}"
         except httpx.HTTPError as exc:
@@ -102,6 +116,7 @@ class CallbackSender:
                 problem,
                 extra=extra,
             )
+            jobs.settle_callback(task_id, None)
             return
         delay = self._first_delay * 2 ** (attempt - 1)
         log.warning(
@@ -112,4 +127,4 @@ class CallbackSender:
             delay,
             extra=extra,
         )
-        self._schedule(task_id, attempt + 1, delay)
+        jobs.settle_callback(task_id, time.time() + delay)

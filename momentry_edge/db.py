@@ -15,6 +15,8 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 import peewee as pw
+from playhouse.migrate import SchemaMigrator
+from playhouse.migrate import migrate as run_migrations
 from playhouse.pool import PooledPostgresqlDatabase
 
 # Job status values; jobs.py is the only module that changes them.
@@ -111,6 +113,9 @@ class Job(BaseModel):
     started_at = pw.DoubleField(null=True)
     completed_at = pw.DoubleField(null=True)
     error_message = pw.TextField(null=True)
+    # A job-end callback still owed: when it is due (null: none), and the attempts so far.
+    callback_due = pw.DoubleField(null=True, index=True)
+    callback_attempts = pw.IntegerField(default=0)
 
 
 class ProcessorRun(BaseModel):
@@ -180,12 +185,25 @@ def _v4_fingerprint_index(db: pw.Database) -> None:
     db.execute_sql("CREATE INDEX media_file_fingerprint ON media_file (fingerprint)")
 
 
+def _v5_callbacks(db: pw.Database) -> None:
+    # Callbacks owed live in the job table, so a restart resends them. Databases made
+    # by v1 after these columns joined the model have them already.
+    if "callback_due" in {c.name for c in db.get_columns("job")}:
+        return
+    migrator = SchemaMigrator.from_database(db)
+    run_migrations(
+        migrator.add_column("job", "callback_due", Job.callback_due),  # with its index
+        migrator.add_column("job", "callback_attempts", Job.callback_attempts),
+    )
+
+
 # Append-only: each entry moves the schema one version forward.
 MIGRATIONS: list[Callable[[pw.Database], None]] = [
     _v1_initial,
     _v2_nodes,
     _v3_line_indexes,
     _v4_fingerprint_index,
+    _v5_callbacks,
 ]
 
 

@@ -241,11 +241,17 @@ def clear() -> int:
     """Cancel every pending and retrying job."""
     now = time.time()
     with db.write_transaction(Job._meta.database):
-        waiting = Job.select(Job.task_id).where(Job.status.in_((db.PENDING, db.RETRYING)))
+        waiting = list(
+            Job.select(Job.id, Job.task_id, Job.options).where(
+                Job.status.in_((db.PENDING, db.RETRYING))
+            )
+        )
         cleared = [job.task_id for job in waiting]
         Job.update(
             status=db.CANCELLED, completed_at=now, error_message="cleared from the queue"
         ).where(Job.task_id.in_(cleared)).execute()
+        hooked = [job.id for job in waiting if job.options.get("callback_url")]
+        Job.update(callback_due=now, callback_attempts=0).where(Job.id.in_(hooked)).execute()
     for task_id in cleared:
         bus.publish("job.finished", task_id=task_id, status=db.CANCELLED)
     bus.publish("queue.cleared", cleared=len(cleared))
@@ -299,6 +305,7 @@ def retry(job: Job, now: float | None = None) -> Job:
             next_attempt_at=None,
             completed_at=None,
             error_message=None,
+            callback_due=None,  # the earlier ending is superseded; the next one is owed
         ).where(Job.id == job.id).execute()
     bus.publish("job.queued", task_id=job.task_id, retry=True)
     return Job.get_by_id(job.id)
@@ -583,8 +590,47 @@ def _finalise(job: Job, status: str, error: str | None, now: float) -> str:
         lease_until=None,
         next_attempt_at=None,
         progress=job_progress(job.id),
+        # Owed from the moment the job ends, in the same commit: a crash cannot lose it.
+        callback_due=now if job.options.get("callback_url") else None,
+        callback_attempts=0,
     ).where(Job.id == job.id).execute()
     return status
+
+
+# -- job-end callbacks ---------------------------------------------------------------------
+
+
+def claim_callback(hold_seconds: float, now: float | None = None) -> tuple[str, int] | None:
+    """The next callback due, as (task_id, attempt), held for ``hold_seconds`` so no other
+    sender (thread or node) takes it meanwhile; None when none is due."""
+    now = _now(now)
+    database = Job._meta.database
+    with db.write_transaction(database):
+        query = (
+            Job.select(Job.id, Job.task_id, Job.callback_attempts)
+            .where(Job.callback_due <= now)
+            .order_by(Job.callback_due)
+            .limit(1)
+        )
+        if db.is_postgres(database):
+            query = query.for_update("FOR UPDATE SKIP LOCKED")
+        row = query.first()
+        if row is None:
+            return None
+        attempt = row.callback_attempts + 1
+        Job.update(callback_due=now + hold_seconds, callback_attempts=attempt).where(
+            Job.id == row.id
+        ).execute()
+    return row.task_id, attempt
+
+
+def settle_callback(task_id: str, retry_at: float | None) -> None:
+    """After a delivery attempt: owed again at ``retry_at``, or no more (None)."""
+    Job.update(callback_due=retry_at).where(Job.task_id == task_id).execute()
+
+
+def next_callback_due() -> float | None:
+    return Job.select(pw.fn.MIN(Job.callback_due)).scalar()
 
 
 def reap(node: str, owner: str, policy: RetryPolicy, now: float | None = None) -> list[str]:

@@ -9,7 +9,6 @@ text stays crisp).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
@@ -17,9 +16,10 @@ from pathlib import Path
 import av
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
+from reports import Reports
 
 from momentry_edge import models
-from momentry_edge.processors.base import RunContext, Stop
+from momentry_edge.processors.base import RunContext
 
 SENTENCE = "The quick brown fox jumps over the lazy dog"
 # Where the photo sits in a 1280x720 frame, and the person's box in it (x1, y1, x2, y2):
@@ -114,25 +114,6 @@ def scenes_video(path: Path, fps: int = 25, size: tuple[int, int] = (640, 360)) 
         return (photo, text, flat, left)[scene]
 
     return write_video(path, frame_at, 20 * fps, fps)
-
-
-class Reports:
-    """The worker's side of ``RunContext.report``: records calls, raises Stop when told.
-
-    Checkpoints go through JSON, as they do on their way to the database.
-    """
-
-    def __init__(self, stop_at: int | None = None) -> None:
-        self.stop_at = stop_at
-        self.calls: list[tuple[int, int]] = []
-        self.checkpoints: list[dict] = []
-
-    def __call__(self, current: int, total: int, checkpoint: dict | None) -> None:
-        self.calls.append((current, total))
-        if checkpoint is not None:
-            self.checkpoints.append(json.loads(json.dumps(checkpoint)))
-        if self.stop_at is not None and current >= self.stop_at:
-            raise Stop("cancelled")
 
 
 def context(path: Path, reports: Reports, checkpoint: dict | None = None) -> RunContext:

@@ -28,6 +28,7 @@ import srt
 import webvtt
 from conftest import wait_for
 from media_factory import make_text_file, make_video
+from reports import Reports
 
 from momentry_edge import audio, models
 from momentry_edge.processors import asr
@@ -108,22 +109,6 @@ def speech_interval(path: Path) -> tuple[float, float]:
     pcm = audio.decode(path)
     loud = np.flatnonzero(np.abs(pcm) > 0.02)
     return loud[0] / audio.SAMPLE_RATE, (loud[-1] + 1) / audio.SAMPLE_RATE
-
-
-class Reports:
-    """The worker's side of ``RunContext.report``; checkpoints go through JSON as in the db."""
-
-    def __init__(self, stop_after_checkpoints: int | None = None) -> None:
-        self.stop_after = stop_after_checkpoints
-        self.calls: list[tuple[int, int]] = []
-        self.checkpoints: list[dict] = []
-
-    def __call__(self, current: int, total: int, checkpoint: dict | None) -> None:
-        self.calls.append((current, total))
-        if checkpoint is not None:
-            self.checkpoints.append(json.loads(json.dumps(checkpoint)))
-            if self.stop_after is not None and len(self.checkpoints) >= self.stop_after:
-                raise Stop("cancelled")
 
 
 def run(processor: AsrProcessor, path: Path, out: Path, reports: Reports, checkpoint=None) -> dict:

@@ -1,9 +1,9 @@
-import json
 from itertools import pairwise
 from pathlib import Path
 
 import pytest
 from media_factory import make_corrupt_video, make_text_file, make_video
+from reports import Reports
 
 from momentry_edge.processors.base import (
     PermanentError,
@@ -14,27 +14,6 @@ from momentry_edge.processors.base import (
 from momentry_edge.processors.cut import CutProcessor
 
 FPS = 25
-
-
-class Reports:
-    """The worker's side of ``RunContext.report``: records calls, raises Stop when told.
-
-    Checkpoints go through JSON, as they do on their way to the database.
-    """
-
-    def __init__(self, stop_at: int | None = None, save_when_stopping: bool = True) -> None:
-        self.stop_at = stop_at
-        self.save_when_stopping = save_when_stopping
-        self.calls: list[tuple[int, int]] = []
-        self.checkpoints: list[dict] = []
-
-    def __call__(self, current: int, total: int, checkpoint: dict | None) -> None:
-        stopping = self.stop_at is not None and current >= self.stop_at
-        self.calls.append((current, total))
-        if checkpoint is not None and (self.save_when_stopping or not stopping):
-            self.checkpoints.append(json.loads(json.dumps(checkpoint)))
-        if stopping:
-            raise Stop("cancelled")
 
 
 def run_cut(path: Path, tmp_path: Path, reports: Reports, checkpoint=None, **settings) -> dict:

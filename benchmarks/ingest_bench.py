@@ -20,35 +20,28 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import os
 import platform
-import secrets
 import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import peewee
-import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # media_factory: real videos made with PyAV
 
+from common import running_service, scratch_postgres  # noqa: E402
 from media_factory import make_video  # noqa: E402
 
 from momentry_edge import config as config_module  # noqa: E402
 from momentry_edge import db, ingest  # noqa: E402
 from momentry_edge.db import Job, MediaFile  # noqa: E402
-from momentry_edge.events import bus  # noqa: E402
-from momentry_edge.service import Service  # noqa: E402
-
-PG_ADMIN_URL = os.environ.get("MOMENTRY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 def write_config(root: Path, database_url: str, settle: float) -> config_module.Config:
@@ -78,36 +71,8 @@ def database(backend: str) -> Iterator[str]:
     if backend == "sqlite":
         yield ""
         return
-    name = f"momentry_ingest_bench_{secrets.token_hex(4)}"
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-@contextlib.contextmanager
-def running_service(cfg: config_module.Config) -> Iterator[Service]:
-    """An in-process Service with its housekeeping loop in a thread, as `run` has it."""
-    root = logging.getLogger()
-    handlers, listeners = list(root.handlers), list(bus._listeners)
-    with open(os.devnull, "w") as devnull:
-        service = Service(cfg)
-        with contextlib.redirect_stderr(devnull):
-            service.start()
-        loop = threading.Thread(target=service.run_forever, name="housekeeping", daemon=True)
-        loop.start()
-        try:
-            yield service
-        finally:
-            service.stop()
-            loop.join(10)
-            for handler in root.handlers[len(handlers) :]:
-                root.removeHandler(handler)
-                handler.close()
-            bus._listeners[:] = listeners
+    with scratch_postgres(prefix="momentry_ingest_bench") as url:
+        yield url
 
 
 def queued_at(paths: list[Path], timeout: float) -> dict[str, float]:

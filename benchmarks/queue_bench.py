@@ -13,17 +13,14 @@ import argparse
 import contextlib
 import itertools
 import json
-import logging
 import os
 import platform
-import secrets
 import signal
 import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import astuple, dataclass, field
@@ -36,18 +33,17 @@ import huey
 import peewee
 import psutil
 import psycopg
+from common import PG_ADMIN_URL, running_service, scratch_postgres
 from huey import Huey, PostgresHuey, SqliteHuey
 from huey.consumer import Consumer
 
 from momentry_edge import config as config_module
 from momentry_edge import db, ingest, jobs
 from momentry_edge.db import Job, MediaFile
-from momentry_edge.events import bus
 from momentry_edge.processors.base import Processor, RunContext
 from momentry_edge.service import Service
 
 ROOT = Path(__file__).resolve().parent.parent
-PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
 NOOP = ["noop"]
 SETTLE_SECONDS = 3.0  # idle time before latency samples and before the CPU window
 CPU_WINDOW = 20.0  # seconds of idle CPU measured on the subprocess
@@ -214,36 +210,6 @@ def bench_config(root: Path, database_url: str, *, workers: bool) -> config_modu
         root, database_url, name, node_id="queue-bench", queue=queue, plugins=plugins
     )
     return config_module.load(path, env={})
-
-
-@contextlib.contextmanager
-def running_service(cfg: config_module.Config) -> Iterator[Service]:
-    """An in-process Service with its housekeeping loop in a thread, as `run` has it.
-
-    The service logs at its configured level (info) to its log file as usual; its
-    stderr handler goes to /dev/null so that the table stays readable. What a
-    Service leaves behind in the process (log handlers, event-bus listeners) is
-    removed afterwards, so that the next Service measured starts clean.
-    """
-    root = logging.getLogger()
-    handlers, listeners = list(root.handlers), list(bus._listeners)
-    with open(os.devnull, "w") as devnull:
-        service = Service(cfg)
-        with contextlib.redirect_stderr(devnull):
-            service.start()
-        loop = threading.Thread(target=service.run_forever, name="housekeeping", daemon=True)
-        loop.start()
-        try:
-            yield service
-        finally:
-            service.stopping.set()
-            loop.join()
-            service.stop()
-            bus._listeners[:] = listeners  # Service.start adds listeners; stop removes none
-            for handler in root.handlers:
-                if handler not in handlers:
-                    handler.close()
-            root.handlers[:] = handlers
 
 
 def add_files(folder: Path, count: int, prefix: str) -> list[MediaFile]:
@@ -714,24 +680,11 @@ def main(argv: list[str] | None = None) -> int:
     sys.modules.setdefault("queue_bench", sys.modules[__name__])
     with tempfile.TemporaryDirectory(prefix="queue-bench-") as tmp:
         if args.backend == "postgres":
-            with postgres_database(args.pg_url) as url:
+            with scratch_postgres(args.pg_url) as url:
                 run(args.jobs, args.backend, url, Path(tmp))
         else:
             run(args.jobs, args.backend, "", Path(tmp))
     return 0
-
-
-@contextlib.contextmanager
-def postgres_database(admin_url: str) -> Iterator[str]:
-    """A fresh, empty database for this run; dropped afterwards."""
-    name = f"momentry_bench_{secrets.token_hex(4)}"
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield admin_url.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 if __name__ == "__main__":

@@ -187,8 +187,13 @@ def submit(
 
 
 def _compatible(have: dict[str, Any], asked: dict[str, Any]) -> bool:
-    """Whether a job with options ``have`` can also do what was ``asked`` with its own."""
-    return all(have.get(key) in (None, value) for key, value in asked.items())
+    """Whether a waiting job with options ``have`` can take on work asked with ``asked``:
+    the same force and retry choices, and at most one callback URL between them."""
+    return all(
+        have.get(key) == asked.get(key)
+        or (key == "callback_url" and None in (have.get(key), asked.get(key)))
+        for key in have.keys() | asked.keys()
+    )
 
 
 def _take_on(

@@ -137,7 +137,10 @@ def test_one_files_work_is_never_queued_twice(start_service, tmp_path):
     assert extended["task_id"] == first["task_id"] and extended["deduplicated"] is True
     job = svc.job(first["task_id"])
     assert list(job["processors"]) == ["noop", "steps", "cut"] and job["priority"] == "high"
-    assert svc.status()["pending_count"] == 1
+    # Asked with other choices (force): other work, in a job of its own.
+    forced = svc.call("POST", scan, expect=202, json={"processors": ["flaky"], "force": True})
+    assert forced["task_id"] != first["task_id"] and forced["deduplicated"] is False
+    assert svc.status()["pending_count"] == 2
 
     # Once it runs, only new work makes a new job.
     svc.call("POST", "/api/v1/queue/resume")

@@ -68,11 +68,13 @@ class CallbackSender:
         with httpx.Client(timeout=self._timeout, follow_redirects=False) as client:
             while not self._stopping:
                 try:
-                    due = jobs.claim_callback(hold_seconds=self._timeout * 3)
-                    if due is not None:
-                        self._deliver(client, *due)
-                        continue
+                    # A read first: most jobs that end owe no callback.
                     next_due = jobs.next_callback_due()
+                    if next_due is not None and next_due <= time.time():
+                        due = jobs.claim_callback(hold_seconds=self._timeout * 3)
+                        if due is not None:
+                            self._deliver(client, *due)
+                            continue
                 except Exception:  # the database away for a moment: try again shortly
                     log.exception("callbacks: cannot read what is owed")
                     next_due = time.time() + self._first_delay

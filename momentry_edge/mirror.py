@@ -85,6 +85,7 @@ class RedisMirror:
         self._last_write: dict[str, float] = {}
         self._watching: set[str] = set()  # running jobs, re-read every WATCH_EVERY
         self._stopping = False
+        self._stopped = threading.Event()  # for the pauses events must not cut short
         self._thread = threading.Thread(target=self._loop, name="redis-mirror", daemon=True)
 
     def start(self) -> None:
@@ -94,6 +95,7 @@ class RedisMirror:
         with self._cond:
             self._stopping = True
             self._cond.notify()
+        self._stopped.set()
         if self._thread.is_alive():
             self._thread.join(timeout=3.0)
         self._client.close()
@@ -152,13 +154,13 @@ class RedisMirror:
                 if backoff == 0.5:
                     log.warning("redis unreachable (%s); jobs go on, the mirror catches up", exc)
                 run_id = None
-                self._wait(backoff)
+                self._stopped.wait(backoff)  # not woken by job events: no busy retrying
                 backoff = min(backoff * 2, 5.0)
                 continue
             except Exception:  # the database away for a moment: try again shortly
                 log.exception("redis mirror: cannot read the job table")
                 run_id = None
-                self._wait(2.0)
+                self._stopped.wait(2.0)
                 continue
             finally:
                 db.release_connection()
@@ -231,6 +233,7 @@ class RedisMirror:
         """Rewrite every job from the table; drop keys of jobs that are gone."""
         with self._cond:
             self._due.clear()  # everything is written below; later changes mark again
+            self._last_write.clear()
         members: dict[str, list[str]] = {name: [] for name in SETS}
         known: set[str] = set()
         watching: set[str] = set()

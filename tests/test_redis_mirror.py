@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 from datetime import datetime
 from pathlib import Path
@@ -18,6 +20,8 @@ from pathlib import Path
 import pytest
 import redis
 from conftest import wait_for
+
+from momentry_edge import config
 
 pytestmark = pytest.mark.skipif(not shutil.which("redis-server"), reason="needs redis-server")
 
@@ -173,3 +177,20 @@ def test_redis_stopped_mid_job_costs_the_job_nothing_and_the_mirror_catches_up(
     assert r.smembers("momentry:jobs:active") == set()
     assert r.smembers("momentry:jobs:completed") == {task, unseen}
     assert "redis unreachable" in svc.log()
+
+
+def test_redis_url_comes_from_redis_url_and_a_bad_one_stops_the_service(tmp_path):
+    cfg = config.load(env={"MOMENTRY_DATA_DIR": str(tmp_path), "REDIS_URL": "redis://h:6379/2"})
+    assert cfg.service.redis_url == "redis://h:6379/2"
+    path = tmp_path / "momentry.toml"
+    path.write_text(f'[service]\ndata_dir = "{tmp_path / "data"}"\nport = 0\n', encoding="utf-8")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MOMENTRY_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "momentry_edge.cli", "--config", str(path), "run"],
+        env=clean | {"REDIS_URL": "http://not-redis:6379"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "service.redis_url" in done.stderr and "Traceback" not in done.stderr

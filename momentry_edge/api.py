@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import bottle
 from bottle import request, response
 
-from . import __version__, db, jobs, views
+from . import __version__, db, hooks, jobs, views
 from .db import MediaFile
 from .errors import ClientError, Invalid, NotFound
 from .events import bus
@@ -238,6 +238,26 @@ def make_app(service: Service) -> bottle.Bottle:
         if job is not None:
             reply |= {"task_id": job.task_id, "position": jobs.position(job)}
         return reply
+
+    @app.post("/api/v1/hooks/sftpgo")
+    def sftpgo_hook() -> dict:
+        upload = hooks.sftpgo_upload(_body(required=True), service.config.service.watch)
+        if upload is None:
+            return {"success": True, "ignored": True, "reason": "not an upload"}
+        if not upload.ok and not upload.path.exists():
+            # SFTPGo removes what a failed (e.g. over-quota) upload left: nothing to record.
+            return {"success": True, "ignored": True, "reason": "the failed upload left no file"}
+        record, job, created = service.register(str(upload.path), upload_ok=upload.ok)
+        response.status = 201 if created else 200
+        return {
+            "success": True,
+            "file_uuid": record.file_uuid,
+            "state": record.state,
+            "reason": record.reason,
+            "task_id": job.task_id if job else None,
+            "position": jobs.position(job) if job else None,
+            "deduplicated": job is not None and not created,
+        }
 
     @app.post("/api/v1/files/rescan")
     def rescan() -> dict:

@@ -25,7 +25,7 @@ from . import db
 from .clock import iso
 from .db import Node
 from .errors import Conflict
-from .events import Event
+from .events import Event, bus
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +114,36 @@ def node_rows(within: float) -> list[dict[str, Any]]:
         }
         for node in live_nodes(within)
     ]
+
+
+class NodeWatch:
+    """Publishes ``node.lost`` once for a node whose heartbeat stopped (a clean stop is not lost).
+
+    Only the live node first by id reports, so a cluster of several says it once;
+    nodes gone longer than ``window`` past their lease are old news and not reported.
+    """
+
+    def __init__(self, node_id: str, within: float, window: float = 600.0) -> None:
+        self.node_id = node_id
+        self.within = within
+        self.window = window
+        self._reported: set[tuple[str, float]] = set()
+
+    def check(self, now: float | None = None) -> list[str]:
+        now = time.time() if now is None else now
+        live = live_nodes(self.within, now)
+        if not live or live[0].node_id != self.node_id:
+            return []
+        stale = now - self.within
+        gone = Node.select().where(Node.last_seen < stale, Node.last_seen > stale - self.window)
+        lost = [n for n in gone if (n.node_id, n.last_seen) not in self._reported]
+        for node in lost:
+            self._reported.add((node.node_id, node.last_seen))
+            log.warning("node %s on %s stopped its heartbeat", node.node_id, node.host)
+            bus.publish(
+                "node.lost", node=node.node_id, host=node.host, last_seen=iso(node.last_seen)
+            )
+        return [n.node_id for n in lost]
 
 
 class Notifier:

@@ -48,6 +48,8 @@ class ServiceConfig:
     port: int = _setting(8765, minimum=0)
     token: str = _setting("", env="MOMENTRY_API_TOKEN")
     database_url: str = _setting("", env="DATABASE_URL")
+    # Set: job state is mirrored into the Momentry system's momentry:* Redis keys (mirror.py).
+    redis_url: str = _setting("", env="REDIS_URL")
     # Extra processors, "module:Class"; the built-in ones need no entry.
     plugins: tuple[str, ...] = _setting([], env="MOMENTRY_PLUGINS")
     log_level: str = _setting("info", env="MOMENTRY_LOG_LEVEL", choices=LOG_LEVELS)
@@ -90,10 +92,17 @@ class IngestConfig:
     rescan_interval: float = _setting(300.0, minimum=1)
 
 
+@dataclass(frozen=True)
+class AlertsConfig:
+    # POSTed a short plain-text message (ntfy-compatible) when something needs an operator.
+    url: str = _setting("")
+
+
 SECTIONS: dict[str, type] = {
     "service": ServiceConfig,
     "queue": QueueConfig,
     "ingest": IngestConfig,
+    "alerts": AlertsConfig,
 }
 
 
@@ -102,6 +111,7 @@ class Config:
     service: ServiceConfig = field(default_factory=ServiceConfig)
     queue: QueueConfig = field(default_factory=QueueConfig)
     ingest: IngestConfig = field(default_factory=IngestConfig)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
     # [processors.<name>] tables, passed to each processor as its settings.
     processors: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     source: Path | None = None  # the file it was read from, if any

@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 
 from .config import QueueConfig
+from .events import bus
 
 HYSTERESIS = 10.0  # percentage points under a threshold before adding a job back
 
@@ -90,7 +91,10 @@ class Gate:
                 f"below queue.min_free_disk_mb = {need_mb:,.0f} MB"
             )
         with self._lock:
+            newly = reason is not None and self._blocked is None
             self._blocked = reason
+        if newly:  # once per blocking, not at every check
+            bus.publish("queue.blocked", reason=reason)
         return reason
 
     @property

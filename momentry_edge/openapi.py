@@ -237,6 +237,20 @@ SCHEMAS: dict[str, Schema] = {
         | _SCAN,
         "path",
     ),
+    "SftpgoEvent": _obj(  # SFTPGo's own hook payload; its other fields are accepted and unused
+        {
+            "action": {"type": "string", "example": "upload", "description": "not upload: ignored"},
+            "username": STR,
+            "path": {"type": "string", "description": "the file's full filesystem path"},
+            "virtual_path": {"type": "string", "description": "the path the SFTP user sees"},
+            "file_size": INT,
+            "status": {
+                "type": "integer",
+                "description": "1 ok; 2 error, 3 quota exceeded: rejected",
+            },
+        },
+        "action",
+    ),
 }
 
 _QUEUED = _ok(task_id=TASK_ID, status=STR, position=_null(INT), estimated_start=TIME)
@@ -252,6 +266,7 @@ _REGISTERED = _ok(
     position=_null(INT),
     deduplicated=BOOL,
 )
+_IGNORED = _ok(ignored={"type": "boolean", "enum": [True]}, reason=STR)
 _RESCANNED = _ok(
     new=INT | {"description": "files registered for the first time"},
     changed=INT | {"description": "known files re-registered: new content, or back on disk"},
@@ -402,6 +417,20 @@ OPERATIONS: dict[str, Schema] = {  # "method path": operation, one per route in 
         body="RegisterRequest",
         status="201",
         more={"200": _json(_REGISTERED, "already registered and unchanged")},
+    ),
+    "post /api/v1/hooks/sftpgo": _op(
+        "sftpgo_hook",
+        "SFTPGo's upload notification as SFTPGo sends it: registers (or rejects) the file",
+        _json(_REGISTERED, "registered, or recorded rejected (status other than 1)"),
+        body="SftpgoEvent",
+        status="201",
+        more={
+            "200": _json(
+                {"oneOf": [_REGISTERED, _IGNORED]},
+                "already registered and unchanged; or ignored (not an upload, or a failed "
+                "upload that left no file)",
+            )
+        },
     ),
     "post /api/v1/files/rescan": _op(
         "rescan",

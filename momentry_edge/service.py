@@ -16,6 +16,7 @@ from typing import Any
 from cheroot import wsgi
 
 from . import __version__, cluster, db, housekeeping, ingest, jobs, logs, models, views
+from .alerts import AlertSender
 from .api import make_app
 from .callbacks import CallbackSender
 from .clock import iso
@@ -24,6 +25,7 @@ from .db import Job, MediaFile
 from .errors import Conflict, Invalid
 from .events import bus
 from .gate import Gate
+from .mirror import RedisMirror
 from .processors import Registry
 from .watcher import Watcher
 from .worker import Workers
@@ -61,6 +63,10 @@ class Service:
         self.server: wsgi.Server | None = None
         self.notifier: cluster.Notifier | None = None
         self.callbacks = CallbackSender(self._callback_payload)
+        # Optional outside copies and notices; each runs on its own thread, fed by the bus.
+        self.mirror = _redis_mirror(config.service.redis_url)
+        self.alerts = AlertSender(config.alerts.url, self.node) if config.alerts.url else None
+        self.node_watch = cluster.NodeWatch(self.node, config.queue.lease_seconds)
         self.url = ""
         self._threads: list[threading.Thread] = []
 
@@ -146,6 +152,12 @@ class Service:
         bus.listen(self.notifier.on_event)
         bus.listen(self.callbacks.on_event)
         self.callbacks.start()
+        if self.alerts is not None:
+            bus.listen(self.alerts.on_event)  # before the first disk check, so it can alert
+            self.alerts.start()
+        if self.mirror is not None:
+            bus.listen(self.mirror.on_event)
+            self.mirror.start()  # its first act is a full resync from the job table
         self.gate.check_disk(self.config.data_dir)
         recovered = jobs.reap(self.node, self.owner, self.workers.policy)
         if recovered:
@@ -190,6 +202,7 @@ class Service:
             elif task == "heartbeat":
                 jobs.heartbeat(self.owner, self.config.queue.lease_seconds)
                 cluster.heartbeat(self.node, self.owner, self.workers.effective_limit())
+                self.node_watch.check()  # a node whose heartbeat stopped: node.lost
             elif task == "reap":
                 jobs.reap(self.node, self.owner, self.workers.policy)
                 if self.config.queue.worker_enabled:
@@ -225,6 +238,10 @@ class Service:
         for job in list(held):
             jobs.requeue(job, self.owner)
         cluster.leave(self.node, self.owner)
+        if self.mirror is not None:
+            self.mirror.stop()  # after the requeues above, which it writes on its way out
+        if self.alerts is not None:
+            self.alerts.stop()
         (self.config.data_dir / "run.json").unlink(missing_ok=True)
         db.Job._meta.database.close()
         log.info("stopped")
@@ -265,6 +282,15 @@ def run(config: Config) -> int:
     finally:
         service.stop()
     return 0
+
+
+def _redis_mirror(url: str) -> RedisMirror | None:
+    if not url:
+        return None
+    try:
+        return RedisMirror(url)
+    except ValueError as exc:  # redis-py's word for a URL it cannot use
+        raise ConfigError(f"service.redis_url: {exc}") from None
 
 
 def _default_processors(registry: Registry, config: Config) -> list[str]:

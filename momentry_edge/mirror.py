@@ -1,0 +1,355 @@
+"""Mirror job state into the Redis keys the rest of the Momentry system reads.
+
+The Job Worker plan keeps these keys (``uuid`` is the job's ``task_id``)::
+
+    momentry:job:{uuid}                    hash: the job
+    momentry:job:{uuid}:processor:{name}   hash: one processor of the job
+    momentry:progress:{uuid}               pub/sub channel: a JSON message per change
+    momentry:jobs:active|completed|failed  sets of task ids
+
+Redis is a copy, never the truth: the bus listener only marks a job as changed,
+and one thread reads the job table and writes Redis with short socket timeouts.
+While Redis is away nothing waits for it; once it answers again (or restarted
+empty) the whole mirror is rebuilt from the job table.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from . import db, views
+from .clock import iso
+from .db import Job, MediaFile, ProcessorRun
+from .events import Event
+
+log = logging.getLogger(__name__)
+
+PREFIX = "momentry:"
+# Which set a job status belongs to; other statuses (pending, retrying, cancelled) are in none.
+SET_OF_STATUS = {
+    db.PROCESSING: "active",
+    db.COMPLETED: "completed",
+    db.PARTIAL: "failed",  # some processors failed after their retries
+    db.FAILED: "failed",
+}
+SETS = ("active", "completed", "failed")
+PROGRESS_EVERY = 1.0  # seconds: at most one progress write per job (plan §8.2)
+WATCH_EVERY = 1.0  # how often running jobs are re-read (processor states change between reports)
+CHECK_EVERY = 2.0  # how often Redis is asked whether it restarted (an empty mirror)
+FULL_EVERY = 600.0  # full resync anyway: catches jobs removed by the retention sweep
+BATCH = 200  # jobs per pipeline in a full resync
+
+
+def job_key(uuid: str) -> str:
+    return f"{PREFIX}job:{uuid}"
+
+
+def processor_key(uuid: str, name: str) -> str:
+    return f"{PREFIX}job:{uuid}:processor:{name}"
+
+
+def progress_channel(uuid: str) -> str:
+    return f"{PREFIX}progress:{uuid}"
+
+
+def set_key(name: str) -> str:
+    return f"{PREFIX}jobs:{name}"
+
+
+def connect(url: str, timeout: float = 1.0) -> redis.Redis:
+    """A client that fails fast: the mirror retries on its own schedule."""
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 0),
+        decode_responses=True,
+    )
+
+
+class RedisMirror:
+    def __init__(self, url: str, *, timeout: float = 1.0) -> None:
+        self._client = connect(url, timeout)  # raises ValueError for a malformed URL
+        self._url = url
+        self._cond = threading.Condition()
+        self._due: dict[str, float] = {}  # task_id -> when to write it next
+        self._last_write: dict[str, float] = {}
+        self._watching: set[str] = set()  # running jobs, re-read every WATCH_EVERY
+        self._stopping = False
+        self._stopped = threading.Event()  # for the pauses events must not cut short
+        self._thread = threading.Thread(target=self._loop, name="redis-mirror", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=3.0)
+        self._client.close()
+
+    def on_event(self, event: Event) -> None:
+        """Bus listener: remember which job changed; the mirror thread does the rest."""
+        task_id = event.get("task_id")
+        if not task_id or not event["type"].startswith("job."):
+            return
+        now = time.monotonic()
+        with self._cond:
+            if event["type"] == "job.progress":
+                if task_id in self._due:
+                    return  # already due; progress is written at most once a second
+                when = max(now, self._last_write.get(task_id, 0.0) + PROGRESS_EVERY)
+            else:
+                when = now  # a state change is written at once
+            self._due[task_id] = min(when, self._due.get(task_id, when))
+            self._cond.notify()
+
+    # -- the mirror thread ----------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        run_id: str | None = None  # Redis's run id when last resynced; None = resync needed
+        backoff = 0.5
+        next_check = next_full = next_watch = 0.0
+        while True:
+            with self._cond:
+                stopping = self._stopping
+            if stopping:
+                if run_id is not None:
+                    self._flush()  # what changed while the service stopped (jobs requeued)
+                return
+            now = time.monotonic()
+            try:
+                if run_id is None or now >= next_check:
+                    current = self._client.info("server")["run_id"]
+                    next_check = now + CHECK_EVERY
+                    if current != run_id or now >= next_full:
+                        if run_id is not None and current != run_id:
+                            log.warning("redis restarted; rebuilding the job mirror")
+                        self._resync()
+                        run_id, next_full = current, now + FULL_EVERY
+                        if backoff > 0.5:
+                            log.info("redis mirror is up to date again")
+                        backoff = 0.5
+                if now >= next_watch:
+                    next_watch = now + WATCH_EVERY
+                    with self._cond:
+                        for task_id in self._watching:
+                            last = self._last_write.get(task_id, 0.0)
+                            self._due.setdefault(task_id, max(now, last + PROGRESS_EVERY))
+                for task_id in self._take_due(now):
+                    self._write_job(task_id, publish=True)
+            except (redis.RedisError, OSError) as exc:
+                if backoff == 0.5:
+                    log.warning("redis unreachable (%s); jobs go on, the mirror catches up", exc)
+                run_id = None
+                self._stopped.wait(backoff)  # not woken by job events: no busy retrying
+                backoff = min(backoff * 2, 5.0)
+                continue
+            except Exception:  # the database away for a moment: try again shortly
+                log.exception("redis mirror: cannot read the job table")
+                run_id = None
+                self._stopped.wait(2.0)
+                continue
+            finally:
+                db.release_connection()
+            self._wait(min(next_check, next_watch, self._next_due()) - time.monotonic())
+
+    def _flush(self) -> None:
+        try:
+            for task_id in self._take_due(float("inf")):
+                self._write_job(task_id, publish=True)
+        except Exception as exc:  # the next start resyncs anyway
+            log.warning("redis mirror: last changes not written (%s)", exc)
+        finally:
+            db.release_connection()
+
+    def _take_due(self, now: float) -> list[str]:
+        with self._cond:
+            due = [t for t, when in self._due.items() if when <= now]
+            for task_id in due:
+                del self._due[task_id]
+                # Taken now: progress reported while it is being written waits its second.
+                self._last_write[task_id] = time.monotonic()
+        return due
+
+    def _next_due(self) -> float:
+        with self._cond:
+            return min(self._due.values(), default=float("inf"))
+
+    def _wait(self, seconds: float) -> None:
+        with self._cond:
+            if not self._stopping and not self._any_due():
+                self._cond.wait(max(min(seconds, CHECK_EVERY), 0.0))
+
+    def _any_due(self) -> bool:
+        now = time.monotonic()
+        return any(when <= now for when in self._due.values())
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def _write_job(self, task_id: str, *, publish: bool) -> None:
+        job = Job.select(Job, MediaFile).join(MediaFile).where(Job.task_id == task_id).first()
+        if job is None:  # removed from the table: removed from the mirror
+            self._forget(task_id)
+            return
+        runs = list(job.runs.order_by(ProcessorRun.position))
+        pipe = self._client.pipeline(transaction=True)
+        _write(pipe, job, runs)
+        if publish:
+            pipe.publish(progress_channel(task_id), json.dumps(_progress_message(job, runs)))
+        pipe.execute()
+        with self._cond:
+            if job.status == db.PROCESSING:
+                self._watching.add(task_id)
+            else:
+                self._watching.discard(task_id)
+                if job.status in db.FINAL_STATES:
+                    self._last_write.pop(task_id, None)
+
+    def _forget(self, task_id: str) -> None:
+        names = list(self._client.scan_iter(match=processor_key(task_id, "*")))
+        pipe = self._client.pipeline(transaction=True)
+        pipe.delete(job_key(task_id), *names)
+        for name in SETS:
+            pipe.srem(set_key(name), task_id)
+        pipe.execute()
+        with self._cond:
+            self._watching.discard(task_id)
+            self._last_write.pop(task_id, None)
+
+    def _resync(self) -> None:
+        """Rewrite every job from the table; drop keys of jobs that are gone."""
+        with self._cond:
+            self._due.clear()  # everything is written below; later changes mark again
+            self._last_write.clear()
+        members: dict[str, list[str]] = {name: [] for name in SETS}
+        known: set[str] = set()
+        watching: set[str] = set()
+        query = Job.select(Job, MediaFile).join(MediaFile).order_by(Job.id)
+        for chunk in _chunks(query, BATCH):
+            runs_of: dict[int, list[ProcessorRun]] = {job.id: [] for job in chunk}
+            for run in ProcessorRun.select().where(ProcessorRun.job.in_(list(runs_of))):
+                runs_of[run.job_id].append(run)
+            pipe = self._client.pipeline(transaction=False)
+            for job in chunk:
+                runs = sorted(runs_of[job.id], key=lambda r: r.position)
+                _write(pipe, job, runs, sets=False)
+                known.add(job.task_id)
+                if job.status == db.PROCESSING:
+                    watching.add(job.task_id)
+                if job.status in SET_OF_STATUS:
+                    members[SET_OF_STATUS[job.status]].append(job.task_id)
+            pipe.execute()
+        pipe = self._client.pipeline(transaction=True)
+        for name, ids in members.items():
+            pipe.delete(set_key(name))
+            if ids:
+                pipe.sadd(set_key(name), *ids)
+        pipe.execute()
+        stale = [
+            key
+            for key in self._client.scan_iter(match=f"{PREFIX}job:*", count=500)
+            if key.split(":")[2] not in known
+        ]
+        if stale:
+            self._client.delete(*stale)
+        with self._cond:
+            self._watching = watching
+        log.info("redis mirror: %d job(s) written", len(known))
+
+
+def _chunks(query: Any, size: int) -> Iterable[list[Job]]:
+    chunk: list[Job] = []
+    for job in query.iterator():
+        chunk.append(job)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _write(pipe: Any, job: Job, runs: list[ProcessorRun], *, sets: bool = True) -> None:
+    """Queue the commands that make the job's keys match the table (hashes replaced whole)."""
+    uuid = job.task_id
+    key = job_key(uuid)
+    pipe.delete(key)
+    pipe.hset(key, mapping=_strings(_job_fields(job, runs)))
+    for run in runs:
+        run_key = processor_key(uuid, run.processor)
+        pipe.delete(run_key)
+        pipe.hset(run_key, mapping=_strings(_run_fields(run)))
+    if sets:
+        target = SET_OF_STATUS.get(job.status)
+        for name in SETS:
+            if name == target:
+                pipe.sadd(set_key(name), uuid)
+            else:
+                pipe.srem(set_key(name), uuid)
+
+
+def _job_fields(job: Job, runs: list[ProcessorRun]) -> dict[str, Any]:
+    return {
+        "uuid": job.task_id,
+        "id": job.id,
+        "task_id": job.task_id,
+        "file_uuid": job.file.file_uuid,
+        "file_name": job.file.name,
+        "status": job.status,
+        "progress": job.progress,
+        "priority": db.PRIORITY_NAMES[job.priority],
+        "processors": [r.processor for r in runs],
+        "completed": [r.processor for r in runs if r.status in db.RUN_DONE],
+        "failed": [r.processor for r in runs if r.status == db.RUN_FAILED],
+        "retry_count": job.retry_count,
+        "max_retries": job.max_retries,
+        "node": job.node,
+        "error_message": job.error_message,
+        "created_at": iso(job.created_at),
+        "started_at": iso(job.started_at),
+        "completed_at": iso(job.completed_at),
+        "updated_at": iso(time.time()),
+    }
+
+
+def _run_fields(run: ProcessorRun) -> dict[str, Any]:
+    return {"name": run.processor, **views.run_detail(run)}
+
+
+def _progress_message(job: Job, runs: list[ProcessorRun]) -> dict[str, Any]:
+    return {
+        "uuid": job.task_id,
+        "task_id": job.task_id,
+        "file_uuid": job.file.file_uuid,
+        "status": job.status,
+        "progress": job.progress,
+        "processors": {
+            r.processor: {
+                k: v for k, v in views.run_detail(r).items() if k in ("status", "progress")
+            }
+            for r in runs
+        },
+        "at": iso(time.time()),
+    }
+
+
+def _strings(fields: dict[str, Any]) -> dict[str, str]:
+    """Hash values: text as is, lists and objects as JSON; empty fields are left out."""
+    out = {}
+    for name, value in fields.items():
+        if value is None:
+            continue
+        out[name] = value if isinstance(value, str) else json.dumps(value)
+    return out

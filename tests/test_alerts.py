@@ -1,0 +1,111 @@
+"""Operator alerts reach a real HTTP receiver: failed and dead jobs, a full disk, a lost node."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
+
+import pytest
+from conftest import ServiceProcess, wait_for
+from databases import scratch_postgres
+
+
+class Receiver(BaseHTTPRequestHandler):
+    """Answers 500 to the first ``failures`` POSTs, then 200; keeps every alert it got."""
+
+    received: ClassVar[list[dict]] = []
+    failures: ClassVar[int] = 0
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"])).decode()
+        self.received.append({"headers": dict(self.headers), "body": body})
+        self.send_response(500 if len(self.received) <= self.failures else 200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def receiver():
+    Receiver.received = []
+    Receiver.failures = 0
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/momentry-alerts", Receiver
+    server.shutdown()
+
+
+def titled(received: list[dict], text: str) -> list[dict]:
+    return [a for a in received if text in a["headers"].get("Title", "")]
+
+
+def test_a_failed_job_and_a_dead_partial_job_each_alert_once(start_service, receiver):
+    url, rx = receiver
+    rx.failures = 1  # the first delivery gets a 500: it is sent again
+    svc = start_service(alerts={"url": url}, queue={"max_retries": 0})
+    svc.marker.write_text("storage down")  # flaky fails while this exists
+    failed = svc.submit("broken.mp4", ["flaky"])["task_id"]
+    partial = svc.submit("half.mp4", ["flaky", "noop"])["task_id"]
+    fine = svc.submit("fine.mp4", ["noop"])["task_id"]
+    for task, status in ((failed, "failed"), (partial, "partial"), (fine, "completed")):
+        assert svc.wait_status(task, "failed", "partial", "completed")["status"] == status
+    dead = {j["task_id"] for j in svc.get("/api/v1/queue/dead")["jobs"]}
+    assert dead == {failed, partial}
+
+    wait_for(lambda: len(titled(rx.received, "job failed")) == 2)  # one 500, one delivered
+    wait_for(lambda: titled(rx.received, "job partial"))
+    first, again = titled(rx.received, "job failed")
+    assert first["body"] == again["body"]
+    alert = again
+    assert alert["headers"]["Content-Type"].startswith("text/plain")
+    assert alert["headers"]["Priority"] == "high" and alert["headers"]["Tags"] == "warning"
+    assert failed in alert["body"] and "broken.mp4" in alert["body"]
+    assert "upstream storage unavailable" in alert["body"]
+    (partial_alert,) = titled(rx.received, "job partial")
+    assert partial in partial_alert["body"] and "half.mp4" in partial_alert["body"]
+    assert not [a for a in rx.received if fine in a["body"]], "a completed job is no news"
+
+
+def test_the_disk_guard_alerts_once_per_blocking(start_service, receiver, tmp_path):
+    url, rx = receiver
+    free_mb = shutil.disk_usage(tmp_path).free / 2**20
+    svc = start_service(alerts={"url": url}, queue={"min_free_disk_mb": free_mb + 10**6})
+    task = svc.submit("held.mp4", ["noop"])["task_id"]
+    wait_for(lambda: svc.status()["blocked_reason"])
+    wait_for(lambda: titled(rx.received, "jobs held back"))
+    (alert,) = titled(rx.received, "jobs held back")
+    assert "low disk space" in alert["body"] and "min_free_disk_mb" in alert["body"]
+    # The guard is checked every couple of seconds; it stays one alert while it holds.
+    time.sleep(6)
+    assert len(titled(rx.received, "jobs held back")) == 1
+    assert svc.job(task)["status"] == "pending"
+
+
+def test_a_node_that_stops_its_heartbeat_is_reported_by_the_survivor(tmp_path, receiver):
+    url, rx = receiver
+    nodes = []
+    with scratch_postgres() as database_url:
+        try:
+            for name in ("a", "b"):
+                settings = {
+                    "service": {"node_id": f"node-{name}"},
+                    "alerts": {"url": url},
+                    "queue": {"lease_seconds": 2},
+                }
+                nodes.append(ServiceProcess(tmp_path / name, database_url, settings).start())
+            a, b = nodes
+            wait_for(lambda: len(b.status()["nodes"]) == 2)
+            a.kill()  # kill -9: no clean leave, its heartbeat just stops
+            wait_for(lambda: titled(rx.received, "node lost"), timeout=30)
+            (alert,) = titled(rx.received, "node lost")
+            assert "node-a" in alert["body"] and "node-b" in alert["headers"]["Title"]
+            assert alert["headers"]["Priority"] == "urgent"
+        finally:
+            for svc in nodes:
+                if svc.proc and svc.proc.poll() is None:
+                    svc.proc.kill()
+                    svc.proc.wait()

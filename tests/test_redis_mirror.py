@@ -1,0 +1,196 @@
+"""Job state mirrored into the Momentry system's Redis keys, on a real redis-server.
+
+Each test runs its own redis-server on a free loopback port, so stopping it for
+real disturbs nothing else on the machine.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import redis
+from conftest import wait_for
+
+from momentry_edge import config
+
+pytestmark = pytest.mark.skipif(not shutil.which("redis-server"), reason="needs redis-server")
+
+
+class PrivateRedis:
+    """redis-server on its own port, without persistence: a restart starts empty."""
+
+    def __init__(self, root: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.root = root
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> PrivateRedis:
+        self.root.mkdir(parents=True, exist_ok=True)
+        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        args += ["--appendonly", "no", "--dir", str(self.root)]
+        log = (self.root / "redis.log").open("ab")
+        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        wait_for(self._answers, timeout=20)
+        return self
+
+    def _answers(self) -> bool:
+        try:
+            return bool(self.client().ping())
+        except redis.ConnectionError:
+            return False
+
+    def stop(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(timeout=20)
+
+    def client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.url, decode_responses=True, socket_timeout=5)
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path):
+    server = PrivateRedis(tmp_path / "redis").start()
+    yield server
+    if server.proc.poll() is None:
+        server.stop()
+
+
+class Subscriber:
+    """Every message published on momentry:progress:*, read on a thread."""
+
+    def __init__(self, url: str) -> None:
+        # No socket timeout: a quiet channel is not an error.
+        self.pubsub = redis.Redis.from_url(url, decode_responses=True).pubsub()
+        self.pubsub.psubscribe("momentry:progress:*")
+        self.messages: list[tuple[str, dict]] = []
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            for message in self.pubsub.listen():
+                if message["type"] == "pmessage":
+                    self.messages.append((message["channel"], json.loads(message["data"])))
+        except (redis.ConnectionError, OSError, ValueError):
+            pass  # the server went away at the end of the test
+
+    def of(self, task: str) -> list[dict]:
+        return [data for channel, data in self.messages if channel == f"momentry:progress:{task}"]
+
+
+def mirrored(r: redis.Redis, task: str, status: str, processors: list[str]) -> bool:
+    """The job's hashes and sets say ``status``, as the job table does."""
+    job = r.hgetall(f"momentry:job:{task}")
+    if job.get("status") != status:
+        return False
+    sets = {
+        name
+        for name in ("active", "completed", "failed")
+        if r.sismember(f"momentry:jobs:{name}", task)
+    }
+    expected = {"processing": {"active"}, "completed": {"completed"}}[status]
+    runs = [r.hgetall(f"momentry:job:{task}:processor:{name}") for name in processors]
+    done = status != "completed" or all(run.get("status") == "completed" for run in runs)
+    return sets == expected and all(runs) and done
+
+
+def test_a_job_appears_in_the_seed_keys_and_publishes_its_progress(start_service, private_redis):
+    r = private_redis.client()
+    subscriber = Subscriber(private_redis.url)
+    svc = start_service(
+        service={"redis_url": private_redis.url},
+        **{"processors.steps": {"steps": 25, "step_seconds": 0.1}},
+    )
+    task = svc.submit("mirrored.mp4", ["steps", "noop"])["task_id"]
+
+    # While it runs: the job hash, its processor hash and the active set.
+    wait_for(lambda: mirrored(r, task, "processing", ["steps", "noop"]))
+    running = wait_for(
+        lambda: (
+            (h := r.hgetall(f"momentry:job:{task}:processor:steps")).get("status") == "running"
+            and h
+        )
+    )
+    assert running["name"] == "steps"
+    job = r.hgetall(f"momentry:job:{task}")
+    assert job["uuid"] == task and job["task_id"] == task
+    assert job["file_uuid"] == svc.job(task)["file_uuid"]
+    assert json.loads(job["processors"]) == ["steps", "noop"]
+
+    svc.wait_status(task, "completed")
+    wait_for(lambda: mirrored(r, task, "completed", ["steps", "noop"]))
+    job = r.hgetall(f"momentry:job:{task}")
+    assert job["progress"] == "100" and json.loads(job["completed"]) == ["steps", "noop"]
+    steps = r.hgetall(f"momentry:job:{task}:processor:steps")
+    assert steps["progress"] == "100" and steps["current"] == steps["total"] == "25"
+    assert steps["output_path"].endswith("steps.json")
+
+    # Progress on the job's channel, at most once a second although steps reported 25 times.
+    wait_for(lambda: any(m["status"] == "completed" for m in subscriber.of(task)))
+    messages = subscriber.of(task)
+    running = [m for m in messages if m["status"] == "processing"]
+    assert running and all(m["uuid"] == task for m in messages)
+    assert any(0 < m["progress"] < 100 for m in running), running
+    assert len(running) < 25
+    times = [datetime.fromisoformat(m["at"]) for m in running]
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(times)]
+    assert all(gap >= 0.9 for gap in gaps), gaps
+    assert messages[-1]["processors"]["steps"] == {"status": "completed", "progress": 100}
+
+
+def test_redis_stopped_mid_job_costs_the_job_nothing_and_the_mirror_catches_up(
+    start_service, private_redis
+):
+    svc = start_service(
+        service={"redis_url": private_redis.url},
+        **{"processors.steps": {"steps": 30, "step_seconds": 0.1}},
+    )
+    task = svc.submit("outage.mp4", ["steps"])["task_id"]
+    wait_for(lambda: mirrored(private_redis.client(), task, "processing", ["steps"]))
+
+    private_redis.stop()
+    done = svc.wait_status(task, "completed", "partial", "failed")
+    assert done["status"] == "completed" and done["retry_count"] == 0, done
+    assert done["processors"]["steps"]["attempts"] == 1
+    # A whole job while Redis is away: queued, run and finished with no mirror at all.
+    unseen = svc.submit("unseen.mp4", ["noop"])["task_id"]
+    svc.wait_status(unseen, "completed")
+
+    private_redis.start()  # empty: no persistence
+    r = private_redis.client()
+    wait_for(lambda: mirrored(r, task, "completed", ["steps"]), timeout=30)
+    wait_for(lambda: mirrored(r, unseen, "completed", ["noop"]), timeout=30)
+    assert r.smembers("momentry:jobs:active") == set()
+    assert r.smembers("momentry:jobs:completed") == {task, unseen}
+    assert "redis unreachable" in svc.log()
+
+
+def test_redis_url_comes_from_redis_url_and_a_bad_one_stops_the_service(tmp_path):
+    cfg = config.load(env={"MOMENTRY_DATA_DIR": str(tmp_path), "REDIS_URL": "redis://h:6379/2"})
+    assert cfg.service.redis_url == "redis://h:6379/2"
+    path = tmp_path / "momentry.toml"
+    path.write_text(f'[service]\ndata_dir = "{tmp_path / "data"}"\nport = 0\n', encoding="utf-8")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MOMENTRY_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "momentry_edge.cli", "--config", str(path), "run"],
+        env=clean | {"REDIS_URL": "http://not-redis:6379"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "service.redis_url" in done.stderr and "Traceback" not in done.stderr

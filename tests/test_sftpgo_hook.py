@@ -1,0 +1,103 @@
+"""SFTPGo's own upload notification at POST /api/v1/hooks/sftpgo, as SFTPGo sends it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from conftest import ServiceProcess
+
+
+def sftpgo_event(svc: ServiceProcess, path: str, virtual_path: str, **extra: Any) -> dict:
+    """The JSON body of SFTPGo's HTTP hook (docs/custom-actions.md, "Filesystem events")."""
+    size = Path(path).stat().st_size if Path(path).exists() else 0
+    return {
+        "action": "upload",
+        "username": "studio",
+        "path": path,
+        "virtual_path": virtual_path,
+        "file_size": size,
+        "elapsed": 1250,
+        "fs_provider": 0,
+        "status": 1,
+        "protocol": "SFTP",
+        "ip": "192.0.2.10",
+        "session_id": "a1b2c3d4e5f60718",
+        "timestamp": 1764563000123456789,
+        **extra,
+    }
+
+
+def hook(svc: ServiceProcess, body: dict, expect: int) -> dict:
+    return svc.call("POST", "/api/v1/hooks/sftpgo", expect=expect, json=body)
+
+
+def test_an_sftpgo_upload_registers_the_file_and_its_scan_runs(start_service) -> None:
+    svc = start_service(ingest={"processors": ["noop"]})
+    video = svc.add_video("clips/take 1.mp4")
+    reply = hook(svc, sftpgo_event(svc, str(video), "/clips/take 1.mp4"), expect=201)
+    assert reply["success"] is True and reply["state"] == "present" and reply["task_id"]
+    assert svc.wait_status(reply["task_id"], "completed")["file_uuid"] == reply["file_uuid"]
+    detail = svc.get(f"/api/v1/files/{reply['file_uuid']}")
+    assert detail["path"] == "clips/take 1.mp4" and detail["state"] == "present"
+    # SFTPGo sends its notification again (a retry): the same record and job.
+    again = hook(svc, sftpgo_event(svc, str(video), "/clips/take 1.mp4"), expect=200)
+    assert again["file_uuid"] == reply["file_uuid"] and again["task_id"] == reply["task_id"]
+
+    # SFTPGo sees the drop folder under another mount (a container): the user's
+    # home is the watched folder, so virtual_path finds the file.
+    other = svc.add_video("clips/take 2.mp4")
+    body = sftpgo_event(svc, "/srv/sftpgo/data/studio/clips/take 2.mp4", "/clips/take 2.mp4")
+    body["file_size"] = other.stat().st_size
+    moved = hook(svc, body, expect=201)
+    assert svc.get(f"/api/v1/files/{moved['file_uuid']}")["path"] == "clips/take 2.mp4"
+
+    # Other actions are acknowledged and change nothing.
+    download = hook(svc, sftpgo_event(svc, str(video), "/clips/take 1.mp4", action="download"), 200)
+    assert download == {"success": True, "ignored": True, "reason": "not an upload"}
+    assert svc.get("/api/v1/files")["total"] == 2
+
+
+def test_an_upload_sftpgo_reports_as_failed_is_rejected_and_never_processed(start_service) -> None:
+    svc = start_service(ingest={"processors": ["noop"], "settle_seconds": 0.5})
+    video = svc.add_video("broken.mp4")
+    reply = hook(svc, sftpgo_event(svc, str(video), "/broken.mp4", status=2), expect=201)
+    assert reply["state"] == "rejected" and reply["task_id"] is None
+    assert "upload" in reply["reason"]
+    # The watcher sees the same file settle, and a rescan runs: the verdict stands.
+    svc.call("POST", "/api/v1/files/rescan")
+    detail = svc.get(f"/api/v1/files/{reply['file_uuid']}")
+    assert detail["state"] == "rejected" and detail["jobs"] == []
+    assert svc.get("/api/v1/jobs")["total"] == 0
+
+    # Over quota: SFTPGo removed the partial file itself; nothing to record.
+    gone = str(svc.drop / "too big.mp4")
+    quota = hook(svc, sftpgo_event(svc, gone, "/too big.mp4", status=3), expect=200)
+    assert quota["ignored"] is True
+    assert svc.get("/api/v1/files")["total"] == 1
+
+
+def test_a_path_outside_the_watched_folders_is_refused(start_service, tmp_path) -> None:
+    # The watcher would take inside.mp4 once settled; this test is about the hook alone.
+    svc = start_service(ingest={"processors": ["noop"], "settle_seconds": 600})
+    outside = tmp_path / "elsewhere.mp4"
+    outside.write_bytes((svc.add_video("inside.mp4")).read_bytes())
+    for path, virtual in (
+        (str(outside), "/../../elsewhere.mp4"),
+        (str(outside), "/../elsewhere.mp4"),
+        ("/etc/passwd", ""),
+    ):
+        reply = svc.client.post("/api/v1/hooks/sftpgo", json=sftpgo_event(svc, path, virtual))
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert error["code"] == "bad_request" and "not inside a watched folder" in error["message"]
+    for body, words in (
+        ({"username": "studio", "path": str(outside)}, "action is required"),
+        ({"action": "upload", "path": str(outside)}, "status must be an integer"),
+        ({"action": "upload", "status": 1}, "path or virtual_path is required"),
+        ({"action": "upload", "status": 1, "path": "relative.mp4"}, "full filesystem path"),
+    ):
+        reply = svc.client.post("/api/v1/hooks/sftpgo", json=body)
+        assert reply.status_code == 400 and words in reply.json()["error"]["message"], reply.text
+    assert svc.get("/api/v1/files")["total"] == 0
+    assert svc.status()["pending_count"] == 0

@@ -80,6 +80,9 @@ def spec(data_dir: Path, config: str | None = None, env: Mapping[str, str] | Non
 
 def executable() -> list[str]:
     """The absolute path of the momentry-edge now running (not resolved: keep the venv's)."""
+    launcher = os.environ.get("MOMENTRY_EDGE_EXECUTABLE")
+    if launcher and os.path.isfile(launcher):
+        return [launcher]  # the one-file build, not the cache folder it unpacked itself into
     argv0 = Path(sys.argv[0])
     if argv0.name == "momentry-edge":
         return [os.path.abspath(argv0)]

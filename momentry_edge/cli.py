@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from . import __version__
 from . import config as config_module
 from .client import ApiClient, ApiError, ServiceUnreachable, default_url
 from .models import SOURCE_KINDS
@@ -276,11 +277,23 @@ def _service_url(value: str) -> str:
     return value
 
 
+def version_text() -> str:
+    """What this momentry-edge is: its version, the Python it runs on, how it was built."""
+    import platform
+
+    build = "one-file build" if getattr(sys, "frozen", False) else "from source"
+    return (
+        f"momentry-edge {__version__} ({build}; Python {platform.python_version()},"
+        f" {platform.system().lower()} {platform.machine()})"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="momentry-edge", description=__doc__)
     parser.add_argument(
         "--config", help="path to momentry.toml (default: MOMENTRY_CONFIG or the data dir)"
     )
+    parser.add_argument("--version", action="version", version=version_text())
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run the service: watcher, queue workers and HTTP API")
     run.add_argument(

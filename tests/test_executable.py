@@ -1,0 +1,134 @@
+"""The one-file executable (scripts/build), run as an operator would: copied into an empty
+folder, started with a clean environment, fed a real video through its drop folder."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import wait_for
+from media_factory import make_video
+from test_asr import MODEL, SENTENCE, SPEECH_AT, speak
+
+from momentry_edge import __version__
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_SCAN = ["asr", "cut", "yolo", "ocr", "face", "pose"]
+
+
+@pytest.fixture(scope="session")
+def executable(tmp_path_factory) -> Path:
+    """dist/momentry-edge, built now unless it is up to date, copied into an empty folder."""
+    build = subprocess.run(
+        [str(ROOT / "scripts" / "build")], capture_output=True, text=True, timeout=3600
+    )
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    folder = tmp_path_factory.mktemp("operator")
+    copy = folder / "momentry-edge"
+    shutil.copy2(ROOT / "dist" / "momentry-edge", copy)
+    return copy
+
+
+def clean_env(home: Path) -> dict[str, str]:
+    """What a fresh login on the target has: no virtualenv, no Python on purpose, no settings."""
+    return {"HOME": str(home), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+
+def test_version_says_what_it_is(executable, tmp_path):
+    reply = subprocess.run(
+        [str(executable), "--version"],
+        env=clean_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert reply.returncode == 0, reply.stderr
+    assert reply.stdout.startswith(f"momentry-edge {__version__}")
+    assert "one-file build" in reply.stdout
+
+
+def test_the_executable_runs_a_default_scan_of_a_dropped_video(executable, models_dir, tmp_path):
+    home, drop, data = tmp_path / "home", tmp_path / "drop", tmp_path / "data"
+    for folder in (home, drop, data / "models"):
+        folder.mkdir(parents=True)
+    # Models come the way an operator's first `models pull` leaves them (no hub here).
+    for model in (MODEL, "yolov8n"):
+        shutil.copytree(models_dir / model, data / "models" / model)
+    config = executable.parent / "momentry.toml"
+    config.write_text(
+        f'[service]\ndata_dir = "{data}"\nwatch = ["{drop}"]\nport = 0\n'
+        f"[ingest]\nsettle_seconds = 1\nprocessors = {json.dumps(DEFAULT_SCAN)}\n"
+        f'[processors.asr]\nmodel = "{MODEL}"\n',
+        encoding="utf-8",
+    )
+    log = (tmp_path / "service.log").open("wb")
+    proc = subprocess.Popen(
+        [str(executable), "--config", str(config), "run"],
+        env=clean_env(home),
+        cwd=executable.parent,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        run_file = data / "run.json"
+        url = wait_for(lambda: _run_url(run_file, proc), timeout=600)
+        with httpx.Client(base_url=url, timeout=30) as api:
+            assert api.get("/healthz").json() == {"status": "ok", "version": __version__}
+            ready = api.get("/api/v1/processors").json()["processors"]
+            assert all(ready[name]["ready"] for name in DEFAULT_SCAN), ready
+
+            wav = speak(SENTENCE, tmp_path / "sentence.wav")
+            clip = make_video(
+                tmp_path / "meeting.mp4", speech_wav=wav, speech_start=SPEECH_AT, size=(160, 120)
+            )
+            shutil.copy(clip, drop / "weekly meeting.mp4")
+
+            def finished() -> dict | None:
+                found = api.get("/api/v1/jobs").json()["jobs"]
+                if found and found[0]["status"] in ("completed", "partial", "failed"):
+                    return found[0]
+                return None
+
+            job = wait_for(finished, timeout=600, interval=0.5)
+            detail = api.get(f"/api/v1/jobs/{job['task_id']}").json()
+            assert job["status"] == "completed", json.dumps(detail["processors"], indent=1)
+            results = {
+                name: api.get(f"/api/v1/files/{job['file_uuid']}/results/{name}").json()
+                for name in DEFAULT_SCAN
+            }
+    finally:
+        proc.terminate()
+        code = proc.wait(timeout=60)
+    assert code == 0, (tmp_path / "service.log").read_text(errors="replace")[-4000:]
+    assert {doc["status"] for doc in results.values()} == {"completed"}
+    assert "weekly meeting" in results["asr"]["result"]["text"].lower()
+    assert results["cut"]["result"]["cuts"] == pytest.approx([5.0, 10.0, 15.0], abs=0.04)
+    # It ran from the copy alone: unpacked once into the fresh HOME's cache.
+    assert any((home / ".cache" / "momentry-edge").iterdir())
+
+
+def _run_url(run_file: Path, proc: subprocess.Popen) -> str | None:
+    if proc.poll() is not None:
+        raise AssertionError(f"the executable exited with {proc.returncode}")
+    try:
+        info = json.loads(run_file.read_text())
+    except (OSError, ValueError):
+        return None
+    return info["url"] if info["pid"] == proc.pid else None  # the launcher execs the program
+
+
+def test_the_login_item_starts_the_copied_file_not_its_unpacked_folder(executable, tmp_path):
+    rendered = subprocess.run(
+        [str(executable), "service", "render", "--platform", "macos"],
+        env=clean_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert rendered.returncode == 0, rendered.stderr
+    assert f"<string>{executable}</string>" in rendered.stdout
+    assert ".cache" not in rendered.stdout

@@ -31,7 +31,7 @@ from momentry_edge import backup, db
 from momentry_edge import config as config_module
 from momentry_edge.db import Job, MediaFile, ProcessorRun
 
-BATCH = 2000
+BATCH = 1000  # PostgreSQL takes at most 65,535 parameters a statement
 PROCESSORS = ["asr", "cut", "yolo"]
 
 

@@ -307,10 +307,16 @@ def refuse_if_running(cfg: Config) -> None:
             "(Ctrl-C or kill -TERM; `momentry-edge service uninstall` when it starts at login)"
         )
     target = sqlite_path(cfg)
-    if target is not None and target.is_file():
+    if target is None:
+        _refuse_if_nodes(cfg)
+    elif target.is_file():
         conn = sqlite3.connect(target, timeout=0)
         try:
-            conn.execute("BEGIN IMMEDIATE")  # fails at once while another process writes
+            # Every connection to a WAL database holds a shared lock on the file while it is
+            # open, so an exclusive one is refused while any other process has it open.
+            conn.execute("PRAGMA locking_mode = EXCLUSIVE")
+            conn.execute("BEGIN EXCLUSIVE")
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
         except sqlite3.OperationalError as exc:
             if "locked" in str(exc) or "busy" in str(exc):
                 raise BackupError(f"{target} is in use by another process; stop it first") from None
@@ -318,6 +324,22 @@ def refuse_if_running(cfg: Config) -> None:
             pass  # damaged: nobody can be using it, and restoring is the point
         finally:
             conn.close()
+
+
+def _refuse_if_nodes(cfg: Config) -> None:
+    """A shared PostgreSQL queue: refuse while any node's heartbeat is recent."""
+    import psycopg
+
+    within = time.time() - 2 * cfg.queue.lease_seconds
+    with psycopg.connect(cfg.service.database_url, autocommit=True) as conn:
+        if not conn.execute("SELECT to_regclass('public.node') IS NOT NULL").fetchone()[0]:
+            return
+        rows = conn.execute(
+            "SELECT node_id, host, pid FROM node WHERE last_seen > %s", (within,)
+        ).fetchall()
+    if rows:
+        nodes = ", ".join(f"{node} (pid {pid} on {host})" for node, host, pid in rows)
+        raise BackupError(f"service nodes are working on this database: {nodes}; stop them first")
 
 
 def _restore_sqlite(copy: Path, target: Path, stamp: str) -> str | None:
@@ -418,7 +440,11 @@ def connect_checked(cfg: Config) -> pw.Database:
 
 
 def check(path: Path, cfg: Config) -> None:
-    """``PRAGMA quick_check`` on the SQLite file: a few hundred ms on 100,000 jobs."""
+    """The header, then ``PRAGMA quick_check`` on the SQLite file.
+
+    quick_check reads every page but skips matching indexes to rows: under a second on
+    100,000 jobs (130 MB), where integrity_check takes several.
+    """
     try:
         with path.open("rb") as f:
             header = f.read(len(SQLITE_HEADER))

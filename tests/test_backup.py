@@ -92,6 +92,26 @@ def test_restore_refuses_while_the_service_runs(start_service, database_url, tmp
     assert not list(svc.data_dir.glob("*before-restore*"))
 
 
+def test_restore_refuses_while_another_data_dir_s_service_uses_the_database(
+    start_service, database_url, tmp_path
+):
+    if database_url and not _has("pg_dump"):
+        pytest.skip("pg_dump is not installed")
+    svc = start_service()
+    submitted = submit_steps(svc, 1)
+    momentry(svc, "backup", str(tmp_path / "backup"))
+    # Another machine's config for a shared PostgreSQL queue; for SQLite, a second config
+    # naming the same file. Neither has the running service's run.json.
+    shared = database_url or f"sqlite:///{svc.data_dir / 'momentry.db'}"
+    other = ServiceProcess(tmp_path / "other", shared, {})
+
+    refused = momentry(other, "restore", str(tmp_path / "backup"), expect=2)
+
+    assert "stop" in refused.stderr
+    assert ("nodes are working" if database_url else "in use by another process") in refused.stderr
+    assert task_ids(svc) == submitted
+
+
 @pytest.mark.parametrize("damage", ["middle", "header"])
 def test_a_damaged_database_stops_the_start_with_the_restore_command(
     start_service, database_url, damage

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import shutil
 import sqlite3
 import subprocess
@@ -466,12 +467,12 @@ def check(path: Path, cfg: Config) -> None:
 
 
 def damaged(path: Path, detail: str, cfg: Config) -> DatabaseDamaged:
-    config = f" --config {cfg.source}" if cfg.source else ""
+    config = f" --config {shlex.quote(str(cfg.source))}" if cfg.source else ""
     newest = latest(cfg.data_dir)
     if newest is not None:
         hint = (
             f"Restore the newest backup (the damaged file is kept, renamed):\n"
-            f"  momentry-edge{config} restore {newest}"
+            f"  momentry-edge{config} restore {shlex.quote(str(newest))}"
         )
     else:
         hint = (

@@ -2,10 +2,10 @@
 
 ``spec()`` gathers this machine's facts (the momentry-edge executable, the config
 file, the data dir, PATH); ``render()`` turns them into the plist (from the template
-in momentry_edge/launchd/) or the unit; ``install()``, ``uninstall()`` and ``status()`` write the
-file and ask the service manager. A machine where neither manager is usable (a
-container, CI, an SSH session without a systemd user manager) gets a plain answer
-with exit code NO_MANAGER, never a traceback.
+in launchd/, which the package carries through a link) or the unit; ``install()``,
+``uninstall()`` and ``status()`` write the file and ask the service manager. A machine
+where neither manager is usable (a container, CI, an SSH session without a systemd user
+manager) gets a plain answer with exit code NO_MANAGER, never a traceback.
 """
 
 from __future__ import annotations

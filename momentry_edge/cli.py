@@ -123,6 +123,49 @@ def cmd_service(cfg: config_module.Config, args: argparse.Namespace) -> int:
     return report.code
 
 
+def cmd_backup(cfg: config_module.Config, args: argparse.Namespace) -> int:
+    from . import backup
+
+    try:
+        made = backup.take(cfg, Path(args.dest) if args.dest else None, results=args.results)
+    except backup.BackupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        print(json.dumps(made.as_dict(), indent=2))
+        return EXIT_OK
+    jobs = f", {made.jobs} jobs" if made.jobs is not None else ""
+    held = [f"{made.database} database ({made.size / 1e6:.1f} MB{jobs})"]
+    if made.settings:
+        held.append("settings")
+    if made.results:
+        held.append("results")
+    print(f"backup written to {made.path}: {', '.join(held)}, in {made.seconds:.1f} s")
+    return EXIT_OK
+
+
+def cmd_restore(cfg: config_module.Config, args: argparse.Namespace) -> int:
+    from . import backup
+
+    try:
+        done = backup.restore(cfg, Path(args.src))
+    except backup.BackupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        print(json.dumps(done.as_dict(), indent=2))
+        return EXIT_OK
+    jobs = f" ({done.jobs} jobs)" if done.jobs is not None else ""
+    print(f"restored {args.src} into {done.database}{jobs}")
+    if done.aside:
+        print(f"the database it replaced is kept as {done.aside}")
+    if done.results_aside:
+        print(f"results restored; the previous results are kept as {done.results_aside}")
+    if done.settings:
+        print(f"the backup's settings are in {done.settings} (your settings file is unchanged)")
+    return EXIT_OK
+
+
 # -- rendering ------------------------------------------------------------------------------------
 
 
@@ -377,6 +420,28 @@ def build_parser() -> argparse.ArgumentParser:
         "render", parents=[config_only], help="print the file install would write"
     )
     render.add_argument("--platform", choices=("macos", "linux"), help="default: this machine")
+
+    sub = commands.add_parser(
+        "backup",
+        parents=[config_only],
+        help="copy the queue database (while the service runs) and the settings",
+        description="Copy the queue database (while the service runs) and the settings "
+        "into DEST (default: <data_dir>/backups/<UTC time>/).",
+    )
+    sub.set_defaults(local="backup")
+    sub.add_argument("dest", metavar="DEST", nargs="?", help="a new or empty folder")
+    sub.add_argument("--results", action="store_true", help="copy the results folder too")
+    sub.add_argument("--json", action="store_true", help="print JSON")
+    sub = commands.add_parser(
+        "restore",
+        parents=[config_only],
+        help="put a backup in place of the queue database (service stopped)",
+        description="Put a backup in place of the queue database, with the service stopped. "
+        "The backup is checked first; the database it replaces is renamed, not deleted.",
+    )
+    sub.set_defaults(local="restore")
+    sub.add_argument("src", metavar="SRC", help="a backup folder (or its database file)")
+    sub.add_argument("--json", action="store_true", help="print JSON")
     return parser
 
 
@@ -387,16 +452,26 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "local", None):
             from . import doctor, models  # imported here: client commands start quickly
 
-            local = {"models": models.command, "doctor": doctor.command, "service": cmd_service}
+            local = {
+                "models": models.command,
+                "doctor": doctor.command,
+                "service": cmd_service,
+                "backup": cmd_backup,
+                "restore": cmd_restore,
+            }
             return local[args.local](cfg, args)
         if args.command == "run":
             # Imported here: the service pulls in media and database code that client
             # commands do not need, and they should start quickly.
-            from . import service
+            from . import backup, service
 
             if args.log_level:
                 cfg = replace(cfg, service=replace(cfg.service, log_level=args.log_level))
-            return service.run(cfg)
+            try:
+                return service.run(cfg)
+            except backup.DatabaseDamaged as exc:
+                print(f"momentry-edge: {exc}", file=sys.stderr)
+                return EXIT_USAGE
         token = cfg.service.token if args.token is None else args.token
         with ApiClient(args.url or default_url(cfg), token) as api:
             return args.handler(api, args)

@@ -57,6 +57,10 @@ class ServiceConfig:
     retention_days: float = _setting(30.0, minimum=0)
     # Names this process in a shared queue; empty = the host name.
     node_id: str = _setting("", env="MOMENTRY_NODE_ID")
+    # Seconds between automatic backups into <data_dir>/backups; 0 = none.
+    backup_interval: float = _setting(0.0, minimum=0)
+    # Automatic backups kept; older ones are removed (backups taken by hand stay).
+    backup_keep: int = _setting(7, minimum=1)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ def test_a_wheel_carries_the_model_catalog_and_the_launch_agent_template(tmp_pat
     (wheel,) = tmp_path.glob("momentry_edge-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         catalog = archive.read("momentry_edge/catalog.toml").decode()
-        names = archive.namelist()
+        template = archive.read("momentry_edge/launchd/com.momentry.edge.plist.template")
     assert catalog == (ROOT / "models" / "catalog.toml").read_text()
-    assert "momentry_edge/launchd/com.momentry.edge.plist.template" in names
+    # The LaunchAgent template lives in the top-level launchd/ folder, beside its README.
+    assert template == (ROOT / "launchd" / "com.momentry.edge.plist.template").read_bytes()

@@ -1,0 +1,501 @@
+"""Backups of the queue database, restore, and the database check at start-up.
+
+A backup is a folder (``<data_dir>/backups/<UTC time>/`` unless given) holding
+``momentry.db`` (SQLite, copied with SQLite's online backup API while the service
+runs) or ``momentry.pgdump`` (PostgreSQL, ``pg_dump`` custom format), the settings
+file in use (``momentry.toml``), ``results/`` when asked, and ``manifest.json``,
+written last: a folder without it is not a backup. A folder rather than a .tar.gz:
+the copy is written straight into it with no second pass to pack it, restore checks
+the database where it lies, and rsync or Time Machine copy only what changed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import shutil
+import sqlite3
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse, urlunparse
+
+import peewee as pw
+import psutil
+
+from . import __version__, db
+from .config import Config
+
+log = logging.getLogger(__name__)
+
+SQLITE_NAME, DUMP_NAME, MANIFEST = "momentry.db", "momentry.pgdump", "manifest.json"
+SETTINGS_NAME = "momentry.toml"
+SQLITE_HEADER = b"SQLite format 3\x00"
+# Pages copied per backup step (4 MiB at SQLite's default page size).
+STEP_PAGES = 1024
+
+
+class BackupError(Exception):
+    """A backup or restore that cannot be done; the message says why and what to do."""
+
+
+class DatabaseDamaged(Exception):
+    """The queue database failed its check; the message names the file and the restore."""
+
+
+@dataclass(frozen=True)
+class Backup:
+    path: Path
+    database: str  # "sqlite" or "postgresql"
+    size: int  # bytes of the database copy
+    jobs: int | None  # jobs in the copy (SQLite; a dump is not opened)
+    settings: bool
+    results: bool
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "path": str(self.path)}
+
+
+@dataclass(frozen=True)
+class Restored:
+    database: str  # what was restored into: the SQLite file or the PostgreSQL database
+    aside: str | None  # where the database it replaced was put
+    jobs: int | None
+    results_aside: str | None
+    settings: str | None  # the backup's settings file, left for the user to compare
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def backups_dir(data_dir: Path) -> Path:
+    return data_dir / "backups"
+
+
+# -- backup ---------------------------------------------------------------------------------------
+
+
+def take(
+    cfg: Config, dest: Path | None = None, *, results: bool = False, scheduled: bool = False
+) -> Backup:
+    """Copy the database (consistently, while the service runs), the settings, and results."""
+    started = time.monotonic()
+    folder = dest.expanduser().absolute() if dest else _new_folder(backups_dir(cfg.data_dir))
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise BackupError(f"{folder} exists and is not an empty folder; give a new one")
+    work = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(work, ignore_errors=True)  # what an interrupted backup left
+    work.mkdir(parents=True)
+    try:
+        sqlite_file = sqlite_path(cfg)
+        if sqlite_file is None:
+            kind, copy, jobs = "postgresql", work / DUMP_NAME, None
+            _dump_postgres(cfg.service.database_url, copy)
+        else:
+            kind, copy = "sqlite", work / SQLITE_NAME
+            jobs = _copy_sqlite(sqlite_file, copy)
+        if cfg.source is not None:
+            shutil.copy2(cfg.source, work / SETTINGS_NAME)
+        if results and (cfg.data_dir / "results").is_dir():
+            # Result files are written to a temp name and renamed, so each copy is whole.
+            shutil.copytree(cfg.data_dir / "results", work / "results", symlinks=True)
+        backup = Backup(
+            path=folder,
+            database=kind,
+            size=copy.stat().st_size,
+            jobs=jobs,
+            settings=cfg.source is not None,
+            results=(work / "results").is_dir(),
+            seconds=round(time.monotonic() - started, 3),
+        )
+        manifest = {
+            **backup.as_dict(),
+            "created_at": time.time(),
+            "version": __version__,
+            "scheduled": scheduled,
+        }
+        (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        if folder.exists():
+            folder.rmdir()  # the empty folder the user named
+        work.rename(folder)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return backup
+
+
+def scheduled(cfg: Config) -> Backup | None:
+    """The periodic backup: take one, then keep only the newest ``backup_keep`` scheduled ones."""
+    try:
+        backup = take(cfg, scheduled=True)
+    except BackupError as exc:
+        log.warning("scheduled backup skipped: %s", exc)
+        return None
+    removed = prune(backups_dir(cfg.data_dir), cfg.service.backup_keep)
+    log.info(
+        "backup written to %s (%d bytes, %.1f s)%s",
+        backup.path,
+        backup.size,
+        backup.seconds,
+        f"; removed {len(removed)} older" if removed else "",
+    )
+    return backup
+
+
+def prune(folder: Path, keep: int) -> list[Path]:
+    """Remove scheduled backups beyond the newest ``keep``; backups taken by hand stay."""
+    ours = [(m, p) for p, m in _complete(folder) if m.get("scheduled")]
+    ours.sort(key=lambda item: (item[0].get("created_at", 0), item[1].name))
+    old = [path for _, path in ours[: max(0, len(ours) - keep)]]
+    for path in old:
+        shutil.rmtree(path, ignore_errors=True)
+    return old
+
+
+def latest(data_dir: Path) -> Path | None:
+    """The newest complete backup in the data dir's backups folder."""
+    found = sorted(_complete(backups_dir(data_dir)), key=lambda i: i[1].get("created_at", 0))
+    return found[-1][0] if found else None
+
+
+def _complete(folder: Path) -> list[tuple[Path, dict[str, Any]]]:
+    found = []
+    for path in folder.glob("*/" + MANIFEST) if folder.is_dir() else []:
+        try:
+            found.append((path.parent, json.loads(path.read_text(encoding="utf-8"))))
+        except (OSError, ValueError):
+            continue  # not one of ours, or half-written by hand: never removed
+    return found
+
+
+def _new_folder(parent: Path) -> Path:
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    folder, n = parent / stamp, 1
+    while folder.exists() or folder.with_name(folder.name + ".partial").exists():
+        n += 1
+        folder = parent / f"{stamp}-{n}"
+    return folder
+
+
+def sqlite_path(cfg: Config) -> Path | None:
+    """The SQLite file the service uses, or None on PostgreSQL."""
+    database = db.open_database(cfg.service.database_url, cfg.data_dir)
+    return Path(database.database) if isinstance(database, pw.SqliteDatabase) else None
+
+
+def _copy_sqlite(source: Path, target: Path) -> int | None:
+    if not source.is_file():
+        raise BackupError(f"there is no database at {source} yet")
+    src = sqlite3.connect(source, timeout=15)
+    try:
+        # One read transaction across every step: each step copies from the same
+        # snapshot, so the copy is consistent and writes made meanwhile do not restart
+        # it. In WAL mode the service's writers never wait for this reader.
+        src.execute("BEGIN")
+        src.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        dst = sqlite3.connect(target)
+        try:
+            src.backup(dst, pages=STEP_PAGES)
+            problems = _problems(dst, "quick_check")
+            if problems:
+                raise BackupError(f"the copy of {source} fails its check: {problems}")
+            return _job_count(dst)
+        finally:
+            dst.close()
+    except sqlite3.DatabaseError as exc:
+        raise BackupError(f"cannot copy {source}: {exc}") from None
+    finally:
+        src.close()
+
+
+def _pg_command(tool: str, url: str) -> tuple[list[str], dict[str, str]]:
+    """The tool's path and a URL without its password (passed in the environment instead)."""
+    path = shutil.which(tool)
+    if path is None:
+        raise BackupError(
+            f"{tool} is not installed; PostgreSQL backups need PostgreSQL's client tools "
+            "(Debian: apt install postgresql-client; macOS: brew install libpq) "
+            "matching the server's major version"
+        )
+    parts = urlparse(url)
+    env = dict(os.environ)
+    if parts.password:
+        env["PGPASSWORD"] = unquote(parts.password)
+        netloc = parts.netloc.replace(f":{parts.password}@", "@", 1)
+        url = urlunparse(parts._replace(netloc=netloc))
+    return [path, "--dbname", url], env
+
+
+def _dump_postgres(url: str, target: Path) -> None:
+    command, env = _pg_command("pg_dump", url)
+    # pg_dump reads in one repeatable-read snapshot; writers go on meanwhile.
+    command += ["--format=custom", "--no-owner", "--file", str(target)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise BackupError(f"pg_dump failed: {done.stderr.strip()}")
+
+
+# -- restore --------------------------------------------------------------------------------------
+
+
+def restore(cfg: Config, source: Path) -> Restored:
+    """Put a backup in place of the database, with the service stopped.
+
+    The backup is checked before anything is touched; the database it replaces is
+    renamed, never deleted.
+    """
+    source = source.expanduser().absolute()
+    folder = source if source.is_dir() else source.parent
+    copy = _backup_file(source)
+    refuse_if_running(cfg)
+    target = sqlite_path(cfg)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    if target is not None:
+        if copy.name.endswith(".pgdump"):
+            raise BackupError(f"{copy} is a PostgreSQL dump; this service uses SQLite ({target})")
+        aside = _restore_sqlite(copy, target, stamp)
+        jobs, where = _count_jobs(target), str(target)
+    else:
+        if not copy.name.endswith(".pgdump"):
+            raise BackupError(f"{copy} is a SQLite database; this service uses PostgreSQL")
+        aside, jobs = _restore_postgres(copy, cfg.service.database_url, stamp)
+        where = _safe_url(cfg.service.database_url)
+    results_aside = None
+    if source.is_dir() and (folder / "results").is_dir():
+        current = cfg.data_dir / "results"
+        if current.exists():
+            results_aside = str(
+                current.rename(current.with_name(f"results.before-restore-{stamp}"))
+            )
+        shutil.copytree(folder / "results", current, symlinks=True)
+    settings = folder / SETTINGS_NAME
+    return Restored(
+        database=where,
+        aside=aside,
+        jobs=jobs,
+        results_aside=results_aside,
+        settings=str(settings) if source.is_dir() and settings.is_file() else None,
+    )
+
+
+def _backup_file(source: Path) -> Path:
+    if source.is_dir():
+        for name in (SQLITE_NAME, DUMP_NAME):
+            if (source / name).is_file():
+                return source / name
+        raise BackupError(f"{source} holds no backup ({SQLITE_NAME} or {DUMP_NAME})")
+    if source.is_file():
+        return source
+    raise BackupError(f"{source} does not exist")
+
+
+def refuse_if_running(cfg: Config) -> None:
+    """Raise BackupError while a service uses this data dir or database."""
+    run_file = cfg.data_dir / "run.json"
+    try:
+        info = json.loads(run_file.read_text(encoding="utf-8"))
+        pid = int(info["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pid = 0  # no run file: stopped cleanly (or never started)
+    if pid and pid != os.getpid() and psutil.pid_exists(pid):
+        raise BackupError(
+            f"the service is running (pid {pid}, {info.get('url', '')}); stop it first "
+            "(Ctrl-C or kill -TERM; `momentry-edge service uninstall` when it starts at login)"
+        )
+    target = sqlite_path(cfg)
+    if target is None:
+        _refuse_if_nodes(cfg)
+    elif target.is_file():
+        conn = sqlite3.connect(target, timeout=0)
+        try:
+            # Every connection to a WAL database holds a shared lock on the file while it is
+            # open, so an exclusive one is refused while any other process has it open.
+            conn.execute("PRAGMA locking_mode = EXCLUSIVE")
+            conn.execute("BEGIN EXCLUSIVE")
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise BackupError(f"{target} is in use by another process; stop it first") from None
+        except sqlite3.DatabaseError:
+            pass  # damaged: nobody can be using it, and restoring is the point
+        finally:
+            conn.close()
+
+
+def _refuse_if_nodes(cfg: Config) -> None:
+    """A shared PostgreSQL queue: refuse while any node's heartbeat is recent."""
+    import psycopg
+
+    within = time.time() - 2 * cfg.queue.lease_seconds
+    with psycopg.connect(cfg.service.database_url, autocommit=True) as conn:
+        if not conn.execute("SELECT to_regclass('public.node') IS NOT NULL").fetchone()[0]:
+            return
+        rows = conn.execute(
+            "SELECT node_id, host, pid FROM node WHERE last_seen > %s", (within,)
+        ).fetchall()
+    if rows:
+        nodes = ", ".join(f"{node} (pid {pid} on {host})" for node, host, pid in rows)
+        raise BackupError(f"service nodes are working on this database: {nodes}; stop them first")
+
+
+def _restore_sqlite(copy: Path, target: Path, stamp: str) -> str | None:
+    staging = target.with_name(target.name + ".restoring")
+    _remove_sqlite(staging)
+    shutil.copyfile(copy, staging)
+    try:
+        conn = sqlite3.connect(staging)
+        try:
+            problems = _problems(conn, "integrity_check")
+            if not problems and _job_count(conn) is None:
+                problems = "it has no job table"
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        problems = str(exc)
+    if problems:
+        _remove_sqlite(staging)
+        raise BackupError(f"{copy} is not a usable backup ({problems}); nothing was changed")
+    aside = None
+    if target.exists():
+        aside = target.with_name(f"{target.name}.before-restore-{stamp}")
+        # The -wal file belongs to the old database: left in place it would be replayed
+        # into the restored one.
+        for suffix in ("", "-wal", "-shm"):
+            old = Path(f"{target}{suffix}")
+            if old.exists():
+                old.rename(f"{aside}{suffix}")
+    staging.rename(target)
+    return str(aside) if aside else None
+
+
+def _remove_sqlite(path: Path) -> None:
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+
+def _count_jobs(path: Path) -> int | None:
+    conn = sqlite3.connect(path)
+    try:
+        return _job_count(conn)
+    finally:
+        conn.close()
+
+
+def _restore_postgres(dump: Path, url: str, stamp: str) -> tuple[str | None, int | None]:
+    import psycopg  # only restore into PostgreSQL needs it directly
+
+    listed, env = _pg_command("pg_restore", url)
+    check = subprocess.run([listed[0], "--list", str(dump)], capture_output=True, text=True)
+    if check.returncode != 0:
+        raise BackupError(f"{dump} is not a usable dump ({check.stderr.strip()}); nothing changed")
+    aside = f"momentry_before_restore_{stamp.lower()}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        had_tables = conn.execute("SELECT to_regclass('public.job') IS NOT NULL").fetchone()[0]
+        if had_tables:
+            # The current tables are kept, schema and all, under another name.
+            with conn.transaction():
+                conn.execute(f"ALTER SCHEMA public RENAME TO {aside}")
+                conn.execute("CREATE SCHEMA public")
+        command = [*listed, "--no-owner", "--exit-on-error", "--single-transaction", str(dump)]
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            if had_tables:
+                with conn.transaction():
+                    conn.execute("DROP SCHEMA public CASCADE")
+                    conn.execute(f"ALTER SCHEMA {aside} RENAME TO public")
+            raise BackupError(f"pg_restore failed, nothing changed: {done.stderr.strip()}")
+        jobs = conn.execute("SELECT count(*) FROM job").fetchone()[0]
+    return (f"schema {aside}" if had_tables else None), jobs
+
+
+def _safe_url(url: str) -> str:
+    parts = urlparse(url)
+    if parts.password:
+        return urlunparse(parts._replace(netloc=parts.netloc.replace(parts.password, "***", 1)))
+    return url
+
+
+# -- the check at start-up ------------------------------------------------------------------------
+
+
+def connect_checked(cfg: Config) -> pw.Database:
+    """Check the SQLite file, then open and migrate the database, as db.connect does.
+
+    A damaged file raises DatabaseDamaged (never a traceback or a half-started
+    service), whether the check finds it or SQLite says so while migrating.
+    """
+    path = sqlite_path(cfg)
+    if path is not None:
+        check(path, cfg)
+    try:
+        return db.connect(cfg.service.database_url, cfg.data_dir)
+    except (sqlite3.DatabaseError, pw.DatabaseError) as exc:
+        if path is not None and _is_damage(exc):
+            raise damaged(path, str(exc), cfg) from None
+        raise
+
+
+def check(path: Path, cfg: Config) -> None:
+    """The header, then ``PRAGMA quick_check`` on the SQLite file.
+
+    quick_check reads every page but skips matching indexes to rows: under a second on
+    100,000 jobs (130 MB), where integrity_check takes several.
+    """
+    try:
+        with path.open("rb") as f:
+            header = f.read(len(SQLITE_HEADER))
+    except FileNotFoundError:
+        return  # a new service: connect makes it
+    if header and header != SQLITE_HEADER:
+        raise damaged(path, "its header is not SQLite's", cfg)
+    conn = sqlite3.connect(path, timeout=15)
+    try:
+        problems = _problems(conn, "quick_check")
+    except sqlite3.DatabaseError as exc:
+        if not _is_damage(exc):
+            raise
+        problems = str(exc)
+    finally:
+        conn.close()
+    if problems:
+        raise damaged(path, problems, cfg)
+
+
+def damaged(path: Path, detail: str, cfg: Config) -> DatabaseDamaged:
+    config = f" --config {shlex.quote(str(cfg.source))}" if cfg.source else ""
+    newest = latest(cfg.data_dir)
+    if newest is not None:
+        hint = (
+            f"Restore the newest backup (the damaged file is kept, renamed):\n"
+            f"  momentry-edge{config} restore {shlex.quote(str(newest))}"
+        )
+    else:
+        hint = (
+            f"There is no backup in {backups_dir(cfg.data_dir)}. Restore one from elsewhere "
+            f"with `momentry-edge{config} restore SRC`, or move {path.name} aside to start "
+            "with an empty queue (the rescan registers the drop folders' files again); then "
+            "take backups: `momentry-edge backup`, or [service] backup_interval."
+        )
+    return DatabaseDamaged(f"the queue database {path} is damaged ({detail}).\n{hint}")
+
+
+def _is_damage(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return "not a database" in text or "malformed" in text
+
+
+def _problems(conn: sqlite3.Connection, pragma: str) -> str:
+    rows = [row[0] for row in conn.execute(f"PRAGMA {pragma}").fetchall()]
+    return "" if rows == ["ok"] else "; ".join(rows[:3])
+
+
+def _job_count(conn: sqlite3.Connection) -> int | None:
+    try:
+        return conn.execute("SELECT count(*) FROM job").fetchone()[0]
+    except sqlite3.OperationalError:
+        return None  # no job table: a database the service never migrated

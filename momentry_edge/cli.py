@@ -17,6 +17,7 @@ from rich.text import Text
 from . import config as config_module
 from .client import ApiClient, ApiError, ServiceUnreachable, default_url
 from .models import SOURCE_KINDS
+from .terminal import printable, scrub
 
 # Exit codes: scripts (and the SFTPGo hook) branch on these.
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
@@ -43,16 +44,16 @@ def cmd_submit(api: ApiClient, args: argparse.Namespace) -> int:
         try:
             reply = api.register(path, args.processors, args.priority)
         except ApiError as exc:
-            print(f"error: {raw}: {exc.message}", file=sys.stderr)
+            _error(f"error: {raw}: {exc.message}")
             code = EXIT_REFUSED
             continue
         if args.json:
             print(json.dumps(reply))  # one JSON object per line, one line per PATH
         elif reply.get("task_id"):
-            print(f"{raw}: {reply['task_id']}, {_where(reply.get('position'))}")
+            print(printable(f"{raw}: {reply['task_id']}, {_where(reply.get('position'))}"))
         if not reply.get("task_id"):
             reason = reply.get("reason") or "not queued"
-            print(f"error: {raw}: {reply.get('state', 'not queued')}: {reason}", file=sys.stderr)
+            _error(f"error: {raw}: {reply.get('state', 'not queued')}: {reason}")
             code = EXIT_REFUSED
     return code
 
@@ -87,7 +88,9 @@ def cmd_retry(api: ApiClient, args: argparse.Namespace) -> int:
 
 def cmd_cancel(api: ApiClient, args: argparse.Namespace) -> int:
     # The message says whether it is cancelled or, if running, stops at its next checkpoint.
-    return _show(args, api.cancel(args.job), lambda r: print(f"{args.job}: {r['message']}"))
+    return _show(
+        args, api.cancel(args.job), lambda r: print(f"{printable(args.job)}: {r['message']}")
+    )
 
 
 def cmd_concurrency(api: ApiClient, args: argparse.Namespace) -> int:
@@ -116,9 +119,10 @@ def cmd_service(cfg: config_module.Config, args: argparse.Namespace) -> int:
             "status": autostart.status,
         }[args.action]()
     except autostart.AutostartError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _error(f"error: {exc}")
         return EXIT_REFUSED
-    print(report.text, file=sys.stdout if report.code == EXIT_OK else sys.stderr)
+    shown = printable(report.text, multiline=True)
+    print(shown, file=sys.stdout if report.code == EXIT_OK else sys.stderr)
     return report.code
 
 
@@ -133,10 +137,14 @@ def _console() -> Console:
 
 def _show(args: argparse.Namespace, reply: dict[str, Any], render: Callable[[Any], None]) -> int:
     if args.json:
-        print(json.dumps(reply, indent=2))
+        print(json.dumps(reply, indent=2))  # ASCII only: control characters come out escaped
     else:
-        render(reply)
+        render(scrub(reply))  # names and reasons from the service reach a terminal
     return EXIT_OK
+
+
+def _error(message: str) -> None:
+    print(printable(message), file=sys.stderr)
 
 
 def _paused(reply: dict[str, Any]) -> None:
@@ -388,17 +396,17 @@ def main(argv: list[str] | None = None) -> int:
         with ApiClient(args.url or default_url(cfg), token) as api:
             return args.handler(api, args)
     except config_module.ConfigError as exc:
-        print(f"momentry-edge: configuration error: {exc}", file=sys.stderr)
+        _error(f"momentry-edge: configuration error: {exc}")
         return EXIT_USAGE
     except UsageError as exc:
-        print(f"momentry-edge {args.command}: error: {exc}", file=sys.stderr)
+        _error(f"momentry-edge {args.command}: error: {exc}")
         return EXIT_USAGE
     except ApiError as exc:
         hint = " (pass --token or set MOMENTRY_API_TOKEN)" if exc.code == "unauthorized" else ""
-        print(f"error: {exc.message}{hint}", file=sys.stderr)
+        _error(f"error: {exc.message}{hint}")
         return EXIT_REFUSED
     except ServiceUnreachable as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _error(f"error: {exc}")
         return EXIT_UNREACHABLE
 
 

@@ -169,3 +169,34 @@ def test_rescan_registers_what_no_event_announced(start_service, cli) -> None:
     # The watcher may have seen the deletion first; either way the file is missing now.
     assert reply["success"] is True and reply["new"] == 0 and reply["missing"] in (0, 1)
     assert svc.get("/api/v1/files", params={"state": "missing"})["total"] == 1
+
+
+# File names that are terminal commands or Rich markup: shown literally, never obeyed.
+HOSTILE = {
+    "\x1b[2Jclear.mp4": "\\x1b[2Jclear.mp4",
+    "\x1b]0;pwned\x07title.mp4": "\\x1b]0;pwned\\x07title.mp4",
+    "[bold red]alarm.mp4": "[bold red]alarm.mp4",
+}
+
+
+def test_names_with_control_characters_are_shown_escaped(start_service, cli) -> None:
+    svc = start_service()
+    url = ("--url", svc.url)
+    svc.call("POST", "/api/v1/queue/pause")  # all three stay in the queue's table
+    for name in HOSTILE:
+        svc.submit(name, ["noop"])  # a real file of that name in the real drop folder
+
+    for command in ("status", "jobs"):
+        out = cli(command, *url).stdout
+        assert "\x1b" not in out and "\x07" not in out, repr(out)
+        for shown in HOSTILE.values():
+            assert shown in out, f"{command}: {shown!r} not in {out!r}"
+
+    # Errors that quote a path: the service's message and the path typed are escaped too.
+    outside = svc.root / "\x1b[2Jout.mp4"
+    outside.write_bytes(b"not in the drop folder")
+    refused = cli("submit", str(outside), *url, expect=1)
+    assert "\x1b" not in refused.stderr and "\\x1b[2Jout.mp4" in refused.stderr
+    # --json stays exact JSON: the names decode back to what they are.
+    listed = json.loads(cli("jobs", "--json", *url).stdout)
+    assert sorted(j["file_name"] for j in listed["jobs"]) == sorted(HOSTILE)

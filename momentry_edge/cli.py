@@ -285,28 +285,47 @@ def _service_url(value: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="momentry-edge", description=__doc__)
-    parser.add_argument(
-        "--config", help="path to momentry.toml (default: MOMENTRY_CONFIG or the data dir)"
+    # Options are taken before or after the command: each is declared on the top-level
+    # parser and again on the commands it applies to. The copies default to SUPPRESS, so
+    # a value given before the command is not overwritten by a command's default.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--config",
+        default=argparse.SUPPRESS,
+        help="path to momentry.toml (default: MOMENTRY_CONFIG or the data dir)",
+    )
+    client = argparse.ArgumentParser(add_help=False, parents=[common])
+    client.add_argument(
+        "--url",
+        type=_service_url,
+        default=argparse.SUPPRESS,
+        help="service URL (default: from the config)",
+    )
+    client.add_argument(
+        "--token",
+        default=argparse.SUPPRESS,
+        help="API token (default: service.token in the config or MOMENTRY_API_TOKEN)",
+    )
+    json_flag = argparse.ArgumentParser(add_help=False)
+    json_flag.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON"
+    )
+
+    parser = argparse.ArgumentParser(
+        prog="momentry-edge", description=__doc__, parents=[client, json_flag]
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="run the service: watcher, queue workers and HTTP API")
+    run = commands.add_parser(
+        "run", parents=[common], help="run the service: watcher, queue workers and HTTP API"
+    )
     run.add_argument(
         "--log-level", choices=config_module.LOG_LEVELS, help="overrides service.log_level"
     )
 
-    client = argparse.ArgumentParser(add_help=False)
-    client.add_argument("--url", type=_service_url, help="service URL (default: from the config)")
-    client.add_argument(
-        "--token", help="API token (default: service.token in the config or MOMENTRY_API_TOKEN)"
-    )
-    client.add_argument("--json", action="store_true", help="print the API's JSON reply")
-    # Also accepted after the command; SUPPRESS keeps a --config given before it.
-    client.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-
-    def add(name: str, handler: Handler, help: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, parents=[client], help=help, description=help)
-        sub.set_defaults(handler=handler)
+    def add(name: str, handler: Handler, help: str, json: bool = True) -> argparse.ArgumentParser:
+        parents = [client, json_flag] if json else [client]
+        sub = commands.add_parser(name, parents=parents, help=help, description=help)
+        sub.set_defaults(handler=handler, takes=CLIENT_OPTIONS if json else ("url", "token"))
         return sub
 
     add("status", cmd_status, "show the queue: running and waiting jobs, concurrency")
@@ -337,12 +356,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     # Local commands: they read the config and this machine, no service needed.
-    local = argparse.ArgumentParser(add_help=False)
+    local = argparse.ArgumentParser(add_help=False, parents=[common, json_flag])
     local.add_argument("--models-dir", help="where models live (default: <data_dir>/models)")
-    local.add_argument("--json", action="store_true", help="print JSON")
-    local.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sub = commands.add_parser("models", help="list, pull and verify the models processors load")
-    sub.set_defaults(local="models")
+    sub.set_defaults(local="models", takes=("json",))
     actions = sub.add_subparsers(dest="action", required=True)
     actions.add_parser("list", parents=[local], help="the model catalog and what is pulled")
     pull = actions.add_parser(
@@ -355,28 +372,43 @@ def build_parser() -> argparse.ArgumentParser:
     sub = commands.add_parser(
         "doctor", parents=[local], help="which backends and models work here, and why not"
     )
-    sub.set_defaults(local="doctor")
+    sub.set_defaults(local="doctor", takes=("json",))
 
-    add("tui", cmd_tui, "live view of the queue; keys steer it (p, +/-, arrows, c, r, t, q)")
-    config_only = argparse.ArgumentParser(add_help=False)
-    config_only.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    add("tui", cmd_tui, "live view of the queue; keys steer it (p, +/-, arrows, c, r, t, q)", False)
     sub = commands.add_parser(
         "service", help="start at login: launchd on macOS, a systemd user unit on Linux"
     )
     sub.set_defaults(local="service")
     service_actions = sub.add_subparsers(dest="action", required=True)
-    service_actions.add_parser("install", parents=[config_only], help="install and start it")
-    service_actions.add_parser("uninstall", parents=[config_only], help="stop and remove it")
-    service_actions.add_parser("status", parents=[config_only], help="is it installed, running?")
+    service_actions.add_parser("install", parents=[common], help="install and start it")
+    service_actions.add_parser("uninstall", parents=[common], help="stop and remove it")
+    service_actions.add_parser("status", parents=[common], help="is it installed, running?")
     render = service_actions.add_parser(
-        "render", parents=[config_only], help="print the file install would write"
+        "render", parents=[common], help="print the file install would write"
     )
     render.add_argument("--platform", choices=("macos", "linux"), help="default: this machine")
     return parser
 
 
+CLIENT_OPTIONS = ("url", "token", "json")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with every option in place wherever it was typed."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for option in CLIENT_OPTIONS:
+        if hasattr(args, option) and option not in getattr(args, "takes", ()):
+            parser.error(f"--{option} does not apply to {args.command}")
+    args.config = getattr(args, "config", None)
+    args.url = getattr(args, "url", None)
+    args.token = getattr(args, "token", None)
+    args.json = getattr(args, "json", False)
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     try:
         cfg = config_module.load(args.config)
         if getattr(args, "local", None):

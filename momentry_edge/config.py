@@ -9,6 +9,7 @@ value is reported the same way wherever it came from.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -25,16 +26,29 @@ class ConfigError(ValueError):
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# The longest wait a duration setting may ask for; more is a typo, and unbounded values
+# overflow timers and date arithmetic.
+MAX_SECONDS = 366 * 24 * 3600
 
 
 def _setting(
     default: Any,
     *,
     minimum: float | None = None,
+    maximum: float | None = None,
     env: str | None = None,
     choices: tuple[str, ...] | None = None,
+    required: bool = False,
 ) -> Any:
-    meta = {"minimum": minimum, "env": env, "choices": choices}
+    """One setting: its default and what a value must be (numbers: finite and in range;
+    ``required`` lists: not empty). The file and the environment get the same checks."""
+    meta = {
+        "minimum": minimum,
+        "maximum": maximum,
+        "env": env,
+        "choices": choices,
+        "required": required,
+    }
     if isinstance(default, list | tuple):
         return field(default_factory=lambda: tuple(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -43,9 +57,9 @@ def _setting(
 @dataclass(frozen=True)
 class ServiceConfig:
     data_dir: Path = _setting(Path(DEFAULT_DATA_DIR), env="MOMENTRY_DATA_DIR")
-    watch: tuple[Path, ...] = _setting([Path("~/momentry-drop")])
+    watch: tuple[Path, ...] = _setting([Path("~/momentry-drop")], required=True)
     host: str = _setting("127.0.0.1")
-    port: int = _setting(8765, minimum=0)
+    port: int = _setting(8765, minimum=0, maximum=65535)  # 0: any free port
     token: str = _setting("", env="MOMENTRY_API_TOKEN")
     database_url: str = _setting("", env="DATABASE_URL")
     # Set: job state is mirrored into the Momentry system's momentry:* Redis keys (mirror.py).
@@ -54,7 +68,7 @@ class ServiceConfig:
     plugins: tuple[str, ...] = _setting([], env="MOMENTRY_PLUGINS")
     log_level: str = _setting("info", env="MOMENTRY_LOG_LEVEL", choices=LOG_LEVELS)
     # Finished jobs, their results and old logs are removed after this many days; 0 keeps all.
-    retention_days: float = _setting(30.0, minimum=0)
+    retention_days: float = _setting(30.0, minimum=0, maximum=36500)
     # Names this process in a shared queue; empty = the host name.
     node_id: str = _setting("", env="MOMENTRY_NODE_ID")
     # Seconds between automatic backups into <data_dir>/backups; 0 = none.
@@ -65,35 +79,41 @@ class ServiceConfig:
 
 @dataclass(frozen=True)
 class QueueConfig:
-    max_concurrent: int = _setting(2, minimum=1, env="MOMENTRY_MAX_CONCURRENT")
+    # At most worker_threads (checked in load()).
+    max_concurrent: int = _setting(2, minimum=1, maximum=256, env="MOMENTRY_MAX_CONCURRENT")
     dynamic_concurrency: bool = _setting(True)
-    cpu_threshold: float = _setting(80.0, minimum=1)
-    memory_threshold: float = _setting(80.0, minimum=1)
-    gpu_threshold: float = _setting(90.0, minimum=1)
-    max_retries: int = _setting(3, minimum=0)
-    retry_delay: float = _setting(10.0, minimum=0)
-    task_timeout: float = _setting(3600.0, minimum=1)
-    poll_interval: float = _setting(5.0, minimum=0.05, env="MOMENTRY_POLL_INTERVAL")
+    # Percent busy above which dynamic concurrency starts fewer jobs.
+    cpu_threshold: float = _setting(80.0, minimum=1, maximum=100)
+    memory_threshold: float = _setting(80.0, minimum=1, maximum=100)
+    gpu_threshold: float = _setting(90.0, minimum=1, maximum=100)
+    # The delay doubles with each retry: more than 100 would wait for ages (and overflow).
+    max_retries: int = _setting(3, minimum=0, maximum=100)
+    retry_delay: float = _setting(10.0, minimum=0, maximum=MAX_SECONDS)
+    task_timeout: float = _setting(3600.0, minimum=1, maximum=MAX_SECONDS)
+    poll_interval: float = _setting(
+        5.0, minimum=0.05, maximum=MAX_SECONDS, env="MOMENTRY_POLL_INTERVAL"
+    )
     worker_enabled: bool = _setting(True, env="MOMENTRY_WORKER_ENABLED")
     # Worker threads are started once; max_concurrent can be raised live up to this.
-    worker_threads: int = _setting(8, minimum=1)
+    worker_threads: int = _setting(8, minimum=1, maximum=256)
     # A running job's lease; a worker that stops renewing it (crash, kill -9) loses the job
     # to the reaper after this long.
-    lease_seconds: float = _setting(60.0, minimum=1)
+    lease_seconds: float = _setting(60.0, minimum=1, maximum=MAX_SECONDS)
     # A job whose run took the process down this many times is parked as failed.
-    max_crashes: int = _setting(3, minimum=1)
+    max_crashes: int = _setting(3, minimum=1, maximum=100)
     # No job starts while the data dir's disk has less free space than this.
-    min_free_disk_mb: float = _setting(1024.0, minimum=0)
+    min_free_disk_mb: float = _setting(1024.0, minimum=0, maximum=1e9)
 
 
 @dataclass(frozen=True)
 class IngestConfig:
-    settle_seconds: float = _setting(5.0, minimum=0)
+    settle_seconds: float = _setting(5.0, minimum=0, maximum=MAX_SECONDS)
     extensions: tuple[str, ...] = _setting(
-        [".mp4", ".mov", ".m4v", ".mkv", ".avi", ".webm", ".mts"]
+        [".mp4", ".mov", ".m4v", ".mkv", ".avi", ".webm", ".mts"], required=True
     )
+    # Empty: dropped files are registered, nothing is queued.
     processors: tuple[str, ...] = _setting(["asr", "cut", "yolo", "ocr", "face", "pose"])
-    rescan_interval: float = _setting(300.0, minimum=1)
+    rescan_interval: float = _setting(300.0, minimum=1, maximum=MAX_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -145,7 +165,7 @@ def load(
     if file_path is not None:
         try:
             raw = tomllib.loads(file_path.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as exc:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{file_path}: not valid TOML: {exc}") from exc
         except OSError as exc:
             raise ConfigError(f"{file_path}: cannot read: {exc.strerror}") from exc
@@ -161,6 +181,12 @@ def load(
         isinstance(v, dict) for v in processors.values()
     ):
         raise ConfigError("processors: expected [processors.<name>] tables")
+    queue = sections["queue"]
+    if queue.max_concurrent > queue.worker_threads:
+        raise ConfigError(
+            f"queue.max_concurrent: must be at most queue.worker_threads "
+            f"({queue.worker_threads}), got {queue.max_concurrent}"
+        )
     return Config(**sections, processors=processors, source=file_path)
 
 
@@ -169,8 +195,10 @@ def _config_path(path: str | os.PathLike[str] | None, env: Mapping[str, str]) ->
         path = env.get("MOMENTRY_CONFIG")
     if path:
         explicit = Path(path).expanduser()
-        if not explicit.is_file():
+        if not explicit.exists():
             raise ConfigError(f"config file {explicit} does not exist")
+        if not explicit.is_file():
+            raise ConfigError(f"config file {explicit} is not a file")
         return explicit
     data_dir = env.get("MOMENTRY_SERVICE_DATA_DIR") or env.get("MOMENTRY_DATA_DIR")
     candidate = Path(data_dir or DEFAULT_DATA_DIR).expanduser() / CONFIG_NAME
@@ -216,26 +244,44 @@ def _coerce(key: str, f: dataclasses.Field, value: Any, origin: str) -> Any:
             if isinstance(value, bool):
                 raise ValueError
             result = float(value)
+            if not math.isfinite(result):  # nan passes every range check; inf never ends
+                raise ValueError
         elif kind == "str":
             if not isinstance(value, str):
                 raise ValueError
             result = value
         elif kind == "Path":
+            if not isinstance(value, str | Path) or not str(value).strip():
+                raise ValueError
             result = Path(str(value)).expanduser()
         elif kind.startswith("tuple"):
             items = _to_list(value)
+            if any(not item.strip() for item in items):
+                raise ValueError  # an empty path would mean the working directory
             result = tuple(Path(i).expanduser() for i in items) if "Path" in kind else tuple(items)
         else:  # pragma: no cover - a new setting type needs a branch here
             raise TypeError(kind)
     except (ValueError, TypeError):
         raise ConfigError(f"{key}: expected {_describe(kind)}, got {value!r} ({origin})") from None
-    choices = f.metadata.get("choices")
-    if choices and result not in choices:
-        raise ConfigError(f"{key}: must be one of {', '.join(choices)}, got {value!r} ({origin})")
-    minimum = f.metadata.get("minimum")
-    if minimum is not None and result < minimum:
-        raise ConfigError(f"{key}: must be at least {minimum}, got {value!r} ({origin})")
+    meta = f.metadata
+    if meta["choices"] and result not in meta["choices"]:
+        choices = ", ".join(meta["choices"])
+        raise ConfigError(f"{key}: must be one of {choices}, got {value!r} ({origin})")
+    if meta["minimum"] is not None and result < meta["minimum"]:
+        raise ConfigError(
+            f"{key}: must be at least {_number(meta['minimum'])}, got {value!r} ({origin})"
+        )
+    if meta["maximum"] is not None and result > meta["maximum"]:
+        raise ConfigError(
+            f"{key}: must be at most {_number(meta['maximum'])}, got {value!r} ({origin})"
+        )
+    if meta["required"] and not result:
+        raise ConfigError(f"{key}: must not be empty ({origin})")
     return result
+
+
+def _number(limit: float) -> str:
+    return str(int(limit)) if float(limit).is_integer() else str(limit)
 
 
 def _to_bool(value: Any) -> bool:
@@ -260,7 +306,7 @@ def _describe(kind: str) -> str:
     return {
         "bool": "true or false",
         "int": "a whole number",
-        "float": "a number",
+        "float": "a finite number",
         "str": "a string",
         "Path": "a path",
-    }.get(kind, "a list of strings")
+    }.get(kind, "a list of non-empty strings")

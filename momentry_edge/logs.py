@@ -14,6 +14,7 @@ from contextvars import ContextVar
 from pathlib import Path
 
 from .clock import iso
+from .terminal import printable
 
 current_task: ContextVar[str | None] = ContextVar("current_task", default=None)
 
@@ -44,7 +45,10 @@ class Readable(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
         task_id = _task_id(record)
-        return f"{text} [{task_id}]" if task_id and task_id not in record.getMessage() else text
+        if task_id and task_id not in record.getMessage():
+            text = f"{text} [{task_id}]"
+        # Messages quote file names; stderr is often a terminal. Tracebacks keep their lines.
+        return printable(text, multiline=True)
 
 
 def setup(data_dir: Path, level: str) -> Path:

@@ -18,7 +18,6 @@ import json
 import os
 import shlex
 import shutil
-import sys
 import time
 import tomllib
 from collections.abc import Callable, Iterator
@@ -608,52 +607,11 @@ def _lock(folder: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-# -- command line: `momentry-edge models list|pull|verify` ----------------------------------------
+# -- what the configured processors need, and what is here ----------------------------------------
 
 
-class RichProgress:
-    """One rich progress bar per file (bytes, speed, time left)."""
-
-    def __init__(self, bars: Any) -> None:
-        self.bars = bars
-        self.task: Any = None
-        self.label = ""
-
-    def start(self, label: str, total: int | None, done: int = 0) -> None:
-        self.label = label
-        self.task = self.bars.add_task(label, total=total, completed=done)
-
-    def advance(self, n: int) -> None:
-        self.bars.advance(self.task, n)
-
-    def finish(self, note: str = "") -> None:
-        self.bars.update(self.task, description=f"{self.label} [dim]{note}[/dim]" if note else None)
-
-
-def _bars() -> Any:
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-        TransferSpeedColumn,
-    )
-
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-    )
-
-
-def needed(config: Any, catalog: Catalog) -> list[ModelSpec]:
-    """The catalog entries the configured processors would load on this machine."""
-    from .processors import Registry
-
-    registry = Registry(config.service.plugins, config.processors)
+def needed(registry: Any, catalog: Catalog) -> list[ModelSpec]:
+    """The catalog entries ``registry``'s processors would load on this machine."""
     specs: dict[str, ModelSpec] = {}
     for name in registry.names:
         processor = registry.create(name)
@@ -665,33 +623,8 @@ def needed(config: Any, catalog: Catalog) -> list[ModelSpec]:
     return list(specs.values())
 
 
-def command(config: Any, args: Any) -> int:
-    """``momentry-edge models ACTION``; returns the exit code."""
-    from rich.console import Console
-
-    # Piped output is not squeezed to 80 columns (as the other commands do).
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 500)
-    models_dir = (
-        Path(args.models_dir).expanduser() if args.models_dir else config.data_dir / "models"
-    )
-    use_models_dir(models_dir)  # where the processors that `needed` asks look
-    try:
-        catalog = load_catalog()
-        if args.action == "list":
-            return _list(console, catalog, models_dir, args.json)
-        specs = [catalog.get(n) for n in args.names] if args.names else None
-        if args.action == "pull":
-            return _pull(console, specs or needed(config, catalog), models_dir, args.source)
-        return _verify(console, catalog, specs, models_dir)
-    except ModelError as e:
-        console.print(f"[red]error:[/red] {e}", markup=True)
-        return 1
-
-
-def _list(console: Any, catalog: Catalog, models_dir: Path, as_json: bool) -> int:
-    from rich.table import Table
-    from rich.text import Text
-
+def listing(catalog: Catalog, models_dir: Path) -> dict[str, Any]:
+    """Every catalog model and whether it is pulled, as JSON-able data (``models list``)."""
     rows = []
     for spec in catalog:
         found = state(spec, models_dir)
@@ -709,57 +642,4 @@ def _list(console: Any, catalog: Catalog, models_dir: Path, as_json: bool) -> in
                 "sources": [s.describe() for s in spec.sources],
             }
         )
-    if as_json:
-        print(json.dumps({"models_dir": str(models_dir), "models": rows}, indent=2))
-        return 0
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("name", "backend", "processors", "size", "status", "sources"):
-        table.add_column(column, no_wrap=column != "status", overflow="fold")
-    for row in rows:
-        size = f"{row['size'] / 1e6:.0f} MB" if row["size"] else "?"
-        status = row["status"] + ("" if row["pinned"] else " (sha256 not pinned)")
-        kinds = ", ".join(dict.fromkeys(s.split(":")[0] for s in row["sources"]))
-        cells = [row["name"], row["backend"], ",".join(row["processors"]), size, status, kinds]
-        table.add_row(*[Text(c) for c in cells])
-    console.print(f"models in {models_dir}")
-    console.print(table)
-    return 0
-
-
-def _pull(console: Any, specs: list[ModelSpec], models_dir: Path, source: str | None) -> int:
-    if not specs:
-        console.print("nothing to pull: no configured processor uses a catalog model")
-        return 0
-    failed = 0
-    for spec in specs:
-        with _bars() as bars:
-            try:
-                folder = pull(spec, models_dir, source=source, progress=RichProgress(bars))
-            except ModelError as e:
-                bars.stop()
-                console.print(f"[red]{spec.name}: {e}[/red]")
-                failed += 1
-                continue
-        console.print(f"{spec.name}: ready in {folder}")
-    return 1 if failed else 0
-
-
-def _verify(console: Any, catalog: Catalog, specs: list[ModelSpec] | None, models_dir: Path) -> int:
-    if specs is None:  # every model that has anything on disk
-        specs = [s for s in catalog if state(s, models_dir).present]
-        if not specs:
-            console.print(f"no models in {models_dir}")
-            return 0
-    bad = 0
-    for spec in specs:
-        with _bars() as bars:
-            problems = verify(spec, models_dir, RichProgress(bars))
-        wrong = {path: p for path, p in problems.items() if p}
-        if wrong:
-            bad += 1
-            for path, problem in wrong.items():
-                console.print(f"[red]{spec.name}/{path}: {problem}[/red]")
-            console.print(f"  fix: `{pull_command(spec, models_dir)}`")
-        else:
-            console.print(f"{spec.name}: {len(problems)} files verified")
-    return 1 if bad else 0
+    return {"models_dir": str(models_dir), "models": rows}

@@ -280,7 +280,13 @@ def run(config: Config) -> int:
     service = Service(config)
 
     def on_signal(signum: int, frame: Any) -> None:
-        service.stopping.set()  # the main loop does the rest
+        if not service.stopping.is_set():
+            service.stopping.set()  # the main loop does the rest
+            return
+        # A second Ctrl-C: the user will not wait for the orderly shutdown. Leave now; jobs
+        # this process holds go back in line when their lease expires, as after kill -9.
+        os.write(2, b"momentry-edge: interrupted again, exiting without waiting\n")
+        os._exit(128 + signum)
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)

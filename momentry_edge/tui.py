@@ -34,6 +34,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .client import ApiClient, ApiError, ServiceUnreachable
+from .terminal import printable, scrub
 
 POLL_SECONDS = 1.0  # API.md: the view refreshes at least once a second
 TICK = 0.2  # how long a key may wait before it is acted on
@@ -75,13 +76,15 @@ class Snapshot:
 
 
 def fetch(api: ApiClient, previous: Snapshot) -> Snapshot:
-    """Poll the API once; on failure keep the last data and say why."""
+    """Poll the API once; on failure keep the last data and say why.
+
+    Every reply is scrubbed here, where it enters: file names and errors reach the screen."""
     try:
-        status = api.queue_status()
+        status = scrub(api.queue_status())
         running = [j["task_id"] for j in status.get("queue", []) if j["status"] == "processing"]
         details = {t: d for t in running[:DETAIL_JOBS] if (d := _job_or_none(api, t))}
-        failed = api.jobs(["failed", "partial"], limit=RECENT)["jobs"]
-        finished = api.jobs(["completed", "cancelled"], limit=RECENT)["jobs"]
+        failed = scrub(api.jobs(["failed", "partial"], limit=RECENT)["jobs"])
+        finished = scrub(api.jobs(["completed", "cancelled"], limit=RECENT)["jobs"])
         # A final job's error does not change, so it is fetched once while the job stays
         # listed. (A job retried and failed again within one poll keeps its old text.)
         errors = {
@@ -95,7 +98,7 @@ def fetch(api: ApiClient, previous: Snapshot) -> Snapshot:
 
 def _job_or_none(api: ApiClient, ref: str) -> Job | None:
     try:
-        return api.job(ref)
+        return scrub(api.job(ref))
     except ApiError:  # gone between two requests (e.g. the retention sweep): skip it
         return None
 
@@ -110,8 +113,8 @@ def _error_of(api: ApiClient, job: Job) -> str:
 
 def _reason(exc: Exception) -> str:
     if isinstance(exc, ApiError) and exc.code == "unauthorized":
-        return f"{exc.message} (pass --token or set MOMENTRY_API_TOKEN)"
-    return exc.message if isinstance(exc, ApiError) else str(exc)
+        return printable(f"{exc.message} (pass --token or set MOMENTRY_API_TOKEN)")
+    return printable(exc.message if isinstance(exc, ApiError) else exc)
 
 
 class Feed:
@@ -120,7 +123,8 @@ class Feed:
     def __init__(self, api: ApiClient, interval: float = POLL_SECONDS) -> None:
         self.api = api
         self.interval = interval
-        self.snapshot = Snapshot(api.base_url)  # replaced whole, never mutated: safe to read
+        # Replaced whole, never mutated: safe to read from the drawing thread.
+        self.snapshot = Snapshot(printable(api.base_url))
         self.message = ""  # the outcome of the latest command, for the status line
         self._commands: queue.Queue[Command | None] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="tui-feed", daemon=True)
@@ -141,14 +145,15 @@ class Feed:
             try:
                 self.snapshot = fetch(self.api, self.snapshot)
             except Exception as exc:  # an observer keeps observing: show the bug, don't freeze
-                self.snapshot = replace(self.snapshot, error=f"{type(exc).__name__}: {exc}")
+                error = printable(f"{type(exc).__name__}: {exc}")
+                self.snapshot = replace(self.snapshot, error=error)
             try:
                 command = self._commands.get(timeout=self.interval)
             except queue.Empty:
                 continue
             if command is None:
                 return
-            self.message = execute(self.api, command, self.snapshot)
+            self.message = printable(execute(self.api, command, self.snapshot))
 
 
 def execute(api: ApiClient, command: Command, snap: Snapshot) -> str:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 from conftest import wait_for
 
@@ -169,3 +171,95 @@ def test_rescan_registers_what_no_event_announced(start_service, cli) -> None:
     # The watcher may have seen the deletion first; either way the file is missing now.
     assert reply["success"] is True and reply["new"] == 0 and reply["missing"] in (0, 1)
     assert svc.get("/api/v1/files", params={"state": "missing"})["total"] == 1
+
+
+# File names that are terminal commands or Rich markup: shown literally, never obeyed.
+HOSTILE = {
+    "\x1b[2Jclear.mp4": "\\x1b[2Jclear.mp4",
+    "\x1b]0;pwned\x07title.mp4": "\\x1b]0;pwned\\x07title.mp4",
+    "[bold red]alarm.mp4": "[bold red]alarm.mp4",
+}
+
+
+def test_names_with_control_characters_are_shown_escaped(start_service, cli) -> None:
+    svc = start_service()
+    url = ("--url", svc.url)
+    svc.call("POST", "/api/v1/queue/pause")  # all three stay in the queue's table
+    for name in HOSTILE:
+        svc.submit(name, ["noop"])  # a real file of that name in the real drop folder
+
+    for command in ("status", "jobs"):
+        out = cli(command, *url).stdout
+        assert "\x1b" not in out and "\x07" not in out, repr(out)
+        for shown in HOSTILE.values():
+            assert shown in out, f"{command}: {shown!r} not in {out!r}"
+
+    # Errors that quote a path: the service's message and the path typed are escaped too.
+    outside = svc.root / "\x1b[2Jout.mp4"
+    outside.write_bytes(b"not in the drop folder")
+    refused = cli("submit", str(outside), *url, expect=1)
+    assert "\x1b" not in refused.stderr and "\\x1b[2Jout.mp4" in refused.stderr
+    # --json stays exact JSON: the names decode back to what they are.
+    listed = json.loads(cli("jobs", "--json", *url).stdout)
+    assert sorted(j["file_name"] for j in listed["jobs"]) == sorted(HOSTILE)
+
+
+def test_options_before_or_after_the_command(start_service, cli) -> None:
+    svc = start_service()  # the fixture runs `momentry-edge --config FILE run`
+    svc.submit("one.mp4", ["noop"])
+    # Client options after the command, or before it: the same answer.
+    after = json.loads(cli("status", "--json", "--url", svc.url).stdout)
+    before = json.loads(cli("--url", svc.url, "--json", "status").stdout)
+    assert after.keys() == before.keys() and "queue" in after
+    # An option that does not apply is a usage error, not silently dropped.
+    assert "--url does not apply to run" in cli("--url", svc.url, "run", expect=2).stderr
+    svc.stop()
+
+    # `run --config FILE`, as people type it, starts the same service.
+    run_file = svc.data_dir / "run.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "momentry_edge.cli", "run", "--config", str(svc.config_path)],
+        env=svc.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+
+        def started() -> dict | None:
+            assert proc.poll() is None, proc.stderr.read().decode()
+            try:
+                info = json.loads(run_file.read_text())
+            except (OSError, ValueError):
+                return None
+            return info if info["pid"] == proc.pid else None
+
+        url = wait_for(started, timeout=30)["url"]
+        jobs = json.loads(
+            cli("jobs", "--config", str(svc.config_path), "--url", url, "--json").stdout
+        )
+        assert [j["file_name"] for j in jobs["jobs"]] == ["one.mp4"]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+
+
+def test_a_second_ctrl_c_during_shutdown_exits_at_once(start_service) -> None:
+    # A processor that reports only every 10 minutes: an orderly stop waits for its report.
+    svc = start_service(**{"processors.steps": {"steps": 3, "step_seconds": 600}})
+    task = svc.submit("slow.mp4", ["steps"])["task_id"]
+    svc.wait_status(task, "processing")
+
+    svc.proc.send_signal(signal.SIGINT)
+
+    def http_closed() -> bool:
+        try:
+            svc.client.get("/healthz", timeout=2)
+        except httpx.TransportError:
+            return True
+        return False
+
+    wait_for(http_closed)  # shutdown has begun; it now waits for the processor
+    assert svc.proc.poll() is None
+    svc.proc.send_signal(signal.SIGINT)
+    assert svc.proc.wait(timeout=30) == 130
+    assert "exiting without waiting" in svc.log()

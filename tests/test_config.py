@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -66,6 +67,21 @@ def test_config_file_is_found_in_the_data_dir(tmp_path):
         ("", {"MOMENTRY_POLL_INTERVAL": "soon"}, ["queue.poll_interval", "MOMENTRY_POLL_INTERVAL"]),
         ("", {"MOMENTRY_WORKER_ENABLED": "maybe"}, ["queue.worker_enabled", "true or false"]),
         ('host = "0.0.0.0"\n', {}, ["service.host", "token"]),
+        ("", {"MOMENTRY_SERVICE_PORT": "99999"}, ["service.port", "at most 65535"]),
+        ("", {"MOMENTRY_SERVICE_PORT": "-1"}, ["service.port", "MOMENTRY_SERVICE_PORT"]),
+        ("[ingest]\nsettle_seconds = nan\n", {}, ["ingest.settle_seconds", "finite"]),
+        ("[queue]\nretry_delay = inf\n", {}, ["queue.retry_delay", "finite"]),
+        ("", {"MOMENTRY_POLL_INTERVAL": "nan"}, ["queue.poll_interval", "finite"]),
+        ("[queue]\ntask_timeout = -5.0\n", {}, ["queue.task_timeout", "at least 1"]),
+        ("[queue]\ncpu_threshold = 250\n", {}, ["queue.cpu_threshold", "at most 100"]),
+        ("[queue]\nmax_retries = 5000\n", {}, ["queue.max_retries", "at most 100"]),
+        ("[queue]\nmax_concurrent = 20\n", {}, ["queue.max_concurrent", "worker_threads"]),
+        ("retention_days = -1\n", {}, ["service.retention_days", "at least 0"]),
+        ("[ingest]\nextensions = []\n", {}, ["ingest.extensions", "must not be empty"]),
+        ("[ingest]\nextensions = 3\n", {}, ["ingest.extensions", "list of"]),
+        ('watch = [""]\n', {}, ["service.watch", "non-empty"]),
+        ("[queue]\nworker_threads = true\n", {}, ["queue.worker_threads", "whole number"]),
+        ('log_level = "loud"\n', {}, ["service.log_level", "one of"]),
     ],
 )
 def test_bad_settings_stop_the_service_with_exit_code_2(tmp_path, text, env, words):
@@ -88,3 +104,26 @@ def test_bad_settings_stop_the_service_with_exit_code_2(tmp_path, text, env, wor
 def test_missing_config_file_is_reported(tmp_path):
     with pytest.raises(config.ConfigError, match="does not exist"):
         config.load(tmp_path / "nope.toml", env={})
+
+
+def test_every_number_has_a_range():
+    # A new numeric setting declares its bounds, so the file and the environment check them.
+    for section, cls in config.SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            if f.type in ("int", "float"):
+                limits = (f.metadata["minimum"], f.metadata["maximum"])
+                assert None not in limits, f"{section}.{f.name} needs a minimum and a maximum"
+
+
+def test_a_config_file_that_is_not_utf8_or_not_a_file_is_reported(tmp_path):
+    path = tmp_path / "momentry.toml"
+    path.write_bytes(b"[service]\nport = \xff\n")
+    with pytest.raises(config.ConfigError, match="not valid TOML"):
+        config.load(path, env={})
+    with pytest.raises(config.ConfigError, match="is not a file"):
+        config.load(tmp_path, env={})
+
+
+def test_a_port_out_of_range_in_the_file_names_the_key(tmp_path):
+    with pytest.raises(config.ConfigError, match=r"service.port: must be at most 65535"):
+        config.load(write(tmp_path, "[service]\nport = 99999\n"), env={})

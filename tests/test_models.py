@@ -515,3 +515,16 @@ def test_cli_models_pull_list_verify_and_doctor(config, tmp_path):
 def test_cli_pull_of_an_unknown_model_fails(config):
     done = cli(config, "models", "pull", "whisper-huge")
     assert done.returncode == 1 and "unknown model 'whisper-huge'" in done.stdout
+
+
+def test_cli_shows_paths_literally(config, tmp_path):
+    # A models dir whose name is Rich markup and a terminal escape: printed as it is.
+    odd = tmp_path / "[bold red]m\x1b[2J"
+    listed = cli(config, "models", "list", "--models-dir", str(odd))
+    assert listed.returncode == 0, listed.stderr
+    assert f"models in {tmp_path}/[bold red]m\\x1b[2J" in listed.stdout
+    assert "\x1b" not in listed.stdout
+    # `models pull --source` names the kinds it takes (its choices are checked lazily).
+    bad = cli(config, "models", "pull", "--source", "ftp")
+    assert bad.returncode == 2
+    assert all(kind in bad.stderr for kind in models.SOURCE_KINDS), bad.stderr

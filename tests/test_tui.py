@@ -191,6 +191,24 @@ def test_tui_sends_the_token(start_service, terminal) -> None:
     terminal.wait(lambda s: "RUNNING" in s and "bearer" not in s)
 
 
+@needs_tmux
+def test_tui_shows_hostile_names_escaped(start_service, terminal) -> None:
+    svc = start_service()
+    svc.call("POST", "/api/v1/queue/pause")
+    # Real files in the real drop folder: one clears the screen, one retitles the window,
+    # one is Rich markup, if printed as they are.
+    for name in ("\x1b[2Jclear.mp4", "\x1b]0;pwned\x07title.mp4", "[bold red]alarm.mp4"):
+        svc.submit(name, ["noop"])
+    terminal.start("tui", "--url", svc.url)
+    shown = ("\\x1b[2Jclear.mp4", "\\x1b]0;pwned\\x07title.mp4", "[bold red]alarm.mp4")
+    screen = terminal.wait(lambda s: all(name in s for name in shown))
+    # Not cleared: the header above the queue and the key help below it are still there.
+    assert "PAUSED" in screen and "q quit" in screen, screen
+    assert "pwned" not in terminal.tmux("display-message", "-p", "-t", "tui", "#{pane_title}")
+    terminal.press("q")
+    terminal.wait(lambda s: "[exited 0]" in s)
+
+
 def test_tui_needs_a_terminal(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MOMENTRY_")}
     proc = subprocess.run(

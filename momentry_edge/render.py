@@ -1,0 +1,206 @@
+"""What the local commands (`models`, `doctor`) print; the library modules return data.
+
+Imported by the CLI only when one of these commands runs: it pulls in the model catalog,
+the processors and rich's progress bars, which the client commands do not need.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from . import doctor, models
+from .config import Config
+from .processors import Registry
+from .terminal import printable
+
+
+def console() -> Console:
+    # No highlighting: names and ids print as they are. Piped output is not squeezed to
+    # 80 columns, so one row stays on one line for grep and awk.
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 500)
+
+
+def say(out: Console, text: object, style: str = "") -> None:
+    """One line of text from outside (a path, an error): never markup, never raw controls."""
+    out.print(Text(printable(text), style=style))
+
+
+# -- momentry-edge models list|pull|verify --------------------------------------------------------
+
+
+def models_command(config: Config, args: argparse.Namespace) -> int:
+    """``momentry-edge models ACTION``; returns the exit code."""
+    out = console()
+    models_dir = (
+        Path(args.models_dir).expanduser() if args.models_dir else config.data_dir / "models"
+    )
+    models.use_models_dir(models_dir)  # where the processors that `needed` asks look
+    try:
+        catalog = models.load_catalog()
+        if args.action == "list":
+            return _list(out, catalog, models_dir, args.json)
+        specs = [catalog.get(n) for n in args.names] if args.names else None
+        if args.action == "pull":
+            if specs is None:
+                specs = models.needed(Registry(config.service.plugins, config.processors), catalog)
+            return _pull(out, specs, models_dir, args.source)
+        return _verify(out, catalog, specs, models_dir)
+    except models.ModelError as e:
+        out.print(Text.assemble(("error:", "red"), " ", printable(e)))
+        return 1
+
+
+def _list(out: Console, catalog: models.Catalog, models_dir: Path, as_json: bool) -> int:
+    listing = models.listing(catalog, models_dir)
+    if as_json:
+        print(json.dumps(listing, indent=2))
+        return 0
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("name", "backend", "processors", "size", "status", "sources"):
+        table.add_column(column, no_wrap=column != "status", overflow="fold")
+    for row in listing["models"]:
+        size = f"{row['size'] / 1e6:.0f} MB" if row["size"] else "?"
+        status = row["status"] + ("" if row["pinned"] else " (sha256 not pinned)")
+        kinds = ", ".join(dict.fromkeys(s.split(":")[0] for s in row["sources"]))
+        cells = [row["name"], row["backend"], ",".join(row["processors"]), size, status, kinds]
+        table.add_row(*[Text(printable(c)) for c in cells])
+    say(out, f"models in {models_dir}")
+    out.print(table)
+    return 0
+
+
+def _pull(out: Console, specs: list[models.ModelSpec], models_dir: Path, source: str | None) -> int:
+    if not specs:
+        out.print("nothing to pull: no configured processor uses a catalog model")
+        return 0
+    failed = 0
+    for spec in specs:
+        with _bars() as bars:
+            try:
+                folder = models.pull(spec, models_dir, source=source, progress=RichProgress(bars))
+            except models.ModelError as e:
+                bars.stop()
+                say(out, f"{spec.name}: {e}", style="red")
+                failed += 1
+                continue
+        say(out, f"{spec.name}: ready in {folder}")
+    return 1 if failed else 0
+
+
+def _verify(
+    out: Console,
+    catalog: models.Catalog,
+    specs: list[models.ModelSpec] | None,
+    models_dir: Path,
+) -> int:
+    if specs is None:  # every model that has anything on disk
+        specs = [s for s in catalog if models.state(s, models_dir).present]
+        if not specs:
+            say(out, f"no models in {models_dir}")
+            return 0
+    bad = 0
+    for spec in specs:
+        with _bars() as bars:
+            problems = models.verify(spec, models_dir, RichProgress(bars))
+        wrong = {path: p for path, p in problems.items() if p}
+        if wrong:
+            bad += 1
+            for path, problem in wrong.items():
+                say(out, f"{spec.name}/{path}: {problem}", style="red")
+            say(out, f"  fix: `{models.pull_command(spec, models_dir)}`")
+        else:
+            say(out, f"{spec.name}: {len(problems)} files verified")
+    return 1 if bad else 0
+
+
+class RichProgress:
+    """models.Progress as one rich progress bar per file (bytes, speed, time left)."""
+
+    def __init__(self, bars: Any) -> None:
+        self.bars = bars
+        self.task: Any = None
+        self.label = ""
+
+    def start(self, label: str, total: int | None, done: int = 0) -> None:
+        self.label = printable(label)
+        self.task = self.bars.add_task(self.label, total=total, completed=done)
+
+    def advance(self, n: int) -> None:
+        self.bars.advance(self.task, n)
+
+    def finish(self, note: str = "") -> None:
+        label = Text(self.label)
+        if note:
+            label.append(f" {printable(note)}", style="dim")
+        self.bars.update(self.task, description=label)
+
+
+def _bars() -> Any:
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    return Progress(
+        # The description is shown as it is: file names are not markup.
+        TextColumn("{task.description}", markup=False),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
+
+
+# -- momentry-edge doctor -------------------------------------------------------------------------
+
+
+def doctor_command(config: Config, args: argparse.Namespace) -> int:
+    """``momentry-edge doctor``: exit 0 when every processor is ready, else 1."""
+    report = doctor.diagnose(
+        config, Path(args.models_dir).expanduser() if args.models_dir else None
+    )
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        render_doctor(report)
+    return 0 if all(p["ready"] for p in report["processors"].values()) else 1
+
+
+def render_doctor(report: dict[str, Any]) -> None:
+    out = console()
+    p = report["platform"]
+    silicon = "Apple silicon" if p["apple_silicon"] else "not Apple silicon"
+    say(out, f"platform: {p['system']} {p['machine']} ({silicon}), Python {p['python']}")
+    say(out, f"models:   {report['models_dir']}")
+    if report["catalog_error"]:
+        say(out, f"catalog:  {report['catalog_error']}", style="red")
+    for name, proc in report["processors"].items():
+        mark = Text("ok  ", style="green") if proc["ready"] else Text("no  ", style="red")
+        line = Text.assemble(mark, (printable(name), "bold"), f": {printable(proc['backend'])}")
+        if proc["model"]:
+            line.append(f", model {printable(proc['model'])}")
+        out.print(line)
+        if proc["reason"]:
+            say(out, f"      {proc['reason']}", style="yellow")
+        for b in proc["backends"]:
+            chosen = "*" if b["chosen"] else " "
+            where = "" if b["platform_ok"] else " (needs Apple silicon)"
+            packages = ", ".join(f"{m} {v}" for m, v in b["packages"].items())
+            say(out, f"    {chosen} {b['name']}{where}: {packages}")
+        files = proc["model_files"]
+        if files:
+            pinned = "" if files["pinned"] else ", sha256 not pinned in the catalog"
+            where = files["path"] if files["status"] == "verified" else ""
+            say(out, f"      model {files['name']}: {files['status']}{pinned} {where}")

@@ -1,0 +1,42 @@
+"""Text from outside (file names, paths, reasons, errors) made safe to show on a terminal.
+
+A file may be named ``"\\x1b[2Jclip.mp4"``: printed raw, it clears the screen, retitles
+the window or fakes output. Every CLI and TUI line built from such text goes through
+``printable`` (or ``scrub`` for a whole API reply), which shows control characters as
+escapes instead. Rich markup is a separate matter: pass such text as ``rich.text.Text``,
+never as a markup string.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# C0 controls, DEL and C1 controls; bidirectional overrides, which make a name read
+# differently from what it is; lone surrogates (undecodable bytes in a file name), which
+# cannot even be encoded for output.
+_OTHERS = "\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff"
+_UNSAFE = re.compile(f"[\x00-\x1f{_OTHERS}]")
+_UNSAFE_BUT_NEWLINE = re.compile(f"[\x00-\x09\x0b-\x1f{_OTHERS}]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(value: object, multiline: bool = False) -> str:
+    """``value`` as text that changes nothing on the terminal it is shown on: one line,
+    unless ``multiline`` keeps its line breaks (for a report, never for a name)."""
+    return (_UNSAFE_BUT_NEWLINE if multiline else _UNSAFE).sub(_escape, str(value))
+
+
+def scrub(value: Any) -> Any:
+    """An API reply with every string in it (keys too) made ``printable``."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {scrub(k): scrub(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [scrub(v) for v in value]
+    return value

@@ -1,0 +1,46 @@
+"""The project's own reference (docs/) keeps up with the API and the config definition."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+from momentry_edge import config
+from momentry_edge.openapi import openapi_document
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+README = DOCS.parent / "README.md"
+METHODS = {"get", "put", "post", "delete", "patch"}
+
+
+def test_every_operation_of_the_openapi_document_is_in_the_api_reference() -> None:
+    text = (DOCS / "api.md").read_text(encoding="utf-8")
+    paths = openapi_document("0")["paths"]
+    operations = [f"{m.upper()} {p}" for p, item in paths.items() for m in item if m in METHODS]
+    assert operations
+    # Written as `GET /api/v1/jobs/{job}` or `GET /api/v1/jobs?status=...`.
+    missing = [op for op in operations if not re.search(f"`{re.escape(op)}[`?]", text)]
+    assert not missing, f"document these in docs/api.md: {missing}"
+
+
+def test_every_config_key_is_in_the_configuration_reference() -> None:
+    text = (DOCS / "configuration.md").read_text(encoding="utf-8")
+    keys = [
+        f"{section}.{f.name}"
+        for section, cls in config.SECTIONS.items()
+        for f in dataclasses.fields(cls)
+    ]
+    missing = [key for key in keys if f"`{key}`" not in text]
+    assert not missing, f"document these in docs/configuration.md: {missing}"
+    # The short environment variable names are listed beside their keys.
+    for cls in config.SECTIONS.values():
+        for f in dataclasses.fields(cls):
+            if f.metadata.get("env"):
+                assert f"`{f.metadata['env']}`" in text, f.metadata["env"]
+
+
+def test_the_readme_points_to_the_project_reference() -> None:
+    text = README.read_text(encoding="utf-8")
+    assert "docs/api.md" in text and "docs/configuration.md" in text
+    assert "../shared" not in text

@@ -72,9 +72,9 @@ class ServiceConfig:
     # Names this process in a shared queue; empty = the host name.
     node_id: str = _setting("", env="MOMENTRY_NODE_ID")
     # Seconds between automatic backups into <data_dir>/backups; 0 = none.
-    backup_interval: float = _setting(0.0, minimum=0)
+    backup_interval: float = _setting(0.0, minimum=0, maximum=MAX_SECONDS)
     # Automatic backups kept; older ones are removed (backups taken by hand stay).
-    backup_keep: int = _setting(7, minimum=1)
+    backup_keep: int = _setting(7, minimum=1, maximum=10000)
 
 
 @dataclass(frozen=True)

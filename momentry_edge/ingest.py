@@ -640,12 +640,13 @@ def requeue_replaced(job: Job, snapshot: MediaFile) -> Job | None:
     )
     if same or record.state != db.PRESENT:
         return None
+    settings = {"task_timeout": job.task_timeout, "not_before": job.not_before}
     job, created = jobs.submit(
         record,
         job.processors,
         priority=job.priority,
         max_retries=job.max_retries,
-        options=job.options,
+        options=job.options | {k: v for k, v in settings.items() if v is not None},
     )
     return job if created else None
 

@@ -8,6 +8,7 @@ single UPDATE that gives a job a seq below every other pending one.
 
 from __future__ import annotations
 
+import json
 import random
 import secrets
 import threading
@@ -19,6 +20,7 @@ from typing import Any
 import peewee as pw
 
 from . import db
+from .clock import iso
 from .db import Job, MediaFile, ProcessorRun, QueueState
 from .errors import Conflict, Invalid, NotFound
 from .events import bus
@@ -270,13 +272,18 @@ def _clash(job: Job, asked: dict[str, Any], strict: bool = False) -> str | None:
         if key == "force" and (not value or have["force"] or (not strict and _untouched(job))):
             continue
         if value != have[key]:
-            shown = {key: have[key] for key in asked}
             return (
-                f"file already has job {job.task_id} ({job.status}) running "
-                f"{', '.join(job.processors)} with {shown}, and {key}={value!r} was asked; "
-                f"cancel it, or ask again once it has ended"
+                f"the file's job {job.task_id} ({job.status}) for {', '.join(job.processors)}"
+                f" has {key} {_shown(key, have[key])}, this request asks"
+                f" {_shown(key, value)}; cancel that job, or ask again once it has ended"
             )
     return None
+
+
+def _shown(key: str, value: Any) -> str:
+    if value is None:
+        return "unset"
+    return iso(value) if key == "not_before" else json.dumps(value)
 
 
 def _untouched(job: Job) -> bool:
@@ -294,11 +301,12 @@ def _carry_over(
     if problem:
         raise Conflict(problem)
     options = _with_callbacks(job.options, urls)
-    if asked.get("force"):
+    forcing = bool(asked.get("force")) and not job.options.get("force")
+    if forcing:
         options["force"] = True
     if options == job.options and priority <= job.priority:
         return
-    condition = Job.status == db.PENDING if asked.get("force") else Job.status.in_(db.ACTIVE_STATES)
+    condition = Job.status == db.PENDING if forcing else Job.status.in_(db.ACTIVE_STATES)
     changed = (
         Job.update(options=options, priority=max(job.priority, priority))
         .where(Job.id == job.id, condition)

@@ -370,7 +370,7 @@ OPERATIONS: dict[str, Schema] = {  # "method path": operation, one per route in 
         "deep_scan",
         "Queue a deep scan of a file",
         _json(_QUEUED, "queued"),
-        "404",
+        "404 409",  # 409: an active job runs part of it with settings it cannot share
         body="DeepScanRequest",
         status="202",
         more={"200": _json(_QUEUED, "an active job of this file covers it (deduplicated)")},
@@ -419,6 +419,7 @@ OPERATIONS: dict[str, Schema] = {  # "method path": operation, one per route in 
         "register",
         "Record a file in a watched folder and queue its deep scan",
         _json(_REGISTERED, "registered"),
+        "409",  # a failed upload reported while a job runs on the file, or settings clash
         body="RegisterRequest",
         status="201",
         more={"200": _json(_REGISTERED, "already registered and unchanged")},

@@ -11,9 +11,11 @@ import json
 import logging
 import queue
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import bottle
+import httpx
 from bottle import request, response
 
 from . import __version__, db, hooks, jobs, views
@@ -216,14 +218,7 @@ def make_app(service: Service) -> bottle.Bottle:
         raw = body.get("path")
         if not isinstance(raw, str) or not raw:
             raise Invalid("path is required")
-        record, job, created = service.register(
-            raw,
-            upload_ok=body.get("upload_status", 1) == 1,
-            scan=body.get("scan", True),
-            processors=body.get("processors"),
-            priority=body.get("priority", "normal"),
-            options=_scan_options(body),
-        )
+        record, job, created = service.register(raw, **_register_fields(body))
         response.status = 201 if created else 200
         reply = {
             "success": True,
@@ -335,17 +330,98 @@ class _TooLarge(ClientError):
         super().__init__(f"request body is larger than {MAX_BODY} bytes")
 
 
+MAX_URL = 2048
+MAX_RETRIES = 100
+MAX_TASK_TIMEOUT = 7 * 86400.0
+
+
 def _scan_options(body: dict[str, Any]) -> dict[str, Any]:
-    options = {}
-    for key, kind in (("force", bool), ("retry_on_failure", bool), ("callback_url", str)):
-        if key in body and body[key] is not None:
-            if not isinstance(body[key], kind):
-                raise Invalid(f"{key} must be a {'boolean' if kind is bool else 'string'}")
+    """The job settings a deep-scan or register body may carry, checked (Invalid if not)."""
+    options: dict[str, Any] = {}
+    for key in ("force", "retry_on_failure"):
+        if body.get(key) is not None:
+            if not isinstance(body[key], bool):
+                raise Invalid(f"{key} must be true or false")
             options[key] = body[key]
-    url = options.get("callback_url")
-    if url is not None and not url.startswith(("http://", "https://")):
-        raise Invalid("callback_url must be an http:// or https:// URL")
+    if body.get("callback_url") is not None:
+        options["callback_url"] = _callback_url(body["callback_url"])
+    if body.get("max_retries") is not None:
+        value = body["max_retries"]
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RETRIES:
+            raise Invalid(f"max_retries must be a whole number from 0 to {MAX_RETRIES}")
+        options["max_retries"] = value
+    if body.get("task_timeout") is not None:
+        value = body["task_timeout"]
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not 1 <= value <= MAX_TASK_TIMEOUT
+        ):
+            raise Invalid(f"task_timeout must be seconds from 1 to {MAX_TASK_TIMEOUT:g}")
+        options["task_timeout"] = float(value)
+    if body.get("not_before") is not None:
+        options["not_before"] = _timestamp("not_before", body["not_before"])
     return options
+
+
+def _callback_url(value: Any) -> str:
+    """A URL the callback sender can POST to: http(s), with a host, of a sane length."""
+    if not isinstance(value, str):
+        raise Invalid("callback_url must be a string")
+    if len(value) > MAX_URL:
+        raise Invalid(f"callback_url is longer than {MAX_URL} characters")
+    if any(c.isspace() or not c.isprintable() for c in value):
+        raise Invalid("callback_url must not contain spaces or control characters")
+    try:
+        url = httpx.URL(value)
+        port = url.port
+    except (httpx.InvalidURL, ValueError, TypeError) as exc:
+        raise Invalid(f"callback_url is not a valid URL: {exc}") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise Invalid("callback_url must be an http:// or https:// URL with a host")
+    if port is not None and not 1 <= port <= 65535:
+        raise Invalid(f"callback_url has port {port}; ports are 1 to 65535")
+    return value
+
+
+def _timestamp(key: str, value: Any) -> float:
+    """An ISO 8601 time as Unix seconds; one without a zone is taken as UTC."""
+    if not isinstance(value, str):
+        raise Invalid(f"{key} must be an ISO 8601 time string, e.g. 2026-10-07T10:05:00Z")
+    try:
+        moment = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise Invalid(
+            f"{key} is not an ISO 8601 time: {value[:100]!r} (e.g. 2026-10-07T10:05:00Z)"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def _register_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """The upload hook's fields, type-checked: a string "1" or "false" is not taken as a
+    number or a boolean (it would silently mean something else)."""
+    status = body.get("upload_status", 1)
+    if isinstance(status, bool) or not isinstance(status, int):
+        raise Invalid("upload_status must be an integer (1: the upload finished)")
+    scan = body.get("scan", True)
+    if not isinstance(scan, bool):
+        raise Invalid("scan must be true or false")
+    processors = body.get("processors")
+    if processors is not None and (
+        not isinstance(processors, list) or not all(isinstance(n, str) for n in processors)
+    ):
+        raise Invalid("processors must be a list of processor names")
+    priority = body.get("priority", "normal")
+    jobs.parse_priority(priority)
+    return {
+        "upload_ok": status == 1,
+        "scan": scan,
+        "processors": processors,
+        "priority": priority,
+        "options": _scan_options(body),
+    }
 
 
 def _file(file_uuid: str) -> MediaFile:

@@ -21,8 +21,8 @@ from .events import Event
 
 log = logging.getLogger(__name__)
 
-# (url or None, payload) for a task id; None when the job asked for no callback.
-Summarize = Callable[[str], tuple[str | None, dict[str, Any]]]
+# (callback URLs still owed, payload) for a task id; no URLs when none is owed.
+Summarize = Callable[[str], tuple[list[str], dict[str, Any]]]
 
 
 class CallbackSender:
@@ -58,8 +58,9 @@ class CallbackSender:
             self._thread.join(timeout=2.0)
 
     def on_event(self, event: Event) -> None:
-        """Bus listener: a job ended, so a callback may be owed now."""
-        if event["type"] == "job.finished":
+        """Bus listener: a job ended (or a finished one was given a callback URL), so a
+        callback may be owed now."""
+        if event["type"] in ("job.finished", "job.callback_owed"):
             with self._wake:
                 self._poked = True
                 self._wake.notify()
@@ -92,41 +93,44 @@ class CallbackSender:
     def _deliver(self, client: httpx.Client, task_id: str, attempt: int) -> None:
         extra = {"task_id": task_id}
         try:
-            url, payload = self._summarize(task_id)
+            urls, payload = self._summarize(task_id)
         except Exception:  # a job deleted since, or a summary bug: never retried forever
             log.exception("job %s: no callback summary", task_id, extra=extra)
             jobs.settle_callback(task_id, None)
             return
-        if not url:
+        problems = {}
+        for url in urls:
+            problem = self._post(client, url, payload)
+            if problem is None:
+                log.info("job %s: callback delivered to %s", task_id, url, extra=extra)
+                jobs.callback_delivered(task_id, url)
+            else:
+                problems[url] = problem
+        if not problems:
             jobs.settle_callback(task_id, None)
             return
-        try:
-            reply = client.post(url, json=payload)
-            if reply.is_success:
-                log.info("job %s: callback delivered to %s", task_id, url, extra=extra)
-                jobs.settle_callback(task_id, None)
-                return
-            problem = f"HTTP {reply.status_code}"
-        except httpx.HTTPError as exc:
-            problem = f"{type(exc).__name__}: {exc}"
+        failed = "; ".join(f"{url[:200]}: {problem}" for url, problem in problems.items())
         if attempt >= self._attempts:
             log.error(
-                "job %s: callback to %s gave up after %d attempts (%s)",
+                "job %s: callback gave up after %d attempts (%s)",
                 task_id,
-                url,
                 attempt,
-                problem,
+                failed,
                 extra=extra,
             )
             jobs.settle_callback(task_id, None)
             return
         delay = self._first_delay * 2 ** (attempt - 1)
         log.warning(
-            "job %s: callback to %s failed (%s); retrying in %.0f s",
-            task_id,
-            url,
-            problem,
-            delay,
-            extra=extra,
+            "job %s: callback failed (%s); retrying in %.0f s", task_id, failed, delay, extra=extra
         )
         jobs.settle_callback(task_id, time.time() + delay)
+
+    def _post(self, client: httpx.Client, url: str, payload: dict[str, Any]) -> str | None:
+        """One delivery; None when it was taken, else what went wrong. Whatever goes wrong
+        (even a URL httpx cannot use) counts as a failed attempt, so the limit holds."""
+        try:
+            reply = client.post(url, json=payload)
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"[:500]
+        return None if reply.is_success else f"HTTP {reply.status_code}"

@@ -98,7 +98,8 @@ class Job(BaseModel):
     priority = pw.SmallIntegerField(default=PRIORITIES["normal"])
     seq = pw.BigIntegerField(index=True)  # place in line within a priority (FIFO)
     processors = JSONField()  # list of names, in run order
-    options = JSONField(default=dict)  # force, retry_on_failure, callback_url
+    # force, retry_on_failure, callback_urls (callback_url: the first of them, as older rows have)
+    options = JSONField(default=dict)
     progress = pw.SmallIntegerField(default=0)
     retry_count = pw.IntegerField(default=0)  # automatic retries used
     max_retries = pw.IntegerField()
@@ -116,6 +117,11 @@ class Job(BaseModel):
     # A job-end callback still owed: when it is due (null: none), and the attempts so far.
     callback_due = pw.DoubleField(null=True, index=True)
     callback_attempts = pw.IntegerField(default=0)
+    callback_done = JSONField(null=True)  # callback URLs delivered for the job's current ending
+    # Per-job settings a request may give: seconds per run (null: queue.task_timeout), and
+    # the time before which the job is not started (null: as soon as its turn comes).
+    task_timeout = pw.DoubleField(null=True)
+    not_before = pw.DoubleField(null=True)
 
 
 class ProcessorRun(BaseModel):
@@ -197,6 +203,19 @@ def _v5_callbacks(db: pw.Database) -> None:
     )
 
 
+def _v6_job_settings(db: pw.Database) -> None:
+    # Several callback URLs per job, a per-job task timeout and a delayed start.
+    have = {c.name for c in db.get_columns("job")}
+    migrator = SchemaMigrator.from_database(db)
+    run_migrations(
+        *(
+            migrator.add_column("job", name, getattr(Job, name))
+            for name in ("callback_done", "task_timeout", "not_before")
+            if name not in have
+        )
+    )
+
+
 # Append-only: each entry moves the schema one version forward.
 MIGRATIONS: list[Callable[[pw.Database], None]] = [
     _v1_initial,
@@ -204,6 +223,7 @@ MIGRATIONS: list[Callable[[pw.Database], None]] = [
     _v3_line_indexes,
     _v4_fingerprint_index,
     _v5_callbacks,
+    _v6_job_settings,
 ]
 
 

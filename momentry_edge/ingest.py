@@ -33,7 +33,7 @@ import peewee as pw
 
 from . import db, jobs
 from .db import Job, MediaFile, ProcessorRun
-from .errors import Invalid
+from .errors import Conflict, Invalid
 from .events import bus
 from .media import MediaError, MediaInfo, MediaNotFoundError, probe
 
@@ -333,6 +333,8 @@ class Intake:
                 if moved and attempt < 2:
                     continue  # written to while we looked: look again
                 current = MediaFile.get_or_none(MediaFile.path == str(path))
+                if not upload_ok and current is not None:
+                    _upload_failed(current, fresh)
                 if observed is None and not _recognised_record(current, st, upload_ok, explicit):
                     observed = _observe(path, st, upload_ok)  # rare: the record moved under us
                 if observed is None:
@@ -341,6 +343,10 @@ class Intake:
                     record, outcome = _write(current, path, root, st, observed, now)
                 job, job_created = self._job_for(record, outcome, scan, explicit)
             break
+        if job is not None and not job_created and scan is not None:
+            # Answered with an existing job: it gets the request's callbacks and priority
+            # (after the commit above, so a callback now owed is seen at once).
+            job = jobs.join(job, scan.priority, scan.options)
         admission = Admission(record, outcome, job, job_created)
         self._announce(admission)
         return admission
@@ -538,6 +544,24 @@ def _lock_path(database: pw.Database, path: str) -> None:
     # SQLite: write_transaction already holds the database's write lock.
 
 
+def _upload_failed(record: MediaFile, st: os.stat_result) -> None:
+    """The hook reports a failed upload of a known file. Its waiting jobs are cancelled (a
+    failed upload is never processed). A job already running on the very content the file
+    still holds is not pulled from under it: Conflict. Changed content is rejected as
+    usual, and the running job notices the replaced file itself (FileGuard)."""
+    active = list(Job.select().where(Job.file == record.id, Job.status.in_(db.ACTIVE_STATES)))
+    unchanged = _recognised(record.size, record.mtime, record.state, st)
+    running = [job for job in active if job.status == db.PROCESSING]
+    if running and unchanged:
+        raise Conflict(
+            f"{record.name} has job {running[0].task_id} running on this very content; "
+            "cancel it first if the upload really failed"
+        )
+    for job in active:
+        if job.status != db.PROCESSING:
+            jobs.cancel(job, reason=ABORTED)
+
+
 def _newest_job(record: MediaFile, processors: Sequence[str] | None) -> Job | None:
     for job in Job.select().where(Job.file == record.id).order_by(Job.id.desc()):
         if processors is None or sorted(job.processors) == sorted(processors):
@@ -616,12 +640,13 @@ def requeue_replaced(job: Job, snapshot: MediaFile) -> Job | None:
     )
     if same or record.state != db.PRESENT:
         return None
+    settings = {"task_timeout": job.task_timeout, "not_before": job.not_before}
     job, created = jobs.submit(
         record,
         job.processors,
         priority=job.priority,
         max_retries=job.max_retries,
-        options=job.options,
+        options=job.options | {k: v for k, v in settings.items() if v is not None},
     )
     return job if created else None
 

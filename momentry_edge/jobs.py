@@ -8,6 +8,7 @@ single UPDATE that gives a job a seq below every other pending one.
 
 from __future__ import annotations
 
+import json
 import random
 import secrets
 import threading
@@ -19,6 +20,7 @@ from typing import Any
 import peewee as pw
 
 from . import db
+from .clock import iso
 from .db import Job, MediaFile, ProcessorRun, QueueState
 from .errors import Conflict, Invalid, NotFound
 from .events import bus
@@ -47,7 +49,7 @@ def _seq(now: float) -> int:
 
 
 def parse_priority(value: Any) -> int:
-    if value not in db.PRIORITIES:
+    if not isinstance(value, str) or value not in db.PRIORITIES:
         raise Invalid(f"priority must be one of low, normal, high; got {value!r}")
     return db.PRIORITIES[value]
 
@@ -131,6 +133,27 @@ def set_concurrency(max_concurrent: int | None, dynamic: bool | None, ceiling: i
 # -- submit and steer -----------------------------------------------------------------------
 
 
+# What a request may set for its job besides processors, priority and callbacks, with the
+# value a job has when nobody set it (None: the queue's setting applies).
+SETTINGS = ("force", "retry_on_failure", "max_retries", "task_timeout", "not_before")
+
+
+def callback_urls(options: dict[str, Any]) -> list[str]:
+    """A job's callback URLs (rows written before there could be several have one)."""
+    urls = options.get("callback_urls") or []
+    single = options.get("callback_url")
+    return list(dict.fromkeys([*([single] if single else []), *urls]))
+
+
+def _with_callbacks(options: dict[str, Any], urls: Sequence[str]) -> dict[str, Any]:
+    merged = list(dict.fromkeys([*callback_urls(options), *urls]))
+    rest = {k: v for k, v in options.items() if k not in ("callback_url", "callback_urls")}
+    if not merged:
+        return rest
+    # callback_url stays the first one, so readers of the single-URL field still find it.
+    return rest | {"callback_url": merged[0], "callback_urls": merged}
+
+
 def submit(
     file: MediaFile,
     processors: Sequence[str],
@@ -142,15 +165,23 @@ def submit(
 ) -> tuple[Job, bool]:
     """Queue a deep scan of ``file``; returns (job, created).
 
+    ``options`` holds what the request set: force, retry_on_failure, callback_url(s),
+    and the per-job max_retries, task_timeout (seconds) and not_before (Unix time).
+
     One file's work is never queued twice, whichever way it is asked for (watcher,
     upload hook, API). Processors an active job of the file already runs are left
-    to it; a job still waiting in line takes on the rest (and the higher priority);
-    only what is left then gets a new job. When nothing is left, the active job
-    that runs what was asked (the newest, if several share it) is returned.
+    to it, and that job is given the request's callbacks and higher priority; a job
+    still waiting in line takes on the rest when it was asked with the same settings;
+    only what is left then gets a new job. When nothing is left, the active job that
+    runs what was asked (the newest, if several share it) is returned. A request whose
+    settings an active job that runs part of it cannot honour is refused (Conflict),
+    never answered with a job that ignores them.
     """
     now = _now(now)
     wanted = list(dict.fromkeys(processors))
-    options = options or {}
+    options = dict(options or {})
+    asked = {key: options.pop(key) for key in SETTINGS if key in options}
+    urls = callback_urls(options)
     added: list[str] = []
     database = Job._meta.database
     with db.write_transaction(database):
@@ -159,17 +190,21 @@ def submit(
         active = list(
             Job.select().where(Job.file == file, Job.status.in_(db.ACTIVE_STATES)).order_by(Job.id)
         )
-        for job in active:
-            if set(wanted) <= set(job.processors):
-                return job, False
+        covering = [job for job in active if set(wanted) <= set(job.processors)]
+        sharing = covering[:1] or [job for job in active if set(wanted) & set(job.processors)]
+        for job in sharing:
+            _carry_over(job, priority, asked, urls, now)
+        if covering:
+            return Job.get_by_id(covering[0].id), False
         running = {name for job in active for name in job.processors}
         left = [name for name in wanted if name not in running]
         if not left:
-            return [job for job in active if set(wanted) & set(job.processors)][-1], False
+            return Job.get_by_id(sharing[-1].id), False
         for job in active:
-            if job.status == db.PENDING and _compatible(job.options, options):
-                added = _take_on(job, left, priority, options, now)
+            if job.status == db.PENDING and _clash(job, asked, strict=True) is None:
+                added = _take_on(job, left, priority, now)
                 if added:
+                    _carry_over(job, priority, asked, urls, now)
                     break
         if not added:
             job = Job.create(
@@ -178,8 +213,12 @@ def submit(
                 priority=priority,
                 seq=_seq(now),
                 processors=left,
-                options=options,
-                max_retries=max_retries,
+                options=_with_callbacks(
+                    {k: asked[k] for k in ("force", "retry_on_failure") if k in asked}, urls
+                ),
+                max_retries=asked.get("max_retries", max_retries),
+                task_timeout=asked.get("task_timeout"),
+                not_before=asked.get("not_before"),
                 created_at=now,
                 queued_at=now,
             )
@@ -191,26 +230,112 @@ def submit(
     return job, True
 
 
-def _compatible(have: dict[str, Any], asked: dict[str, Any]) -> bool:
-    """Whether a waiting job with options ``have`` can take on work asked with ``asked``:
-    the same force and retry choices, and at most one callback URL between them."""
-    return all(
-        have.get(key) == asked.get(key)
-        or (key == "callback_url" and None in (have.get(key), asked.get(key)))
-        for key in have.keys() | asked.keys()
+def join(job: Job, priority: int, options: dict[str, Any], now: float | None = None) -> Job:
+    """Answer a request with an existing job of the file (an unchanged file registered
+    again): an active job is given the request's callbacks and higher priority, as in
+    ``submit``; a finished one sends its summary to callback URLs it has not called yet."""
+    now = _now(now)
+    options = dict(options)
+    asked = {key: options.pop(key) for key in SETTINGS if key in options}
+    owed = False
+    with db.write_transaction(Job._meta.database):
+        job = Job.get_by_id(job.id)
+        if job.status in db.ACTIVE_STATES:
+            _carry_over(job, priority, asked, callback_urls(options), now)
+        else:
+            owed = _owe_callbacks(job, callback_urls(options), now)
+    if owed:
+        bus.publish("job.callback_owed", task_id=job.task_id)
+    return Job.get_by_id(job.id)
+
+
+def _settings(job: Job) -> dict[str, Any]:
+    """The job's value of each of SETTINGS, defaults filled in."""
+    return {
+        "force": bool(job.options.get("force", False)),
+        "retry_on_failure": bool(job.options.get("retry_on_failure", True)),
+        "max_retries": job.max_retries,
+        "task_timeout": job.task_timeout,
+        "not_before": job.not_before,
+    }
+
+
+def _clash(job: Job, asked: dict[str, Any], strict: bool = False) -> str | None:
+    """Why ``job`` cannot serve a request that set ``asked``; None when it can.
+
+    A forced re-run serves a request that did not ask for one; a request that asks to
+    force is served by a job that has not started any processor yet (it is made forced),
+    unless ``strict`` (work that could as well go to a job of its own).
+    """
+    have = _settings(job)
+    for key, value in asked.items():
+        if key == "force" and (not value or have["force"] or (not strict and _untouched(job))):
+            continue
+        if value != have[key]:
+            return (
+                f"the file's job {job.task_id} ({job.status}) for {', '.join(job.processors)}"
+                f" has {key} {_shown(key, have[key])}, this request asks"
+                f" {_shown(key, value)}; cancel that job, or ask again once it has ended"
+            )
+    return None
+
+
+def _shown(key: str, value: Any) -> str:
+    if value is None:
+        return "unset"
+    return iso(value) if key == "not_before" else json.dumps(value)
+
+
+def _untouched(job: Job) -> bool:
+    return job.status == db.PENDING and not (
+        ProcessorRun.select().where(ProcessorRun.job == job.id, ProcessorRun.attempts > 0).exists()
     )
 
 
-def _take_on(
-    job: Job, missing: list[str], priority: int, options: dict[str, Any], now: float
-) -> list[str]:
+def _carry_over(
+    job: Job, priority: int, asked: dict[str, Any], urls: list[str], now: float
+) -> None:
+    """Give an active job what a later request asked of it, or raise Conflict."""
+    job = Job.get_by_id(job.id)
+    problem = _clash(job, asked)
+    if problem:
+        raise Conflict(problem)
+    options = _with_callbacks(job.options, urls)
+    forcing = bool(asked.get("force")) and not job.options.get("force")
+    if forcing:
+        options["force"] = True
+    if options == job.options and priority <= job.priority:
+        return
+    condition = Job.status == db.PENDING if forcing else Job.status.in_(db.ACTIVE_STATES)
+    changed = (
+        Job.update(options=options, priority=max(job.priority, priority))
+        .where(Job.id == job.id, condition)
+        .execute()
+    )
+    if changed:
+        return
+    # It moved on between the read and the write (another node claimed or ended it).
+    job = Job.get_by_id(job.id)
+    if job.status in db.ACTIVE_STATES:
+        raise Conflict(f"job {job.task_id} has started meanwhile; ask again to force a re-run")
+    _owe_callbacks(job, urls, now)
+
+
+def _owe_callbacks(job: Job, urls: list[str], now: float) -> bool:
+    """Add callback URLs to a finished job: its summary is owed to the new ones now."""
+    options = _with_callbacks(job.options, urls)
+    if options == job.options:
+        return False
+    Job.update(options=options, callback_due=now, callback_attempts=0).where(
+        Job.id == job.id
+    ).execute()
+    return True
+
+
+def _take_on(job: Job, missing: list[str], priority: int, now: float) -> list[str]:
     """Add processors to a waiting job; returns them (none if a worker claimed it)."""
     updated = (
-        Job.update(
-            processors=[*job.processors, *missing],
-            priority=max(job.priority, priority),
-            options={**options, **job.options},
-        )
+        Job.update(processors=[*job.processors, *missing], priority=max(job.priority, priority))
         .where(Job.id == job.id, Job.status == db.PENDING)  # claims change the status first
         .execute()
     )
@@ -229,12 +354,12 @@ def _add_runs(job: Job, names: list[str], first_position: int, now: float) -> No
     ).execute()
 
 
-def cancel(job: Job) -> str:
+def cancel(job: Job, reason: str = "cancelled by user") -> str:
     """Cancel a waiting job now, or ask a running one to stop at its next report."""
     with db.write_transaction(Job._meta.database):
         job = Job.get_by_id(job.id)
         if job.status in (db.PENDING, db.RETRYING):
-            _finalise(job, db.CANCELLED, "cancelled by user", time.time())
+            _finalise(job, db.CANCELLED, reason, time.time())
         elif job.status == db.PROCESSING:
             Job.update(cancel_requested=True).where(Job.id == job.id).execute()
         else:
@@ -315,6 +440,7 @@ def retry(job: Job, now: float | None = None) -> Job:
             completed_at=None,
             error_message=None,
             callback_due=None,  # the earlier ending is superseded; the next one is owed
+            callback_done=None,  # to every callback URL again
         ).where(Job.id == job.id).execute()
     bus.publish("job.queued", task_id=job.task_id, retry=True)
     return Job.get_by_id(job.id)
@@ -355,7 +481,7 @@ def claim(
         running = Job.select().where(Job.status == db.PROCESSING, Job.node == node).count()
         if running >= limit:
             return None
-        row = _next_claimable(database, can_run, cluster_can_run or set())
+        row = _next_claimable(database, can_run, cluster_can_run or set(), now)
         if row is None:
             return None
         Job.update(
@@ -374,11 +500,12 @@ def claim(
 
 
 def _next_claimable(
-    database: pw.Database, can_run: set[str] | None, cluster_can_run: set[str]
+    database: pw.Database, can_run: set[str] | None, cluster_can_run: set[str], now: float
 ) -> Job | None:
     query = (
         Job.select(Job.id, Job.processors)
-        .where(Job.status == db.PENDING)
+        # A job asked to start later keeps its place in line but is passed over until then.
+        .where(Job.status == db.PENDING, Job.not_before.is_null() | (Job.not_before <= now))
         .order_by(Job.priority.desc(), Job.seq, Job.id)
     )
     if db.is_postgres(database):
@@ -631,6 +758,20 @@ def claim_callback(hold_seconds: float, now: float | None = None) -> tuple[str, 
             Job.id == row.id
         ).execute()
     return row.task_id, attempt
+
+
+def owed_callbacks(job: Job) -> list[str]:
+    """The job's callback URLs not yet delivered for its current ending."""
+    done = set(job.callback_done or [])
+    return [url for url in callback_urls(job.options) if url not in done]
+
+
+def callback_delivered(task_id: str, url: str) -> None:
+    """Record one URL delivered, so a retry of the others does not send it again."""
+    with db.write_transaction(Job._meta.database):
+        job = Job.get(Job.task_id == task_id)
+        done = [*(job.callback_done or []), url]
+        Job.update(callback_done=done).where(Job.id == job.id).execute()
 
 
 def settle_callback(task_id: str, retry_at: float | None) -> None:

@@ -69,8 +69,25 @@ _SCAN = {  # the deep-scan options a request body may carry
     "processors": NAMES | {"minItems": 1},
     "priority": _ref("Priority"),
     "retry_on_failure": BOOL,
-    "callback_url": {"type": "string", "format": "uri"},
+    "callback_url": {"type": "string", "format": "uri", "maxLength": 2048},
     "force": {"type": "boolean", "description": "re-run processors whose output is up to date"},
+    "max_retries": {
+        "type": "integer",
+        "minimum": 0,
+        "maximum": 100,
+        "description": "automatic retries for this job (default: queue.max_retries)",
+    },
+    "task_timeout": {
+        "type": "number",
+        "minimum": 1,
+        "maximum": 604800,
+        "description": "seconds this job may run (default: queue.task_timeout)",
+    },
+    "not_before": {
+        "type": "string",
+        "format": "date-time",
+        "description": "ISO 8601; the job waits in line until then (no zone: UTC)",
+    },
 }
 _ERROR_CODES = ("bad_request", "unauthorized", "not_found", "conflict", "payload_too_large")
 
@@ -98,6 +115,7 @@ SCHEMAS: dict[str, Schema] = {
             "next_attempt_at": TIME,
             "error": _null(STR),
             "retry_count": INT,
+            "not_before": TIME,
         },
         _ENTRY_KEYS,
     ),
@@ -167,6 +185,8 @@ SCHEMAS: dict[str, Schema] = {
             "progress": PCT,
             "retry_count": INT,
             "max_retries": INT,
+            "task_timeout": _null(NUM | {"description": "seconds; null: queue.task_timeout"}),
+            "not_before": TIME,
             "crash_count": INT,
             "cancel_requested": BOOL,
             "node": _null(STR),
@@ -365,7 +385,7 @@ OPERATIONS: dict[str, Schema] = {  # "method path": operation, one per route in 
         "deep_scan",
         "Queue a deep scan of a file",
         _json(_QUEUED, "queued"),
-        "404",
+        "404 409",  # 409: an active job runs part of it with settings it cannot share
         body="DeepScanRequest",
         status="202",
         more={"200": _json(_QUEUED, "an active job of this file covers it (deduplicated)")},
@@ -414,6 +434,7 @@ OPERATIONS: dict[str, Schema] = {  # "method path": operation, one per route in 
         "register",
         "Record a file in a watched folder and queue its deep scan",
         _json(_REGISTERED, "registered"),
+        "409",  # a failed upload reported while a job runs on the file, or settings clash
         body="RegisterRequest",
         status="201",
         more={"200": _json(_REGISTERED, "already registered and unchanged")},

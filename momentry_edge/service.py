@@ -89,6 +89,8 @@ class Service:
         )
         if created:
             self.workers.kick()
+            if job.not_before is not None:
+                self.workers.kick(delay=job.not_before - time.time())  # its start time
         return job, created
 
     def register(
@@ -121,13 +123,13 @@ class Service:
         """Reconcile the watched folders with the database now (the rescan route)."""
         return self.watcher.rescan()
 
-    def _callback_payload(self, task_id: str) -> tuple[str | None, dict[str, Any]]:
+    def _callback_payload(self, task_id: str) -> tuple[list[str], dict[str, Any]]:
         job = jobs.find_job(task_id)
-        url = job.options.get("callback_url")
-        if not url:
-            return None, {}
+        urls = jobs.owed_callbacks(job)
+        if not urls:
+            return [], {}
         detail = views.job_detail(job, self.workers.effective_limit())
-        return url, {"event": "job.finished", "job": detail}
+        return urls, {"event": "job.finished", "job": detail}
 
     def queue_status(self) -> dict[str, Any]:
         extra = {

@@ -87,7 +87,12 @@ def _queue_status(effective_limit: int, load: Any, extra: dict[str, Any] | None)
     for number, (job, start) in enumerate(zip(pending, starts, strict=True), start=1):
         queue.append(
             _queue_entry(job)
-            | {"queued_at": iso(job.queued_at), "position": number, "estimated_start": iso(start)}
+            | {
+                "queued_at": iso(job.queued_at),
+                "position": number,
+                "estimated_start": iso(_held(start, job)),
+                "not_before": iso(job.not_before),
+            }
         )
     for job in retrying:
         queue.append(
@@ -122,6 +127,13 @@ def _queue_status(effective_limit: int, load: Any, extra: dict[str, Any] | None)
         },
         **(extra or {}),
     }
+
+
+def _held(start: float | None, job: Job) -> float | None:
+    """A job asked not to start before a time starts no earlier than that, history or not."""
+    if job.not_before is None:
+        return start
+    return max(start or job.not_before, job.not_before)
 
 
 def _queue_entry(job: Job) -> dict[str, Any]:
@@ -163,13 +175,15 @@ def _job_detail(job: Job, effective_limit: int) -> dict[str, Any]:
     if position is not None:
         now = time.time()
         running = list(Job.select().where(Job.status == db.PROCESSING))
-        estimated = iso(estimated_starts(position, running, effective_limit, now)[-1])
+        estimated = iso(_held(estimated_starts(position, running, effective_limit, now)[-1], job))
     return _queue_entry(job) | {
         "position": position,
         "estimated_start": estimated,
         "progress": job.progress,
         "retry_count": job.retry_count,
         "max_retries": job.max_retries,
+        "task_timeout": job.task_timeout,
+        "not_before": iso(job.not_before),
         "crash_count": job.crash_count,
         "cancel_requested": job.cancel_requested,
         "node": job.node,

@@ -165,7 +165,7 @@ class Workers:
     def _run_job(self, job: Job) -> str:
         log.info("job %s started: %s", job.task_id, ", ".join(job.processors))
         out_dir = self.config.data_dir / "results" / job.file.file_uuid
-        deadline = time.monotonic() + self.config.queue.task_timeout
+        deadline = time.monotonic() + (job.task_timeout or self.config.queue.task_timeout)
         # Read all rows first: an open SQLite cursor would pin an old snapshot and make
         # the writes below fail with "database is locked".
         runs = list(
@@ -314,7 +314,10 @@ class Workers:
                     out_dir,
                 )
             if outcome.reason == "timeout":
-                error = f"timed out after {self.config.queue.task_timeout:g} s (queue.task_timeout)"
+                limit, source = job.task_timeout, "the job's task_timeout"
+                if limit is None:
+                    limit, source = self.config.queue.task_timeout, "queue.task_timeout"
+                error = f"timed out after {limit:g} s ({source})"
                 jobs.fail_run(run, error, transient=True)
             else:
                 jobs.release_run(run)

@@ -6,7 +6,7 @@ from momentry_edge import db, jobs
 from momentry_edge.db import Job, MediaFile, SchemaVersion
 
 
-def test_a_version_4_database_gains_the_callback_columns_and_keeps_its_jobs(tmp_path, database_url):
+def test_a_version_4_database_gains_the_new_columns_and_keeps_its_jobs(tmp_path, database_url):
     data = tmp_path / "data"
     database = db.connect(database_url, data)
     jobs.init_queue_state(2, False)
@@ -14,19 +14,26 @@ def test_a_version_4_database_gains_the_callback_columns_and_keeps_its_jobs(tmp_
         file_uuid="c" * 32, path="/drop/a.mp4", watch_root="/drop", rel_path="a.mp4", name="a.mp4"
     )
     job, _ = jobs.submit(record, ["noop"], max_retries=0, options={"callback_url": "http://h/"})
-    # Back to what version 4 left: no callback columns, no record of version 5.
+    # Back to what version 4 left: no callback or job-setting columns, no record of
+    # versions 5 and 6, and the job's options as they were written then (one callback_url).
     database.execute_sql("DROP INDEX job_callback_due")
-    for column in ("callback_due", "callback_attempts"):
+    added = ("callback_due", "callback_attempts", "callback_done", "task_timeout", "not_before")
+    for column in added:
         database.execute_sql(f"ALTER TABLE job DROP COLUMN {column}")
-    SchemaVersion.delete().where(SchemaVersion.version == 5).execute()
+    SchemaVersion.delete().where(SchemaVersion.version > 4).execute()
+    database.execute_sql(
+        "UPDATE job SET options = %s" if db.is_postgres(database) else "UPDATE job SET options = ?",
+        ('{"callback_url": "http://h/"}',),
+    )
     database.close()
 
     database = db.connect(database_url, data)
 
-    assert {"callback_due", "callback_attempts"} <= {c.name for c in database.get_columns("job")}
+    assert set(added) <= {c.name for c in database.get_columns("job")}
     assert "job_callback_due" in {i.name for i in database.get_indexes("job")}
     assert SchemaVersion.select().count() == len(db.MIGRATIONS)
     jobs.cancel(job)  # ends the job: its callback is owed, in the new column
     assert jobs.claim_callback(hold_seconds=30) == (job.task_id, 1)
     assert Job.get_by_id(job.id).callback_attempts == 1
+    assert jobs.owed_callbacks(Job.get_by_id(job.id)) == ["http://h/"]
     database.close()

@@ -1,0 +1,266 @@
+"""Every request answered with success is carried out in full, or refused with a 4xx saying why:
+callbacks and priority of a deduplicated request, callback URLs, upload-hook fields, and the
+per-job max_retries, task_timeout and not_before."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
+
+import pytest
+from conftest import wait_for
+
+
+class Receiver(BaseHTTPRequestHandler):
+    """A client's callback endpoint: keeps (path, body) of every POST, answers 200."""
+
+    received: ClassVar[list[tuple[str, dict]]] = []
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.received.append((self.path, body))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def receiver():
+    Receiver.received = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", Receiver.received
+    server.shutdown()
+
+
+def _delivered(received: list, path: str, task_id: str) -> list[dict]:
+    return [body for where, body in received if where == path and body["job"]["task_id"] == task_id]
+
+
+def _file(svc, name: str) -> dict:
+    files = svc.get("/api/v1/files", params={"limit": 1000})["files"]
+    return next((f for f in files if f["file_name"] == name), None)
+
+
+def test_a_deduplicated_request_carries_its_priority_and_callbacks_over(start_service, receiver):
+    base, received = receiver
+    svc = start_service(
+        queue={"max_concurrent": 1}, ingest={"processors": ["cut"], "settle_seconds": 0.3}
+    )
+    svc.call("POST", "/api/v1/queue/pause")
+    earlier = svc.submit("earlier.mp4", ["noop"])["task_id"]  # normal, first in line
+
+    svc.add_video("dropped.mp4")  # the watcher queues cut for it
+    record = wait_for(lambda: (f := _file(svc, "dropped.mp4")) and f["status"] and f)
+    scan = f"/api/v1/file/{record['file_uuid']}/deep-scan"
+    body = {"processors": ["cut"], "priority": "high", "callback_url": f"{base}/first"}
+    first = svc.call("POST", scan, expect=200, json=body)
+    assert first["deduplicated"] is True
+    second = svc.call("POST", scan, expect=200, json={"callback_url": f"{base}/second"})
+    assert second["task_id"] == first["task_id"]
+
+    job = svc.job(first["task_id"])
+    assert job["priority"] == "high" and job["position"] == 1
+    assert job["options"]["callback_urls"] == [f"{base}/first", f"{base}/second"]
+    assert job["options"]["callback_url"] == f"{base}/first"  # the single field still read
+
+    svc.call("POST", "/api/v1/queue/resume")
+    dropped = svc.wait_status(first["task_id"], "completed")
+    other = svc.wait_status(earlier, "completed")
+    assert dropped["started_at"] < other["started_at"], "high priority runs first"
+    for path in ("/first", "/second"):
+        wait_for(lambda path=path: _delivered(received, path, first["task_id"]))
+    assert not [b for _, b in received if b["job"]["task_id"] == earlier]
+
+
+def test_an_unchanged_file_registered_again_sends_its_callback(start_service, receiver):
+    base, received = receiver
+    svc = start_service()
+    task = svc.submit("again.mp4", ["noop"])["task_id"]
+    svc.wait_status(task, "completed")
+    again = svc.submit("again.mp4", ["noop"], expect=200, callback_url=f"{base}/late")
+    assert again["task_id"] == task and again["deduplicated"] is True
+    [summary] = wait_for(lambda: _delivered(received, "/late", task))
+    assert summary["job"]["status"] == "completed"
+
+
+def test_a_request_the_existing_job_cannot_honour_is_refused(start_service):
+    svc = start_service()
+    svc.call("POST", "/api/v1/queue/pause")
+    queued = svc.submit("clash.mp4", ["noop"])
+    scan = f"/api/v1/file/{queued['file_uuid']}/deep-scan"
+    for asked in ({"max_retries": 0}, {"retry_on_failure": False}, {"task_timeout": 30}):
+        refused = svc.call("POST", scan, expect=409, json={"processors": ["noop"], **asked})
+        assert queued["task_id"] in refused["error"]["message"]
+    # More work with other settings goes to a job of its own.
+    own = svc.call("POST", scan, expect=202, json={"processors": ["steps"], "max_retries": 0})
+    assert own["task_id"] != queued["task_id"]
+    # A forced re-run of what waits untouched: the waiting job is made forced.
+    forced = svc.call("POST", scan, expect=200, json={"processors": ["noop"], "force": True})
+    assert forced["task_id"] == queued["task_id"]
+    job = svc.job(queued["task_id"])
+    assert job["options"] == {"force": True} and job["max_retries"] == 3
+    assert list(job["processors"]) == ["noop"]
+
+
+BAD_CALLBACKS = [
+    "http://[::1",
+    "http://127.0.0.1:99999/",
+    "http://" + "a" * 3000 + ".example/",
+    "http://example.com/a b",
+    "http:///no-host",
+    "ftp://example.com/",
+    "javascript:alert(1)",
+    17,
+]
+
+
+def test_callback_urls_that_cannot_be_used_are_refused(start_service):
+    svc = start_service()
+    svc.call("POST", "/api/v1/queue/pause")
+    queued = svc.submit("urls.mp4", ["noop"])
+    scan = f"/api/v1/file/{queued['file_uuid']}/deep-scan"
+    for url in BAD_CALLBACKS:
+        for path, body in (
+            (scan, {"processors": ["steps"]}),
+            ("/api/v1/files/register", {"path": "urls.mp4"}),
+        ):
+            error = svc.call("POST", path, expect=400, json=body | {"callback_url": url})
+            assert "callback_url" in error["error"]["message"]
+    assert [j["task_id"] for j in svc.get(f"/api/v1/files/{queued['file_uuid']}")["jobs"]] == [
+        queued["task_id"]
+    ]
+    assert svc.job(queued["task_id"])["options"] == {}
+
+
+def test_a_callback_that_cannot_be_delivered_gives_up(start_service, receiver):
+    base, received = receiver
+    svc = start_service()
+    # Valid as a URL, but its host name cannot be encoded (a label over 63 characters).
+    url = "http://" + "a" * 300 + ".example/hook"
+    task = svc.submit("nowhere.mp4", ["noop"], callback_url=url)["task_id"]
+    svc.wait_status(task, "completed")
+    wait_for(lambda: f"job {task}: callback gave up after 6 attempts" in svc.log(), timeout=120)
+    # The service keeps running and keeps delivering others.
+    assert svc.get("/healthz")["status"] == "ok"
+    other = svc.submit("somewhere.mp4", ["noop"], callback_url=f"{base}/ok")["task_id"]
+    wait_for(lambda: _delivered(received, "/ok", other))
+
+
+def test_upload_hook_fields_are_type_checked(start_service):
+    svc = start_service()
+    svc.add_video("typed.mp4")
+    record = wait_for(lambda: _file(svc, "typed.mp4"))  # the watcher registered it
+    for bad, field in (
+        ({"upload_status": "1"}, "upload_status"),
+        ({"upload_status": True}, "upload_status"),
+        ({"upload_status": 1.0}, "upload_status"),
+        ({"scan": "false"}, "scan"),
+        ({"scan": 0}, "scan"),
+        ({"processors": "noop"}, "processors"),
+        ({"processors": [1]}, "processors"),
+        ({"priority": ["high"]}, "priority"),
+        ({"priority": "urgent"}, "priority"),
+    ):
+        body = {"path": "typed.mp4", "processors": ["noop"]} | bad
+        error = svc.call("POST", "/api/v1/files/register", expect=400, json=body)
+        assert field in error["error"]["message"], error
+    detail = svc.get(f"/api/v1/files/{record['file_uuid']}")
+    assert detail["state"] == "present" and detail["jobs"] == []
+
+
+def test_a_failed_upload_report_does_not_reject_a_file_mid_job(start_service):
+    svc = start_service(**{"processors.steps": {"steps": 100, "step_seconds": 0.05}})
+    queued = svc.submit("busy.mp4", ["steps"])
+    svc.wait_status(queued["task_id"], "processing")
+    body = {"path": "busy.mp4", "upload_status": 0}
+    refused = svc.call("POST", "/api/v1/files/register", expect=409, json=body)
+    assert queued["task_id"] in refused["error"]["message"]
+    assert svc.wait_status(queued["task_id"], "completed")["error_message"] is None
+    assert svc.get(f"/api/v1/files/{queued['file_uuid']}")["state"] == "present"
+
+    # A job still waiting is not run on an upload reported failed: it is cancelled.
+    svc.call("POST", "/api/v1/queue/pause")
+    waiting = svc.submit("aborted.mp4", ["noop"])
+    body = {"path": "aborted.mp4", "upload_status": 0}
+    rejected = svc.call("POST", "/api/v1/files/register", expect=201, json=body)
+    assert rejected["state"] == "rejected" and rejected["task_id"] is None
+    job = svc.job(waiting["task_id"])
+    assert job["status"] == "cancelled" and "upload" in job["error_message"]
+
+
+def _iso(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def test_per_job_options_are_validated(start_service):
+    svc = start_service()
+    svc.add_video("options.mp4")
+    record = wait_for(lambda: _file(svc, "options.mp4"))
+    scan = f"/api/v1/file/{record['file_uuid']}/deep-scan"
+    for bad in (
+        {"max_retries": -1},
+        {"max_retries": "3"},
+        {"max_retries": True},
+        {"max_retries": 1.5},
+        {"max_retries": 10**6},
+        {"task_timeout": 0},
+        {"task_timeout": "10"},
+        {"task_timeout": False},
+        {"not_before": "tomorrow"},
+        {"not_before": 1700000000},
+        {"not_before": "2026-13-01T00:00:00Z"},
+    ):
+        field = next(iter(bad))
+        error = svc.call("POST", scan, expect=400, json={"processors": ["noop"]} | bad)
+        assert field in error["error"]["message"], error
+        body = {"path": "options.mp4", "processors": ["noop"]} | bad
+        svc.call("POST", "/api/v1/files/register", expect=400, json=body)
+    assert svc.get(f"/api/v1/files/{record['file_uuid']}")["jobs"] == []
+
+
+def test_max_retries_zero_fails_on_the_first_error(start_service):
+    svc = start_service()
+    svc.marker.touch()  # flaky fails while it exists
+    task = svc.submit("once.mp4", ["flaky"], max_retries=0)["task_id"]
+    job = svc.wait_status(task, "failed")
+    assert job["max_retries"] == 0 and job["retry_count"] == 0
+    assert job["processors"]["flaky"]["attempts"] == 1
+
+
+def test_task_timeout_per_job_ends_a_slow_job(start_service):
+    svc = start_service(**{"processors.steps": {"steps": 400, "step_seconds": 0.05}})
+    task = svc.submit("slow.mp4", ["steps"], task_timeout=1, max_retries=0)["task_id"]
+    assert svc.job(task)["task_timeout"] == 1
+    job = svc.wait_status(task, "failed")
+    assert "timed out after 1 s (the job's task_timeout)" in job["processors"]["steps"]["error"]
+    assert svc.job(task)["processors"]["steps"]["current"] < 400
+
+
+def test_not_before_holds_a_job_in_line(start_service):
+    svc = start_service()
+    start = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=8)
+    held = svc.submit("later.mp4", ["noop"], not_before=_iso(start))
+    job = svc.job(held["task_id"])
+    assert job["status"] == "pending" and _parse(job["not_before"]) == start
+    assert _parse(job["estimated_start"]) >= start
+    entry = next(e for e in svc.status()["queue"] if e["task_id"] == held["task_id"])
+    assert _parse(entry["estimated_start"]) >= start
+
+    # It does not hold back the line: a job queued after it runs meanwhile.
+    other = svc.submit("now.mp4", ["noop"])["task_id"]
+    svc.wait_status(other, "completed")
+    if time.time() < start.timestamp():
+        assert svc.job(held["task_id"])["status"] == "pending"
+    done = svc.wait_status(held["task_id"], "completed", timeout=60)
+    assert _parse(done["started_at"]) >= start

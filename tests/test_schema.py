@@ -18,7 +18,7 @@ def test_a_version_4_database_gains_the_callback_columns_and_keeps_its_jobs(tmp_
     database.execute_sql("DROP INDEX job_callback_due")
     for column in ("callback_due", "callback_attempts"):
         database.execute_sql(f"ALTER TABLE job DROP COLUMN {column}")
-    SchemaVersion.delete().where(SchemaVersion.version == 5).execute()
+    SchemaVersion.delete().where(SchemaVersion.version >= 5).execute()
     database.close()
 
     database = db.connect(database_url, data)
@@ -29,4 +29,36 @@ def test_a_version_4_database_gains_the_callback_columns_and_keeps_its_jobs(tmp_
     jobs.cancel(job)  # ends the job: its callback is owed, in the new column
     assert jobs.claim_callback(hold_seconds=30) == (job.task_id, 1)
     assert Job.get_by_id(job.id).callback_attempts == 1
+    database.close()
+
+
+def test_a_version_5_database_gains_the_file_recheck_columns_and_keeps_its_files(
+    tmp_path, database_url
+):
+    data = tmp_path / "data"
+    database = db.connect(database_url, data)
+    MediaFile.create(
+        file_uuid="d" * 32,
+        path="/drop/b.mp4",
+        watch_root="/drop",
+        rel_path="b.mp4",
+        name="b.mp4",
+        state=db.REJECTED,
+        reason="truncated or corrupt",
+    )
+    for column in ("transient", "content_hash"):
+        database.execute_sql(f"ALTER TABLE media_file DROP COLUMN {column}")
+    SchemaVersion.delete().where(SchemaVersion.version >= 6).execute()
+    database.close()
+
+    database = db.connect(database_url, data)
+    database.connect(reuse_if_open=True)
+
+    columns = {c.name for c in database.get_columns("media_file")}
+    assert {"transient", "content_hash"} <= columns
+    assert SchemaVersion.select().count() == len(db.MIGRATIONS)
+    record = MediaFile.get(MediaFile.path == "/drop/b.mp4")
+    assert (record.state, record.transient, record.content_hash) == (db.REJECTED, False, None)
+    # Run again (another node starting): nothing to do, nothing breaks.
+    assert db.migrate(database) == len(db.MIGRATIONS)
     database.close()

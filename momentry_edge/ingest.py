@@ -483,8 +483,10 @@ class Intake:
                         if not self._taken(entry.path, PurePath(entry.path[skip:])):
                             continue
                         yield entry.path, entry.stat(follow_symlinks=False)
-                    except OSError:
+                    except FileNotFoundError:
                         continue  # vanished while we looked
+                    except OSError as exc:  # e.g. a path longer than the system allows
+                        self._warn_once(entry.path, f"cannot look at it: {exc.strerror or exc}")
 
     def _warn_once(self, path: str, reason: str) -> None:
         if path not in self._warned:
@@ -773,12 +775,18 @@ def content_hash(record: MediaFile) -> str | None:
         return None  # written while it was read
     value = digest.hexdigest()
     # Stored only while the record still describes this content (not re-registered meanwhile).
-    MediaFile.update(content_hash=value).where(
-        MediaFile.id == record.id,
-        MediaFile.size == record.size,
-        MediaFile.mtime == record.mtime,
-        MediaFile.fingerprint == record.fingerprint,
-    ).execute()
+    stored = (
+        MediaFile.update(content_hash=value)
+        .where(
+            MediaFile.id == record.id,
+            MediaFile.size == record.size,
+            MediaFile.mtime == record.mtime,
+            MediaFile.fingerprint == record.fingerprint,
+        )
+        .execute()
+    )
+    if stored:
+        record.content_hash = value  # the job's other processors ask the same instance
     return value
 
 

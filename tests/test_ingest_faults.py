@@ -12,6 +12,7 @@ import socket
 import stat
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -231,12 +232,16 @@ def test_a_slow_sftp_upload_is_never_shown_rejected_and_is_taken_when_done(
     client = sftp_server(video, svc.drop / "upload.mp4")
 
     seen_states: list[str] = []
+    rescans: Counter[str] = Counter()
     while client.poll() is None:
+        # A rescan finds the file between bursts too: it must not judge it half-written.
+        rescans.update(k for k, v in rescan(svc).items() if v)
         record = files(svc).get("upload.mp4")
         if record is not None:
             seen_states.append(record["state"])
             assert record["state"] != "rejected", f"shown rejected mid-upload: {record}"
         time.sleep(0.1)
+    assert rescans["settling"] > 0, rescans
     assert client.returncode == 0, client.stdout.read().decode()
     assert (svc.drop / "upload.mp4").stat().st_size == video.stat().st_size
 
@@ -248,6 +253,34 @@ def test_a_slow_sftp_upload_is_never_shown_rejected_and_is_taken_when_done(
     assert svc.get(f"/api/v1/files/{record['file_uuid']}")["duration"] == pytest.approx(11.0)
     # Nothing was announced for it before the upload ended.
     assert set(seen_states) <= {"present"}
+
+
+def test_a_file_is_taken_when_its_writer_closes_it_and_not_while_it_is_open(
+    start_service, tmp_path
+) -> None:
+    if not os.path.exists("/proc/self/fd"):
+        pytest.skip("close events are an inotify (Linux) feature")
+    data = noise_video(tmp_path / "v.mp4", 5).read_bytes()
+
+    # Whole and valid, but its writer still has it open: not taken, however long it is quiet.
+    svc = start_service("open", service={"node_id": "open"}, ingest=INGEST | {"settle_seconds": 1})
+    with (svc.drop / "held open.mp4").open("wb") as writer:
+        writer.write(data)
+        writer.flush()
+        deadline = time.monotonic() + 4  # four times settle_seconds
+        while time.monotonic() < deadline:
+            assert files(svc) == {}, "taken while its writer still had it open"
+            time.sleep(0.2)
+    record = wait_for(lambda: files(svc).get("held open.mp4"))
+    assert record["state"] == "present" and record["size"] == len(data)
+
+    # Written and closed: taken at once, long before settle_seconds.
+    svc = start_service(
+        "closed", service={"node_id": "closed"}, ingest=INGEST | {"settle_seconds": 3600}
+    )
+    (svc.drop / "closed.mp4").write_bytes(data)
+    record = wait_for(lambda: files(svc).get("closed.mp4"), timeout=30)
+    assert record["state"] == "present"
 
 
 # -- defect: duplicate content decided on a sample ---------------------------------------------

@@ -555,7 +555,7 @@ def _observe(path: Path, st: os.stat_result, upload_ok: bool) -> _Observed:
 def _maybe_unfinished(observed: _Observed, st: os.stat_result, now: float) -> bool:
     """Rejected for its content while written to only moments ago: maybe not all there yet."""
     unfinished = observed.state == db.REJECTED and not observed.transient
-    return unfinished and now - st.st_mtime < WRITING_GRACE
+    return unfinished and abs(now - st.st_mtime) < WRITING_GRACE  # abs: clocks of shares drift
 
 
 def _write(

@@ -81,6 +81,12 @@ class MediaFile(BaseModel):
     fingerprint = pw.CharField(max_length=80, null=True)
     state = pw.CharField(max_length=16, default=PRESENT, index=True)
     reason = pw.TextField(null=True)
+    # Rejected for a cause that can pass without the file changing (permissions, storage):
+    # looked at again at each rescan, register and watcher event instead of recognised.
+    transient = pw.BooleanField(default=False)
+    # blake2b of the whole content, computed when a result is about to be shared by
+    # content (the fingerprint only samples it); cleared whenever the file is re-read.
+    content_hash = pw.CharField(max_length=64, null=True)
     duration = pw.DoubleField(null=True)
     width = pw.IntegerField(null=True)
     height = pw.IntegerField(null=True)
@@ -216,6 +222,23 @@ def _v6_job_settings(db: pw.Database) -> None:
     )
 
 
+def _v7_file_recheck(db: pw.Database) -> None:
+    # Transient rejections and whole-content hashes (see MediaFile). Idempotent: a
+    # database made by v1 after these columns joined the model has them already.
+    have = {c.name for c in db.get_columns("media_file")}
+    migrator = SchemaMigrator.from_database(db)
+    steps = [
+        migrator.add_column("media_file", name, field)
+        for name, field in (
+            ("transient", MediaFile.transient),
+            ("content_hash", MediaFile.content_hash),
+        )
+        if name not in have
+    ]
+    if steps:
+        run_migrations(*steps)
+
+
 # Append-only: each entry moves the schema one version forward.
 MIGRATIONS: list[Callable[[pw.Database], None]] = [
     _v1_initial,
@@ -224,6 +247,7 @@ MIGRATIONS: list[Callable[[pw.Database], None]] = [
     _v4_fingerprint_index,
     _v5_callbacks,
     _v6_job_settings,
+    _v7_file_recheck,
 ]
 
 

@@ -35,12 +35,17 @@ from . import db, jobs
 from .db import Job, MediaFile, ProcessorRun
 from .errors import Conflict, Invalid
 from .events import bus
-from .media import MediaError, MediaInfo, MediaNotFoundError, probe
+from .media import MediaError, MediaInfo, MediaNotFoundError, is_transient, probe
 
 log = logging.getLogger(__name__)
 
 _NAMESPACE = uuid.UUID("5d1f6a63-8a3e-4f0e-9d9b-2f0c6f1e7a11")
 _SAMPLE = 1 << 20  # bytes hashed at head, middle and tail
+# A path longer than this, or a component longer than NAME_MAX bytes, cannot name a file.
+PATH_MAX, NAME_MAX = 4096, 255
+# A file that does not probe yet and was written to less than this many seconds ago,
+# by a writer not known to have closed it, is taken to be still arriving, not broken.
+WRITING_GRACE = 60.0
 
 # Names upload clients give a file while it is still being written.
 TEMP_SUFFIXES = (".part", ".filepart", ".tmp", ".crdownload", ".partial")
@@ -58,6 +63,10 @@ class Outcome(enum.Enum):
 
 class Gone(Exception):
     """The file vanished (or turned into something else) before it could be registered."""
+
+
+class Settling(Exception):
+    """The file does not probe yet but was written to recently: look again later."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +99,7 @@ class _Observed:
     reason: str | None
     info: MediaInfo | None
     fingerprint: str | None
+    transient: bool = False  # rejected for a cause that can pass (see MediaFile.transient)
 
 
 # -- identity ----------------------------------------------------------------------------------
@@ -135,14 +145,32 @@ def ignored_reason(rel_path: PurePath, extensions: Sequence[str]) -> str | None:
     if not lower.endswith(tuple(extensions)):
         return f"extension {PurePath(lower).suffix or '(none)'!r} is not in [ingest].extensions"
     try:
-        name.encode("utf-8")
+        str(rel_path).encode("utf-8")  # the folders on the way too: every path is stored
     except UnicodeEncodeError:
         return "the name is not valid UTF-8; rename the file"
     return None
 
 
+def check_path(raw: str) -> None:
+    """Invalid unless ``raw`` could name a file: no NUL, valid UTF-8, within the OS limits."""
+    if not raw:
+        raise Invalid("path is empty")
+    if "\0" in raw:
+        raise Invalid("path contains a NUL byte")
+    try:
+        encoded = raw.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Invalid("path is not valid UTF-8 (it contains a lone surrogate)") from None
+    if len(encoded) >= PATH_MAX:
+        raise Invalid(f"path is too long ({len(encoded)} bytes; the limit is {PATH_MAX - 1})")
+    longest = max(len(part) for part in encoded.split(b"/"))
+    if longest > NAME_MAX:
+        raise Invalid(f"a name in the path is too long ({longest} bytes; the limit is {NAME_MAX})")
+
+
 def resolve_in_watch(raw: str, watch_dirs: Sequence[Path]) -> tuple[Path, Path]:
     """The real path of ``raw`` and the watched folder that holds it, or Invalid."""
+    check_path(raw)
     roots = [Path(os.path.realpath(w)) for w in watch_dirs]
     candidates = [Path(raw)] if os.path.isabs(raw) else [root / raw for root in roots]
     for candidate in candidates:
@@ -223,13 +251,19 @@ class Intake:
         except Gone as exc:
             raise Invalid(str(exc)) from None
 
-    def settled(self, path: str) -> Admission | None:
-        """The watcher's way in: ``path`` has kept its size and mtime for settle_seconds."""
+    def settled(self, path: str, closed: bool = False) -> Admission | None:
+        """The watcher's way in: ``path`` has kept its size and mtime for settle_seconds,
+        or (``closed``) its writer has closed it.
+
+        Raises Settling when it does not probe yet and may still be being written.
+        """
         located = self.locate(path)
         if located is None or os.path.realpath(path) != path:
             return None  # a symlinked folder on the way: not followed
         try:
-            return self.admit(*located, scan=self.default_scan, explicit=False)
+            return self.admit(
+                *located, scan=self.default_scan, explicit=False, wait_if_young=not closed
+            )
         except (Gone, Invalid):
             return None
 
@@ -253,7 +287,11 @@ class Intake:
         known = {
             row[0]: row[1:]
             for row in MediaFile.select(
-                MediaFile.path, MediaFile.size, MediaFile.mtime, MediaFile.state
+                MediaFile.path,
+                MediaFile.size,
+                MediaFile.mtime,
+                MediaFile.state,
+                MediaFile.transient,
             )
             .where(MediaFile.watch_root.in_([str(r) for r in mounted]))
             .tuples()
@@ -271,7 +309,7 @@ class Intake:
                 elif defer is not None and now - st.st_mtime < self.settle_seconds:
                     defer(Path(path))
                     counts["settling"] += 1
-                elif key := self._admit_found(path, mounted):
+                elif key := self._admit_found(path, mounted, defer):
                     counts[key] += 1
         gone = [
             path
@@ -309,13 +347,15 @@ class Intake:
         scan: Scan | None,
         explicit: bool,
         upload_ok: bool = True,
+        wait_if_young: bool = False,
         now: float | None = None,
     ) -> Admission:
         """Record the file at ``path`` and queue ``scan`` when its content is new.
 
         ``explicit`` (the register API): an unchanged file answers with its existing
         job, or gets one if it has none. Otherwise (watcher, rescan) an unchanged file
-        queues nothing.
+        queues nothing. ``wait_if_young``: a file that does not probe but was written
+        to within WRITING_GRACE is not rejected; Settling is raised instead.
         """
         now = time.time() if now is None else now
         database = MediaFile._meta.database
@@ -326,6 +366,8 @@ class Intake:
             observed = None
             if not _recognised_record(known, st, upload_ok, explicit):
                 observed = _observe(path, st, upload_ok)
+                if wait_if_young and _maybe_unfinished(observed, st, now):
+                    raise Settling(f"{path} does not probe yet: {observed.reason}")
             with db.write_transaction(database):
                 _lock_path(database, str(path))
                 fresh = _stat_file(path)
@@ -395,11 +437,22 @@ class Intake:
         if admission.job_created:
             self.on_queued()
 
-    def _admit_found(self, path: str, roots: list[Path]) -> str:
+    def _admit_found(
+        self, path: str, roots: list[Path], defer: Callable[[Path], None] | None
+    ) -> str:
         """A rescan's new or changed file; returns the count it adds to."""
         root = next(r for r in roots if Path(path).is_relative_to(r))
         try:
-            admission = self.admit(Path(path), root, scan=self.default_scan, explicit=False)
+            admission = self.admit(
+                Path(path),
+                root,
+                scan=self.default_scan,
+                explicit=False,
+                wait_if_young=defer is not None,
+            )
+        except Settling:
+            defer(Path(path))  # may still be being written: the watcher looks again
+            return "settling"
         except (Gone, Invalid):
             return ""
         except Exception:
@@ -436,8 +489,10 @@ class Intake:
                         if not self._taken(entry.path, PurePath(entry.path[skip:])):
                             continue
                         yield entry.path, entry.stat(follow_symlinks=False)
-                    except OSError:
+                    except FileNotFoundError:
                         continue  # vanished while we looked
+                    except OSError as exc:  # e.g. a path longer than the system allows
+                        self._warn_once(entry.path, f"cannot look at it: {exc.strerror or exc}")
 
     def _warn_once(self, path: str, reason: str) -> None:
         if path not in self._warned:
@@ -451,16 +506,24 @@ class Intake:
 def _stat_file(path: Path) -> os.stat_result:
     try:
         st = path.lstat()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         raise Gone(f"no file at {path}") from None
+    except OSError as exc:  # e.g. a folder on the way that cannot be searched
+        raise Invalid(f"cannot look at {path}: {exc.strerror or exc}") from None
     if not stat_module.S_ISREG(st.st_mode):
         raise Invalid(f"{path} is not a regular file")
     return st
 
 
-def _recognised(size: int, mtime: float, state: str, st: Any) -> bool:
-    """Known, and neither written nor touched since: no need to read it again."""
-    return state != db.MISSING and (size, mtime) == (st.st_size, st.st_mtime)
+def _recognised(size: int, mtime: float, state: str, transient: bool, st: Any) -> bool:
+    """Known, and neither written nor touched since: no need to read it again.
+
+    A file that is missing, or rejected for a cause that can pass without the file
+    changing (a chmod does not move mtime), is always looked at again.
+    """
+    if state == db.MISSING or (state == db.REJECTED and transient):
+        return False
+    return (size, mtime) == (st.st_size, st.st_mtime)
 
 
 def _recognised_record(
@@ -471,26 +534,34 @@ def _recognised_record(
     if explicit and record.reason == ABORTED:
         return False  # the hook said the upload failed and now says it finished: look again
     # (The watcher and the rescan keep the hook's "aborted" until the file changes.)
-    return _recognised(record.size, record.mtime, record.state, st)
+    return _recognised(record.size, record.mtime, record.state, record.transient, st)
 
 
 def _observe(path: Path, st: os.stat_result, upload_ok: bool) -> _Observed:
     if not upload_ok:
         return _Observed(db.REJECTED, ABORTED, None, None)
+    transient = False
     try:
         info = probe(path)
         state, reason = db.PRESENT, None
     except MediaNotFoundError:
         raise Gone(f"no file at {path}") from None
     except MediaError as exc:
-        info, state, reason = None, db.REJECTED, exc.reason
+        info, state, reason, transient = None, db.REJECTED, exc.reason, exc.transient
     try:
         digest = fingerprint(path, st.st_size) if st.st_size else None
     except FileNotFoundError:
         raise Gone(f"no file at {path}") from None
     except OSError as exc:
         digest, state, reason = None, db.REJECTED, f"cannot read file: {exc.strerror or exc}"
-    return _Observed(state, reason, info, digest)
+        transient = is_transient(exc)
+    return _Observed(state, reason, info, digest, transient)
+
+
+def _maybe_unfinished(observed: _Observed, st: os.stat_result, now: float) -> bool:
+    """Rejected for its content while written to only moments ago: maybe not all there yet."""
+    unfinished = observed.state == db.REJECTED and not observed.transient
+    return unfinished and abs(now - st.st_mtime) < WRITING_GRACE  # abs: clocks of shares drift
 
 
 def _write(
@@ -512,6 +583,8 @@ def _write(
         "state": observed.state,
         "reason": observed.reason,
         "fingerprint": observed.fingerprint,
+        "transient": observed.transient,
+        "content_hash": None,  # of what was there before; computed again when needed
         "duration": info.duration if info else None,
         "width": info.width if info else None,
         "height": info.height if info else None,
@@ -525,7 +598,13 @@ def _write(
         )
         return record, Outcome.NEW
     same = observed.fingerprint is not None and observed.fingerprint == current.fingerprint
-    if same and observed.state == current.state:
+    # Looked at again (a transient rejection) and no different: nothing new to tell.
+    still = (observed.state, observed.reason, observed.fingerprint) == (
+        current.state,
+        current.reason,
+        current.fingerprint,
+    )
+    if (same or still) and observed.state == current.state:
         outcome = Outcome.TOUCHED
     elif same and observed.state == db.PRESENT:
         outcome = Outcome.RESTORED
@@ -663,7 +742,7 @@ def duplicate_output(
     if not record.fingerprint:
         return None
     query = (
-        ProcessorRun.select(ProcessorRun.output_path, MediaFile.file_uuid)
+        ProcessorRun.select(ProcessorRun.output_path, MediaFile.file_uuid, MediaFile.id)
         .join(Job)
         .join(MediaFile)
         .where(
@@ -675,7 +754,7 @@ def duplicate_output(
         .order_by(ProcessorRun.completed_at.desc())
         .tuples()
     )
-    for output_path, original in query:
+    for output_path, original, original_id in query:
         source = Path(output_path or "")
         try:
             document = json.loads(source.read_text(encoding="utf-8"))
@@ -688,9 +767,52 @@ def duplicate_output(
             if document.get("fingerprint") == record.fingerprint:
                 return "up to date", str(source)
             continue
+        # The fingerprint only samples the content: share results only when all of it matches.
+        mine = content_hash(record)
+        if mine is None or mine != content_hash(MediaFile.get_by_id(original_id)):
+            continue
         linked = _link_outputs(source, processor, out_dir)
         return f"duplicate of {original}", str(linked)
     return None
+
+
+def content_hash(record: MediaFile) -> str | None:
+    """A hash of the file's whole content, computed once per content and stored.
+
+    None when the file on disk is no longer what ``record`` describes (gone, changed
+    since it was registered, unreadable): then nothing can be confirmed about it.
+    """
+    if record.content_hash:
+        return record.content_hash
+    path = Path(record.path)
+    before = _lstat(path)
+    if before is None or (before.st_size, before.st_mtime) != (record.size, record.mtime):
+        return None
+    digest = hashlib.blake2b(digest_size=32)
+    try:
+        with path.open("rb") as f:
+            while chunk := f.read(_SAMPLE):
+                digest.update(chunk)
+    except OSError:
+        return None
+    after = _lstat(path)
+    if after is None or (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
+        return None  # written while it was read
+    value = digest.hexdigest()
+    # Stored only while the record still describes this content (not re-registered meanwhile).
+    stored = (
+        MediaFile.update(content_hash=value)
+        .where(
+            MediaFile.id == record.id,
+            MediaFile.size == record.size,
+            MediaFile.mtime == record.mtime,
+            MediaFile.fingerprint == record.fingerprint,
+        )
+        .execute()
+    )
+    if stored:
+        record.content_hash = value  # the job's other processors ask the same instance
+    return value
 
 
 def _link_outputs(source: Path, processor: str, out_dir: Path) -> Path:

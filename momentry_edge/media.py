@@ -12,6 +12,7 @@ started. For variable-frame-rate files they follow the average rate.
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 from collections.abc import Iterator
@@ -55,12 +56,43 @@ class MediaInfo:
         return asdict(self)
 
 
-class MediaError(Exception):
-    """The file cannot be used; ``reason`` says why in words a user understands."""
+# Errors reading a file that can pass without the file changing: permissions put right,
+# a volume (re)mounted, network storage back. A file rejected for one is looked at again.
+TRANSIENT_ERRNOS = frozenset(
+    {
+        errno.EACCES,
+        errno.EPERM,
+        errno.ENOENT,
+        errno.EIO,
+        errno.ENXIO,
+        errno.ENODEV,
+        errno.ESTALE,
+        errno.EAGAIN,
+        errno.EBUSY,
+        errno.ETIMEDOUT,
+        errno.ENOTCONN,
+        errno.EHOSTDOWN,
+        errno.EHOSTUNREACH,
+        errno.ENOLCK,
+    }
+)
 
-    def __init__(self, reason: str) -> None:
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether an OS error reading a file may go away by itself (see TRANSIENT_ERRNOS)."""
+    return getattr(exc, "errno", None) in TRANSIENT_ERRNOS
+
+
+class MediaError(Exception):
+    """The file cannot be used; ``reason`` says why in words a user understands.
+
+    ``transient``: the cause may pass without the file changing (permissions, storage).
+    """
+
+    def __init__(self, reason: str, transient: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.transient = transient
 
 
 class MediaNotFoundError(MediaError):
@@ -78,7 +110,7 @@ def probe(path: Path | str) -> MediaInfo:
     except FileNotFoundError:
         raise MediaNotFoundError(f"file not found: {path}") from None
     except OSError as e:
-        raise MediaError(f"cannot read file: {e.strerror or e}") from None
+        raise MediaError(f"cannot read file: {e.strerror or e}", is_transient(e)) from None
     if not path.is_file():
         raise MediaError(f"not a regular file: {path}")
     if size == 0:
@@ -91,6 +123,8 @@ def probe(path: Path | str) -> MediaInfo:
     except FileNotFoundError:
         raise MediaNotFoundError(f"file not found: {path}") from None
     except _AV_ERRORS as e:
+        if is_transient(e):
+            raise MediaError(f"cannot read file: {_message(e)}", transient=True) from None
         raise MediaError(f"truncated or corrupt: {_message(e)}") from None
 
 
@@ -223,8 +257,10 @@ def _open(path: Path | str) -> InputContainer:
     except FileNotFoundError:
         raise MediaNotFoundError(f"file not found: {path}") from None
     except PermissionError:
-        raise MediaError(f"cannot read file: permission denied: {path}") from None
+        raise MediaError(f"cannot read file: permission denied: {path}", transient=True) from None
     except _AV_ERRORS as e:
+        if is_transient(e):
+            raise MediaError(f"cannot read file: {_message(e)}", transient=True) from None
         if _looks_like_media(Path(path)):
             raise MediaError(
                 f"truncated or corrupt: cannot read the container ({_message(e)})"

@@ -36,8 +36,19 @@ symlink or hard link               created (a symlink is never taken)
 copy keeping times (``cp -p``)     created, opened, modified, closed, attrib
 =================================  ===============================================
 
+``closed`` is inotify's IN_CLOSE_WRITE: the writer has closed the file. Where the
+platform reports it (inotify), a file written and closed is taken at once, and a
+file modified and not closed yet (an upload in progress, however slow) waits for
+its close rather than for settle_seconds of quiet, up to ``ingest.WRITING_GRACE``
+of quiet (a close event may be lost when the kernel's queue overflows).
+
+A file that fails the probe while it may still be being written (not known to be
+closed, written to within WRITING_GRACE) is not rejected: ``Intake.settled`` raises
+``Settling`` and the tracker waits for it again.
+
 On macOS (FSEvents) events are coalesced per path and arrive in batches with a
-small delay; the outcome is the same because the tracker watches size and mtime.
+small delay and there is no close event; the outcome is the same because the tracker
+watches size and mtime.
 """
 
 from __future__ import annotations
@@ -56,12 +67,14 @@ from typing import Any
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
-from .ingest import Intake
+from .ingest import WRITING_GRACE, Intake, Settling
 
 log = logging.getLogger(__name__)
 
 # Events after which a file may have new content (or have just appeared).
 _CHANGES = {"created", "modified", "closed", "attrib"}
+# The observers that report a writer closing a file (inotify's IN_CLOSE_WRITE).
+_REPORTS_CLOSE = {"InotifyObserver"}
 # Settled files are registered (probed, hashed, recorded) this many at a time. Probing
 # holds the GIL, so more threads only overlap database commits: 2 measured ~1.2x over 1,
 # and 4 no better than 2 (each thread holds a database connection).
@@ -73,19 +86,29 @@ class _Watched:
     size: int
     mtime_ns: int
     since: float  # clock time of the last change seen
+    writing: bool = False  # modified, and its writer has not closed it since
+    closed: bool = False  # its writer closed it, and it has not changed since
 
 
 class SettleTracker:
     """Paths that are being written; ``due`` returns those that have held still long enough.
 
     A path is due once its size and mtime have been unchanged for ``settle_seconds``
-    and no event has touched it in that time. ``clock`` is injectable for tests.
-    Not thread-safe: the ingest thread owns it.
+    and no event has touched it in that time. With ``reports_close`` (the platform
+    reports a writer closing a file), a path is due as soon as its writer closed it,
+    and one still open for writing waits for the close (or WRITING_GRACE of quiet).
+    ``clock`` is injectable for tests. Not thread-safe: the ingest thread owns it.
     """
 
-    def __init__(self, settle_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        settle_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+        reports_close: bool = False,
+    ) -> None:
         self.settle_seconds = settle_seconds
         self.clock = clock
+        self.reports_close = reports_close
         self._files: dict[str, _Watched] = {}
 
     def __len__(self) -> int:
@@ -94,20 +117,31 @@ class SettleTracker:
     def __contains__(self, path: str) -> bool:
         return path in self._files
 
-    def touch(self, path: str, now: float | None = None) -> None:
-        """Something happened to ``path``: (re)start its settle timer."""
+    def touch(self, path: str, now: float | None = None, event: str = "") -> None:
+        """Something happened to ``path`` (``event``: watchdog's event type, if any):
+        (re)start its settle timer."""
         st = _regular_stat(path)
         if st is None:
             self._files.pop(path, None)
             return
         now = self.clock() if now is None else now
-        self._files[path] = _Watched(st.st_size, st.st_mtime_ns, now)
+        before = self._files.get(path)
+        seen = _Watched(st.st_size, st.st_mtime_ns, now)
+        if event == "modified":
+            seen.writing = True
+        elif event == "closed":
+            seen.closed = True
+        elif before is not None:  # attrib, a rename, a rescan: the writer is where it was
+            seen.writing = before.writing
+            seen.closed = before.closed and event == "attrib"  # e.g. cp -p sets times after
+        self._files[path] = seen
 
     def forget(self, path: str) -> None:
         self._files.pop(path, None)
 
-    def due(self, now: float | None = None) -> list[str]:
-        """Paths that have settled (each returned once), in the order they settled."""
+    def due(self, now: float | None = None) -> list[tuple[str, bool]]:
+        """Paths that have settled, each with whether its writer closed it (each returned
+        once), in the order they settled."""
         now = self.clock() if now is None else now
         settled = []
         for path, seen in list(self._files.items()):
@@ -115,11 +149,21 @@ class SettleTracker:
             if st is None:
                 del self._files[path]  # deleted, or replaced by something we do not take
             elif (st.st_size, st.st_mtime_ns) != (seen.size, seen.mtime_ns):
-                self._files[path] = _Watched(st.st_size, st.st_mtime_ns, now)
-            elif now - seen.since >= self.settle_seconds:
+                # Written since (its events may still be on the way): not closed after all.
+                self._files[path] = _Watched(st.st_size, st.st_mtime_ns, now, seen.writing)
+            elif self._ready(seen, now):
                 del self._files[path]
-                settled.append((seen.since, path))
-        return [path for _, path in sorted(settled)]
+                settled.append((seen.since, path, seen.closed and self.reports_close))
+        return [(path, closed) for _, path, closed in sorted(settled)]
+
+    def _ready(self, seen: _Watched, now: float) -> bool:
+        if not self.reports_close:
+            return now - seen.since >= self.settle_seconds
+        if seen.closed:
+            return True
+        # Still open for writing: wait for the close; quiet this long, it was lost.
+        wait = max(WRITING_GRACE, self.settle_seconds) if seen.writing else self.settle_seconds
+        return now - seen.since >= wait
 
 
 def _regular_stat(path: str) -> os.stat_result | None:
@@ -170,6 +214,7 @@ class Watcher:
     def start(self) -> None:
         """Watch first, then scan: a file written during the start-up scan is not missed."""
         self.observer = Observer()
+        self.tracker.reports_close = type(self.observer).__name__ in _REPORTS_CLOSE
         self.observer.start()
         self._schedule()
         self._thread.start()
@@ -212,10 +257,23 @@ class Watcher:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
-            # Block without a timeout while nothing is settling: no wake-ups when idle.
-            self._take(self.tick if len(self.tracker) else None)
-            for path in self.tracker.due():
-                self._register.submit(self._guarded, self.intake.settled, path)
+            try:
+                # Block without a timeout while nothing is settling: no wake-ups when idle.
+                self._take(self.tick if len(self.tracker) else None)
+                for path, closed in self.tracker.due():
+                    self._register.submit(self._guarded, self._settled, path, closed)
+            except Exception:
+                # Whatever one odd file or event does, the drop folder stays watched.
+                log.exception("ingest: unexpected error; carrying on")
+                time.sleep(self.tick)
+
+    def _settled(self, path: str, closed: bool) -> None:
+        """On a register thread: take ``path``, or wait for it again if it is still arriving."""
+        try:
+            self.intake.settled(path, closed)
+        except Settling as exc:
+            log.debug("%s; waiting for it to settle again", exc)
+            self.found(Path(path))
 
     def _take(self, timeout: float | None) -> None:
         """Feed queued events to the tracker: the first within ``timeout``, then all waiting."""
@@ -243,17 +301,17 @@ class Watcher:
             # A folder deleted or moved away: which known files went with it is a rescan's job.
             return kind in ("deleted", "moved")
         if kind in _CHANGES or kind == "found":
-            self._touch(path)
+            self._touch(path, kind)
         elif kind in ("moved", "deleted"):
             self.tracker.forget(path)
             self._guarded(self.intake.gone, path)
             if kind == "moved":
-                self._touch(dest)
+                self._touch(dest, kind)
         return False
 
-    def _touch(self, path: str) -> None:
+    def _touch(self, path: str, kind: str = "") -> None:
         if self.intake.locate(path) is not None:
-            self.tracker.touch(path)
+            self.tracker.touch(path, event=kind)
 
     def _touch_tree(self, folder: str) -> None:
         for parent, dirs, files in os.walk(folder):

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +57,15 @@ def _toml(settings: dict[str, dict[str, Any]]) -> str:
 class ServiceProcess:
     """`momentry-edge run` in a child process, as a user would start it."""
 
-    def __init__(self, root: Path, database_url: str, settings: dict[str, dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        root: Path,
+        database_url: str,
+        settings: dict[str, dict[str, Any]],
+        wrapper: Sequence[str] = (),
+    ) -> None:
         self.root = root
+        self.wrapper = list(wrapper)  # a command the service is started through (e.g. setpriv)
         self.data_dir = root / "data"
         self.drop = root / "drop"
         self.drop.mkdir(parents=True, exist_ok=True)
@@ -101,7 +108,11 @@ class ServiceProcess:
         """Start the process without waiting for it to serve."""
         log = (self.root / "service.log").open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "momentry_edge.cli", "--config", str(self.config_path), "run"],
+            [
+                *self.wrapper,
+                sys.executable,
+                *("-m", "momentry_edge.cli", "--config", str(self.config_path), "run"),
+            ],
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -235,11 +246,16 @@ def database_url(request: pytest.FixtureRequest) -> Iterator[str]:
 
 @pytest.fixture
 def start_service(tmp_path: Path, database_url: str) -> Iterator[Callable[..., ServiceProcess]]:
-    """start_service(queue={...}, ...) -> a running ServiceProcess; all are stopped afterwards."""
+    """start_service(queue={...}, ...) -> a running ServiceProcess; all are stopped afterwards.
+
+    ``wrapper``: a command to start the service through, e.g. one that drops privileges.
+    """
     started: list[ServiceProcess] = []
 
-    def start(name: str = "node", **settings: dict[str, Any]) -> ServiceProcess:
-        svc = ServiceProcess(tmp_path / name, database_url, settings)
+    def start(
+        name: str = "node", wrapper: Sequence[str] = (), **settings: dict[str, Any]
+    ) -> ServiceProcess:
+        svc = ServiceProcess(tmp_path / name, database_url, settings, wrapper)
         started.append(svc)
         return svc.start()
 

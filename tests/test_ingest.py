@@ -74,6 +74,18 @@ def copy_in(source: Path, target: Path) -> Path:
     return target
 
 
+def move_in(source: Path, target: Path, mtime: float | None = None) -> Path:
+    """Arrive whole, by a rename from outside the watched folder: no write and no close
+    is seen there, so the watcher waits settle_seconds for it (backdated: ``mtime``)."""
+    staging = target.parent.parent / f"{target.parent.name}.staging" / target.name
+    copy_in(source, staging)
+    if mtime is not None:
+        os.utime(staging, (mtime, mtime))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(staging, target)
+    return target
+
+
 # -- the pieces, without a service ---------------------------------------------------------------
 
 
@@ -115,7 +127,7 @@ def test_settle_tracker_waits_until_size_and_mtime_hold_still(tmp_path: Path) ->
     now[0] = 103.8
     assert tracker.due() == []
     now[0] = 103.9
-    assert tracker.due() == [str(upload)]
+    assert tracker.due() == [(str(upload), False)]
     assert tracker.due() == [], "each settled path is returned once"
 
     # An event alone (same size and mtime) also restarts the wait.
@@ -125,7 +137,7 @@ def test_settle_tracker_waits_until_size_and_mtime_hold_still(tmp_path: Path) ->
     now[0] = 106.9
     assert tracker.due() == []
     now[0] = 107.0
-    assert tracker.due() == [str(upload)]
+    assert tracker.due() == [(str(upload), False)]
 
     # Deleted before it settled, or a symlink: never due.
     gone = tmp_path / "gone.mp4"
@@ -252,13 +264,13 @@ def test_files_dropped_while_stopped_are_queued_at_next_start_and_once(
 
 
 def test_reconcile_new_changed_missing_and_unchanged(start_service, videos) -> None:
-    # A long settle time keeps the watcher out of the way: what changes here, the rescan does.
+    # A long settle time, and files moved in rather than written there (a file written and
+    # closed is taken at once), keep the watcher out of the way: the rescan does the work.
     svc = drop_service(start_service, settle_seconds=60)
     old = time.time() - 3600
     for i, name in enumerate(("keep.mp4", "edit.mp4", "delete.mp4", "touch.mp4")):
-        copy_in(videos[i], svc.drop / name)
-        os.utime(svc.drop / name, (old, old))
-    copy_in(videos[10], svc.drop / "fresh.mp4")  # just written: left to the settle tracker
+        move_in(videos[i], svc.drop / name, mtime=old)
+    move_in(videos[10], svc.drop / "fresh.mp4")  # just written: left to the settle tracker
     assert rescan(svc) == {"new": 4, "changed": 0, "missing": 0, "unchanged": 0, "settling": 1}
     before = files(svc)
     assert "fresh.mp4" not in before
@@ -286,8 +298,7 @@ def test_reconcile_new_changed_missing_and_unchanged(start_service, videos) -> N
     assert len(jobs_of(svc, after["keep.mp4"]["file_uuid"])) == 1
 
     # Put back with the same content, a processed file is present again and not re-run.
-    copy_in(videos[2], svc.drop / "delete.mp4")
-    os.utime(svc.drop / "delete.mp4", (old, old))
+    move_in(videos[2], svc.drop / "delete.mp4", mtime=old)
     assert rescan(svc)["changed"] == 1
     back = files(svc)["delete.mp4"]
     assert back["state"] == "present" and back["status"] == "completed"
@@ -361,7 +372,7 @@ def test_register_refuses_escapes_and_temp_names_and_is_idempotent(start_service
     os.utime(outside, (time.time() - 3600,) * 2)
     assert rescan(svc)["new"] == 0, "a rescan does not follow symlinks out either"
 
-    copy_in(videos[1], svc.drop / "clip.mp4")
+    move_in(videos[1], svc.drop / "clip.mp4")
     first = svc.call("POST", "/api/v1/files/register", expect=201, json={"path": "clip.mp4"})
     assert first["state"] == "present" and first["task_id"]
     again = svc.call("POST", "/api/v1/files/register", expect=200, json={"path": "clip.mp4"})
@@ -382,8 +393,9 @@ def test_register_refuses_escapes_and_temp_names_and_is_idempotent(start_service
 
     # An aborted upload: recorded as rejected with the reason; no job.
     data = videos[3].read_bytes()
-    (svc.drop / "aborted.mp4").write_bytes(data[: len(data) // 2])
-    os.utime(svc.drop / "aborted.mp4", (time.time() - 3600,) * 2)  # old enough to rescan
+    half = svc.root / "half.mp4"
+    half.write_bytes(data[: len(data) // 2])
+    move_in(half, svc.drop / "aborted.mp4", mtime=time.time() - 3600)  # old enough to rescan
     body = {"path": "aborted.mp4", "upload_status": 0}
     aborted = svc.call("POST", "/api/v1/files/register", expect=201, json=body)
     assert aborted["state"] == "rejected" and aborted["task_id"] is None
@@ -392,7 +404,9 @@ def test_register_refuses_escapes_and_temp_names_and_is_idempotent(start_service
     assert rescan(svc)["unchanged"] == 2
     assert "upload did not finish" in files(svc)["aborted.mp4"]["reason"]
     # The client resumes and finishes; the hook reports success.
-    (svc.drop / "aborted.mp4").write_bytes(data)
+    whole = svc.root / "whole.mp4"
+    whole.write_bytes(data)
+    move_in(whole, svc.drop / "aborted.mp4")
     done = svc.call("POST", "/api/v1/files/register", expect=201, json={"path": "aborted.mp4"})
     assert done["file_uuid"] == aborted["file_uuid"]
     assert done["state"] == "present" and done["task_id"]

@@ -37,3 +37,35 @@ def test_a_version_4_database_gains_the_new_columns_and_keeps_its_jobs(tmp_path,
     assert Job.get_by_id(job.id).callback_attempts == 1
     assert jobs.owed_callbacks(Job.get_by_id(job.id)) == ["http://h/"]
     database.close()
+
+
+def test_a_version_6_database_gains_the_file_recheck_columns_and_keeps_its_files(
+    tmp_path, database_url
+):
+    data = tmp_path / "data"
+    database = db.connect(database_url, data)
+    MediaFile.create(
+        file_uuid="d" * 32,
+        path="/drop/b.mp4",
+        watch_root="/drop",
+        rel_path="b.mp4",
+        name="b.mp4",
+        state=db.REJECTED,
+        reason="truncated or corrupt",
+    )
+    for column in ("transient", "content_hash"):
+        database.execute_sql(f"ALTER TABLE media_file DROP COLUMN {column}")
+    SchemaVersion.delete().where(SchemaVersion.version >= 7).execute()
+    database.close()
+
+    database = db.connect(database_url, data)
+    database.connect(reuse_if_open=True)
+
+    columns = {c.name for c in database.get_columns("media_file")}
+    assert {"transient", "content_hash"} <= columns
+    assert SchemaVersion.select().count() == len(db.MIGRATIONS)
+    record = MediaFile.get(MediaFile.path == "/drop/b.mp4")
+    assert (record.state, record.transient, record.content_hash) == (db.REJECTED, False, None)
+    # Run again (another node starting): nothing to do, nothing breaks.
+    assert db.migrate(database) == len(db.MIGRATIONS)
+    database.close()

@@ -24,6 +24,7 @@ from .errors import ClientError, Invalid, NotFound
 from .events import bus
 from .metrics import render_metrics
 from .openapi import openapi_document
+from .processors.keyframes import scene_thumbnail
 
 if TYPE_CHECKING:
     from .service import Service
@@ -277,6 +278,15 @@ def make_app(service: Service) -> bottle.Bottle:
         if not path.is_file():
             raise NotFound(f"{processor} has no output for file {file_uuid} yet")
         response.content_type = "application/json"
+        return path.read_bytes()
+
+    @app.get("/api/v1/files/<file_uuid>/thumbnails/<index>")
+    def thumbnail(file_uuid: str, index: str) -> Any:
+        record = _file(file_uuid)
+        path = scene_thumbnail(service.config.data_dir / "results" / record.file_uuid, index)
+        if path is None:
+            raise NotFound(f"file {file_uuid} has no thumbnail for scene {index!r}")
+        response.content_type = "image/jpeg"
         return path.read_bytes()
 
     def _cancel(ref: str) -> dict:

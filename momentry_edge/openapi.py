@@ -319,6 +319,7 @@ PARAMETERS = {
         ("task_id", "path", TASK_ID, "a job's task_id"),
         ("job", "path", STR, "a job's task_id, integer id, or file_uuid (its newest job)"),
         ("processor", "path", STR, "a processor name, e.g. asr"),
+        ("index", "path", INT | {"minimum": 0}, "a scene's index in cut's result"),
         ("limit", "query", INT | {"minimum": 1, "maximum": 1000, "default": 50}, ""),
         ("offset", "query", INT | {"minimum": 0, "default": 0}, ""),
         ("status", "query", STR, "comma-separated job statuses, e.g. failed,partial"),
@@ -472,6 +473,12 @@ OPERATIONS: dict[str, Schema] = {  # "method path": operation, one per route in 
         "results",
         "A processor's JSON output for a file",
         {"type": "object", "additionalProperties": True},
+        "404",
+    ),
+    "get /api/v1/files/{file_uuid}/thumbnails/{index}": _op(
+        "thumbnail",
+        "The JPEG keyframe of one scene that cut found",
+        {"description": "the scene's middle frame", "content": {"image/jpeg": {"schema": STR}}},
         "404",
     ),
 }

@@ -1,8 +1,10 @@
 from itertools import pairwise
 from pathlib import Path
 
+import numpy as np
 import pytest
-from media_factory import make_corrupt_video, make_text_file, make_video
+from media_factory import make_corrupt_video, make_text_file, make_video, segment_colour
+from PIL import Image
 from reports import Reports
 
 from momentry_edge.processors.base import (
@@ -133,3 +135,52 @@ def test_unreadable_file_is_permanent(tmp_path, make, reason):
 def test_bad_settings_are_permanent(clip, tmp_path):
     with pytest.raises(PermanentError, match="bad cut settings"):
         run_cut(clip, tmp_path, Reports(), threshold="high")
+
+
+def scene_colours(result: dict, out: Path) -> list[tuple[float, ...]]:
+    """The mean RGB of each scene's thumbnail, checking each is a JPEG of the clip's shape."""
+    colours = []
+    for scene in result["scenes"]:
+        with Image.open(out / scene["thumbnail"]) as picture:
+            assert picture.format == "JPEG"
+            assert picture.size == (320, 240)  # the clip's size: never upscaled
+            colours.append(tuple(np.asarray(picture.convert("RGB")).mean(axis=(0, 1))))
+    return colours
+
+
+def nearest_segment(colour: tuple[float, ...]) -> int:
+    """Which of the clip's four scenes a picture of this mean colour shows."""
+    return min(range(4), key=lambda k: np.linalg.norm(np.subtract(colour, segment_colour(k))))
+
+
+def test_writes_one_thumbnail_per_scene_from_its_middle(clip, tmp_path):
+    result = run_cut(clip, tmp_path, Reports())
+
+    names = [s["thumbnail"] for s in result["scenes"]]
+    assert names == [f"cut.thumbnails/{s['start_frame']:010d}.jpg" for s in result["scenes"]]
+    assert sorted(p.name for p in (tmp_path / "out" / "cut.thumbnails").iterdir()) == [
+        n.split("/")[1] for n in names
+    ]
+    assert [nearest_segment(c) for c in scene_colours(result, tmp_path / "out")] == [0, 1, 2, 3]
+
+
+def test_thumbnails_fit_the_configured_side_and_can_be_turned_off(clip, tmp_path):
+    small = run_cut(clip, tmp_path / "small", Reports(), thumbnail_max_side=64)
+    with Image.open(tmp_path / "small" / "out" / small["scenes"][0]["thumbnail"]) as picture:
+        assert picture.size == (64, 48)
+
+    off = run_cut(clip, tmp_path / "off", Reports(), thumbnails=False)
+    assert "thumbnail" not in off["scenes"][0]
+    assert not (tmp_path / "off" / "out" / "cut.thumbnails").exists()
+
+
+def test_a_resumed_run_keeps_the_thumbnails_of_scenes_before_its_checkpoint(clip, tmp_path):
+    first = Reports(stop_at=400, save_when_stopping=False)  # killed in the last scene
+    with pytest.raises(Stop):
+        run_cut(clip, tmp_path, first)
+
+    result = run_cut(clip, tmp_path, Reports(), checkpoint=first.checkpoints[-1])
+
+    assert [s["thumbnail"] is not None for s in result["scenes"]] == [True] * 4
+    assert [nearest_segment(c) for c in scene_colours(result, tmp_path / "out")] == [0, 1, 2, 3]
+    assert not (tmp_path / "out" / ".cut.thumbnails.work").exists()

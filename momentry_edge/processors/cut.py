@@ -17,6 +17,7 @@ from scenedetect.detectors import ContentDetector
 from momentry_edge import media
 from momentry_edge.processors.base import PermanentError
 from momentry_edge.processors.frames import FramePlan, FrameProcessor
+from momentry_edge.processors.keyframes import Keyframes
 
 # scenedetect 0.6.7 keeps its min_scene_len bookkeeping (the last frame above the
 # threshold, a pending merge of rapid cuts) in the detector's FlashFilter. A
@@ -42,6 +43,8 @@ class CutProcessor(FrameProcessor):
         self._cuts: list[int] = list(resume["cuts_frames"]) if resume else []
         self._done = resume["frame"] if resume else 0  # frames [0, done) are processed
         self._pending_filter = resume["filter"] if resume else None
+        self._keyframes = self._thumbnails(fresh=resume is None)
+        self._finished: dict[str, Any] | None = None
         # Start from the frame before `done`: the detector scores each frame against
         # the previous one, so that frame only primes the comparison.
         return FramePlan(
@@ -58,17 +61,48 @@ class CutProcessor(FrameProcessor):
         if self._pending_filter is not None:
             _restore_filter(self._detector, self._pending_filter)
             self._pending_filter = None
-        self._cuts += self._detector.process_frame(index, image)
+        found = self._detector.process_frame(index, image)
+        self._cuts += found
         self._done = index + 1
+        if self._keyframes is not None:
+            for at in sorted(found):
+                self._keyframes.cut(at)
+            self._keyframes.offer(index, image)
 
     def checkpoint(self, done: int) -> dict[str, Any]:
-        return _checkpoint(self._done, self._cuts, self._detector, self._run_settings, self._fps)
+        state = _checkpoint(self._done, self._cuts, self._detector, self._run_settings, self._fps)
+        if self._finished is not None:
+            state["partial"] = self._finished  # with its thumbnails
+        return state
 
     def finish(self, done: int) -> dict[str, Any]:
         if self._done == 0:
             raise PermanentError("truncated or corrupt: could not decode any video frame")
-        self._cuts += self._detector.post_process(self._done - 1)
-        return _result(self._cuts, self._done, self._fps)
+        found = self._detector.post_process(self._done - 1)
+        self._cuts += found
+        result = self._finished = _result(self._cuts, self._done, self._fps)
+        if self._keyframes is not None:
+            for at in sorted(found):
+                self._keyframes.cut(at)
+            self._keyframes.close(self._done)
+            paths = self._keyframes.publish([scene["start_frame"] for scene in result["scenes"]])
+            for scene, path in zip(result["scenes"], paths, strict=True):
+                scene["thumbnail"] = path
+        return result
+
+    def _thumbnails(self, fresh: bool) -> Keyframes | None:
+        """Scene thumbnails for this run, or None when they are off (or nowhere to go)."""
+        enabled = self.settings.get("thumbnails", True)
+        max_side = self.settings.get("thumbnail_max_side", 320)
+        if not isinstance(enabled, bool):
+            raise PermanentError("bad cut settings: thumbnails must be true or false")
+        if isinstance(max_side, bool) or not isinstance(max_side, int) or max_side < 0:
+            raise PermanentError("bad cut settings: thumbnail_max_side must be a whole number >= 0")
+        if not enabled or self.output_dir is None:
+            return None
+        keyframes = Keyframes(self.output_dir, max_side, fresh=fresh)
+        keyframes.open_scene(max(self._cuts, default=0))
+        return keyframes
 
     def _settings(self) -> dict[str, Any]:
         try:

@@ -62,6 +62,9 @@ class FramePlan:
 class FrameProcessor(Processor):
     """A processor fed decoded frames; several share one decode (see ``run_shared``)."""
 
+    # Where this run may write files beside its result (``run_shared`` sets it before ``plan``).
+    output_dir: Path | None = None
+
     def plan(self, info: media.MediaInfo, checkpoint: dict[str, Any] | None) -> FramePlan:
         """Start a run: reset state, restore ``checkpoint`` if usable, say what to feed."""
         raise NotImplementedError
@@ -121,6 +124,7 @@ def run_shared(
         return [exc] * len(members)
     for m in list(active):
         try:
+            m.processor.output_dir = m.ctx.output_dir
             m.plan = m.processor.plan(info, m.ctx.checkpoint)
         except Exception as exc:
             outcomes[m.slot] = exc
@@ -161,10 +165,11 @@ def run_shared(
         except Exception as exc:
             outcomes[m.slot] = exc
             active.remove(m)
-    # The last checkpoint holds the whole result: a crash before the output file is
-    # written resumes at the end instead of starting over. A stop asked for now
-    # does not throw the finished results away; the job notices it next.
-    _report_all([m for m in active if m.saved != done], outcomes, done, done, final=True)
+    # The last checkpoint holds the whole result (what finish added included: cut's
+    # post-processing and thumbnails): a crash before the output file is written
+    # resumes at the end instead of starting over. A stop asked for now does not
+    # throw the finished results away; the job notices it next.
+    _report_all(active, outcomes, done, done, final=True)
     return outcomes  # type: ignore[return-value]
 
 

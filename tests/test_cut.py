@@ -1,3 +1,5 @@
+import io
+import shutil
 from itertools import pairwise
 from pathlib import Path
 
@@ -184,3 +186,24 @@ def test_a_resumed_run_keeps_the_thumbnails_of_scenes_before_its_checkpoint(clip
     assert [s["thumbnail"] is not None for s in result["scenes"]] == [True] * 4
     assert [nearest_segment(c) for c in scene_colours(result, tmp_path / "out")] == [0, 1, 2, 3]
     assert not (tmp_path / "out" / ".cut.thumbnails.work").exists()
+
+
+def test_the_api_serves_each_scene_thumbnail(start_service, clip):
+    svc = start_service()
+    shutil.copy(clip, svc.drop / "four scenes.mp4")
+    task = svc.submit("four scenes.mp4", ["cut"])
+    job = svc.wait_status(task["task_id"], "completed", "partial", "failed", timeout=120)
+    assert job["status"] == "completed", job
+
+    base = f"/api/v1/files/{task['file_uuid']}/thumbnails"
+    colours = []
+    for index in range(4):
+        reply = svc.client.get(f"{base}/{index}")
+        assert reply.status_code == 200 and reply.headers["content-type"] == "image/jpeg"
+        with Image.open(io.BytesIO(reply.content)) as picture:
+            assert picture.format == "JPEG" and picture.size == (320, 240)
+            colours.append(tuple(np.asarray(picture.convert("RGB")).mean(axis=(0, 1))))
+    assert [nearest_segment(c) for c in colours] == [0, 1, 2, 3]
+    for missing in (f"{base}/4", f"{base}/x", f"{base}/99999999999999999999", f"{base}/-1"):
+        reply = svc.client.get(missing)
+        assert reply.status_code == 404 and reply.json()["error"]["code"] == "not_found"

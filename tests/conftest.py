@@ -57,8 +57,15 @@ def _toml(settings: dict[str, dict[str, Any]]) -> str:
 class ServiceProcess:
     """`momentry-edge run` in a child process, as a user would start it."""
 
-    def __init__(self, root: Path, database_url: str, settings: dict[str, dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        root: Path,
+        database_url: str,
+        settings: dict[str, dict[str, Any]],
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.root = root
+        self.extra_env = dict(env or {})  # on top of this process's, MOMENTRY_* removed
         self.data_dir = root / "data"
         self.drop = root / "drop"
         self.drop.mkdir(parents=True, exist_ok=True)
@@ -79,6 +86,8 @@ class ServiceProcess:
             },
             # Jobs come from the API in these tests; dropped files are only registered.
             "ingest": {"processors": []},
+            # Processors find their models where a test puts them (test_provision.py pulls).
+            "models": {"auto_pull": False},
             "processors.steps": {"steps": 5, "step_seconds": 0.05},
             "processors.flaky": {"fail_while_exists": str(self.marker)},
         }
@@ -95,7 +104,7 @@ class ServiceProcess:
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("MOMENTRY_")}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
-        return env
+        return env | self.extra_env
 
     def spawn(self) -> None:
         """Start the process without waiting for it to serve."""
@@ -235,11 +244,14 @@ def database_url(request: pytest.FixtureRequest) -> Iterator[str]:
 
 @pytest.fixture
 def start_service(tmp_path: Path, database_url: str) -> Iterator[Callable[..., ServiceProcess]]:
-    """start_service(queue={...}, ...) -> a running ServiceProcess; all are stopped afterwards."""
+    """start_service(queue={...}, ..., env={...}) -> a running ServiceProcess; all are
+    stopped afterwards."""
     started: list[ServiceProcess] = []
 
-    def start(name: str = "node", **settings: dict[str, Any]) -> ServiceProcess:
-        svc = ServiceProcess(tmp_path / name, database_url, settings)
+    def start(
+        name: str = "node", env: dict[str, str] | None = None, **settings: dict[str, Any]
+    ) -> ServiceProcess:
+        svc = ServiceProcess(tmp_path / name, database_url, settings, env)
         started.append(svc)
         return svc.start()
 

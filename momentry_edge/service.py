@@ -50,9 +50,11 @@ class Service:
         models.use_data_dir(config.data_dir)  # before any processor looks for its model
         self.registry = Registry(config.service.plugins, config.processors)
         self.gate = Gate(config.queue)
-        # Missing models the processors need are pulled in the background (provision.py).
+        # Missing models the processors need are pulled in the background (provision.py);
+        # a node that runs no jobs has no use for them.
+        auto_pull = config.models.auto_pull and config.queue.worker_enabled
         self.provision = Provisioner(
-            self.registry, config.processors, config.models.auto_pull, self._models_changed
+            self.registry, config.processors, auto_pull, self._models_changed
         )
         self.workers = Workers(
             config, self.registry, self.gate, self.node, self.owner, self.provision

@@ -266,6 +266,14 @@ def test_a_fresh_service_pulls_its_models_and_a_job_queued_meanwhile_completes(
     problems = models.verify(spec, svc.data_dir / "models")
     assert problems and not any(problems.values())
 
+    # The next start finds them in place and leaves them alone.
+    weights = svc.data_dir / "models" / WHISPER / "model.bin"
+    before = weights.stat().st_mtime_ns
+    svc.restart()
+    described = svc.get("/api/v1/processors")["processors"]
+    assert described["asr"]["ready"] is True and "pull" not in described["asr"]
+    assert svc.status()["models"] == [] and weights.stat().st_mtime_ns == before
+
 
 @pytest.mark.parametrize("case", ["no source", "auto pull off"])
 def test_a_model_that_cannot_be_had_fails_its_processor_alone_with_the_fix(

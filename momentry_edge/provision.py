@@ -206,7 +206,7 @@ class Provisioner:
             for pull in failed:
                 if models.state(pull.spec, pull.models_dir).ready:  # pulled by hand meanwhile
                     pull.state, pull.error, pull.retry_at = READY, None, None
-                    self._publish(pull)
+                    self.publish(pull)
                     changed = True
                 elif time.time() >= (pull.retry_at or 0):
                     pull.state, pull.done = QUEUED, 0
@@ -216,7 +216,7 @@ class Provisioner:
 
     def _pull(self, pull: Pull) -> None:
         pull.state, pull.done, pull.error, pull.retry_at = PULLING, 0, None, None
-        self._publish(pull)
+        self.publish(pull)
         log.info("pulling model %s into %s", pull.spec.name, pull.models_dir)
         try:
             models.pull(pull.spec, pull.models_dir, progress=_Meter(self, pull))
@@ -232,13 +232,13 @@ class Provisioner:
             pull.state = READY
             pull.done = pull.total or pull.done
             log.info("model %s is ready in %s", pull.spec.name, pull.models_dir)
-            self._publish(pull)
+            self.publish(pull)
         self._changed()
 
     def _failed(self, pull: Pull, error: str) -> None:
         pull.state, pull.error, pull.retry_at = FAILED, error, time.time() + RETRY_AFTER
         log.warning("%s", pull.reason())
-        self._publish(pull)
+        self.publish(pull)
 
     def _changed(self) -> None:
         try:
@@ -246,7 +246,7 @@ class Provisioner:
         except Exception:
             log.exception("could not apply a model change")
 
-    def _publish(self, pull: Pull) -> None:
+    def publish(self, pull: Pull) -> None:
         bus.publish("models.pull", **pull.as_dict())
 
     def stopping(self) -> bool:
@@ -282,4 +282,4 @@ class _Meter:
         now = time.monotonic()
         if now - self._last_event >= EVENT_EVERY:
             self._last_event = now
-            self.provisioner._publish(self.pull)
+            self.provisioner.publish(self.pull)

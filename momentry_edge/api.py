@@ -100,7 +100,7 @@ def make_app(service: Service) -> bottle.Bottle:
 
     @app.get("/api/v1/processors")
     def processors() -> dict:
-        return {"processors": service.registry.describe()}
+        return {"processors": service.processors()}
 
     @app.get("/api/v1/events")
     def events() -> Iterator[str]:

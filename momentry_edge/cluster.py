@@ -78,6 +78,11 @@ def heartbeat(node_id: str, owner: str, max_concurrent: int) -> None:
     ).execute()
 
 
+def set_processors(node_id: str, owner: str, processors: list[str]) -> None:
+    """What this node can run changed (a model it was pulling is in place)."""
+    Node.update(processors=processors).where(Node.node_id == node_id, Node.owner == owner).execute()
+
+
 def leave(node_id: str, owner: str) -> None:
     """A clean stop: this node no longer counts as able to run anything."""
     Node.update(last_seen=0, max_concurrent=0).where(

@@ -117,6 +117,12 @@ class IngestConfig:
 
 
 @dataclass(frozen=True)
+class ModelsConfig:
+    # Pull missing models the configured processors need at start, in the background.
+    auto_pull: bool = _setting(True)
+
+
+@dataclass(frozen=True)
 class AlertsConfig:
     # POSTed a short plain-text message (ntfy-compatible) when something needs an operator.
     url: str = _setting("")
@@ -126,6 +132,7 @@ SECTIONS: dict[str, type] = {
     "service": ServiceConfig,
     "queue": QueueConfig,
     "ingest": IngestConfig,
+    "models": ModelsConfig,
     "alerts": AlertsConfig,
 }
 
@@ -135,6 +142,7 @@ class Config:
     service: ServiceConfig = field(default_factory=ServiceConfig)
     queue: QueueConfig = field(default_factory=QueueConfig)
     ingest: IngestConfig = field(default_factory=IngestConfig)
+    models: ModelsConfig = field(default_factory=ModelsConfig)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
     # [processors.<name>] tables, passed to each processor as its settings.
     processors: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)

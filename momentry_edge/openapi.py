@@ -152,6 +152,7 @@ SCHEMAS: dict[str, Schema] = {
                 {"cpu_percent": _null(NUM), "memory_percent": _null(NUM), "gpu_percent": _null(NUM)}
             ),
             "nodes": _arr(_ref("Node") | {"description": "only with a shared PostgreSQL queue"}),
+            "models": _arr(_ref("ModelPull")),
         },
         "active_count max_concurrent effective_concurrency dynamic_concurrency pending_count"
         " paused queue statistics resources",
@@ -239,6 +240,19 @@ SCHEMAS: dict[str, Schema] = {
             "version": _null(STR),
             "ready": BOOL,
             "reason": _null(STR),
+            "pull": _ref("ModelPull") | {"description": "only while its model is pulled at start"},
+        },
+        "backend model version ready reason",
+    ),
+    "ModelPull": _obj(  # a model pulled at start ([models] auto_pull)
+        {
+            "model": STR,
+            "state": _enum("queued", "pulling", "ready", "failed"),
+            "done": {"type": "integer", "description": "bytes"},
+            "total": _null(INT),
+            "percent": _null(PCT),
+            "error": _null(STR),
+            "retry_at": TIME,
         },
         "*",
     ),

@@ -27,6 +27,7 @@ from .events import bus
 from .gate import Gate
 from .mirror import RedisMirror
 from .processors import Registry
+from .provision import Provisioner
 from .watcher import Watcher
 from .worker import Workers
 
@@ -49,7 +50,15 @@ class Service:
         models.use_data_dir(config.data_dir)  # before any processor looks for its model
         self.registry = Registry(config.service.plugins, config.processors)
         self.gate = Gate(config.queue)
-        self.workers = Workers(config, self.registry, self.gate, self.node, self.owner)
+        # Missing models the processors need are pulled in the background (provision.py);
+        # a node that runs no jobs has no use for them.
+        auto_pull = config.models.auto_pull and config.queue.worker_enabled
+        self.provision = Provisioner(
+            self.registry, config.processors, auto_pull, self._models_changed
+        )
+        self.workers = Workers(
+            config, self.registry, self.gate, self.node, self.owner, self.provision
+        )
         # Drop folders: settled files and rescans go through the intake (ingest.py).
         self.intake = ingest.Intake(
             config.service.watch,
@@ -135,8 +144,23 @@ class Service:
         extra = {
             "nodes": cluster.node_rows(within=self.config.queue.lease_seconds),
             "blocked_reason": self.gate.blocked_reason,  # why nothing starts, besides a pause
+            "models": self.provision.status(),  # models pulled at this start, and how far
         }
         return views.queue_status(self.workers.effective_limit(), self.gate.load, extra)
+
+    def processors(self) -> dict[str, dict[str, Any]]:
+        """``GET /api/v1/processors``: readiness, and the pull of a model still coming."""
+        return self.provision.describe(self.registry.describe())
+
+    def _models_changed(self) -> None:
+        """A pulled model is in place (or a pull failed): run what can run now."""
+        self.workers.update_processors()
+        try:  # the node row other nodes read (provision starts after register_node)
+            cluster.set_processors(self.node, self.owner, sorted(self.workers.can_run))
+        finally:
+            db.release_connection()
+        if self.config.queue.worker_enabled:
+            self.workers.kick()
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -170,6 +194,7 @@ class Service:
                 ", ".join(recovered),
             )
         self._start_http()
+        self.provision.start()  # in the background: the API and the workers do not wait
         if q.worker_enabled:
             self.workers.start()
             self.notifier.start()
@@ -236,6 +261,7 @@ class Service:
         # 1. Stop taking requests.
         if self.server is not None:
             self.server.stop()
+        self.provision.stop()  # a pull in progress stops; the next start resumes it
         # 2. Running processors stop at their next report and go back to the line.
         if self.workers.started:
             self.workers.stop()

@@ -406,7 +406,26 @@ def _header(snap: Snapshot) -> Group:
         f" (dynamic {'on' if status.get('dynamic_concurrency') else 'off'})"
     )
     title.append(f"   updated {_clock(snap.fetched_at)}", style="bright_black")
-    return Group(title, _gauges(status))
+    return Group(title, _gauges(status), *_models(status))
+
+
+def _models(status: dict[str, Any]) -> list[Text]:
+    """One line while models are pulled at start (or a pull failed); none otherwise."""
+    pulls = [p for p in status.get("models") or [] if p.get("state") != "ready"]
+    if not pulls:
+        return []
+    parts = []
+    for pull in pulls:
+        if pull["state"] == "pulling":
+            done = f" {pull['percent']} %" if pull.get("percent") is not None else ""
+            parts.append(f"pulling {pull['model']}{done}")
+        elif pull["state"] == "failed":
+            parts.append(f"{pull['model']} FAILED: {pull.get('error') or ''}")
+        else:
+            parts.append(f"{pull['model']} next")
+    line = Text("models ", style="bold", no_wrap=True, overflow="ellipsis")
+    line.append(" · ".join(parts), style="yellow")
+    return [line]
 
 
 def _gauges(status: dict[str, Any]) -> Table:

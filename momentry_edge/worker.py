@@ -35,6 +35,7 @@ from .processors.base import (
     write_json_atomic,
 )
 from .processors.frames import FrameProcessor
+from .provision import Provisioner
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,13 @@ class InProcessConsumer(Consumer):
 
 class Workers:
     def __init__(
-        self, config: Config, registry: Registry, gate: Gate, node: str, owner: str
+        self,
+        config: Config,
+        registry: Registry,
+        gate: Gate,
+        node: str,
+        owner: str,
+        provision: Provisioner | None = None,
     ) -> None:
         self.config = config
         self.registry = registry
@@ -91,8 +98,10 @@ class Workers:
         )
         self.stopping = threading.Event()
         self.started = False
-        # What this node can run; a job needing more waits for a node that can.
-        self.can_run = {name for name in registry.names if registry.create(name).readiness().ready}
+        self.provision = provision
+        self.can_run: set[str] = set()
+        self.coming: set[str] = set()
+        self.update_processors()
         self._local = threading.local()
         self.huey = Huey("momentry-edge", storage_class=BlockingMemoryStorage, results=False)
         self._drain_task = self.huey.task(name="drain")(self._drain)
@@ -103,6 +112,13 @@ class Workers:
             check_worker_health=False,  # the service's main loop calls it
             shutdown_timeout=30,
         )
+
+    def update_processors(self) -> None:
+        """What this node can run; a job needing more waits for a node that can. Processors
+        whose model is being pulled are coming: their jobs wait here for them."""
+        ready = {n for n in self.registry.names if self.registry.create(n).readiness().ready}
+        self.coming = (self.provision.coming() if self.provision else set()) - ready
+        self.can_run = ready
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -137,7 +153,8 @@ class Workers:
     def _drain(self) -> None:
         lease = self.config.queue.lease_seconds
         while not self.stopping.is_set():
-            others = cluster.cluster_processors(within=lease) - self.can_run
+            # A coming processor counts as runnable elsewhere: its jobs are skipped, not failed.
+            others = (cluster.cluster_processors(within=lease) - self.can_run) | self.coming
             job = jobs.claim(
                 self.owner,
                 self.node,
@@ -275,6 +292,8 @@ class Workers:
             log.info("job %s: %s skipped: %s", job.task_id, run.processor, duplicate[0])
             return None
         state = processor.readiness()
+        if not state.ready and self.provision is not None:
+            state = self.provision.readiness(run.processor, state)  # e.g. why a pull failed
         if not state.ready:
             raise ProcessorError(state.reason or "not ready", transient=False)
         jobs.start_run(run, processor.backend, processor.model)

@@ -63,9 +63,11 @@ class ServiceProcess:
         database_url: str,
         settings: dict[str, dict[str, Any]],
         wrapper: Sequence[str] = (),
+        env: dict[str, str] | None = None,
     ) -> None:
         self.root = root
         self.wrapper = list(wrapper)  # a command the service is started through (e.g. setpriv)
+        self.extra_env = dict(env or {})  # on top of this process's, MOMENTRY_* removed
         self.data_dir = root / "data"
         self.drop = root / "drop"
         self.drop.mkdir(parents=True, exist_ok=True)
@@ -86,6 +88,8 @@ class ServiceProcess:
             },
             # Jobs come from the API in these tests; dropped files are only registered.
             "ingest": {"processors": []},
+            # Processors find their models where a test puts them (test_provision.py pulls).
+            "models": {"auto_pull": False},
             "processors.steps": {"steps": 5, "step_seconds": 0.05},
             "processors.flaky": {"fail_while_exists": str(self.marker)},
         }
@@ -102,7 +106,7 @@ class ServiceProcess:
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("MOMENTRY_")}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
-        return env
+        return env | self.extra_env
 
     def spawn(self) -> None:
         """Start the process without waiting for it to serve."""
@@ -246,16 +250,20 @@ def database_url(request: pytest.FixtureRequest) -> Iterator[str]:
 
 @pytest.fixture
 def start_service(tmp_path: Path, database_url: str) -> Iterator[Callable[..., ServiceProcess]]:
-    """start_service(queue={...}, ...) -> a running ServiceProcess; all are stopped afterwards.
+    """start_service(queue={...}, ..., env={...}) -> a running ServiceProcess; all are
+    stopped afterwards.
 
     ``wrapper``: a command to start the service through, e.g. one that drops privileges.
     """
     started: list[ServiceProcess] = []
 
     def start(
-        name: str = "node", wrapper: Sequence[str] = (), **settings: dict[str, Any]
+        name: str = "node",
+        wrapper: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        **settings: dict[str, Any],
     ) -> ServiceProcess:
-        svc = ServiceProcess(tmp_path / name, database_url, settings, wrapper)
+        svc = ServiceProcess(tmp_path / name, database_url, settings, wrapper, env)
         started.append(svc)
         return svc.start()
 

@@ -324,6 +324,21 @@ def test_render_paused_several_nodes_and_an_unreachable_service() -> None:
     assert "not connected" in never and "cannot reach momentry-edge" in never
 
 
+def test_render_a_line_while_models_are_pulled_at_start() -> None:
+    pulls = [
+        {"model": "whisper-base", "state": "pulling", "percent": 42},
+        {"model": "yolov8n", "state": "queued", "percent": 0},
+        {"model": "face-x", "state": "failed", "percent": None, "error": "no source answered"},
+    ]
+    screen = text_of(snapshot(status=status_json(models=pulls)))
+    models_line = line(screen, "models ")
+    assert "pulling whisper-base 42 %" in models_line and "yolov8n next" in models_line
+    assert "face-x FAILED: no source answered" in models_line
+    assert "alpha.mp4" in screen and "q quit" in screen
+    ready = [{"model": "whisper-base", "state": "ready", "percent": 100}]
+    assert not line(text_of(snapshot(status=status_json(models=ready))), "models ")
+
+
 def test_render_keeps_the_key_help_and_the_selection_on_a_short_screen() -> None:
     many = [job(f"task_{i:03d}", f"file {i:03d}.mp4", "pending", position=i) for i in range(1, 60)]
     snap = snapshot(status=status_json(queue=many, pending_count=59), details={})

@@ -9,6 +9,7 @@ single UPDATE that gives a job a seq below every other pending one.
 from __future__ import annotations
 
 import random
+import re
 import secrets
 import threading
 import time
@@ -47,7 +48,7 @@ def _seq(now: float) -> int:
 
 
 def parse_priority(value: Any) -> int:
-    if value not in db.PRIORITIES:
+    if not isinstance(value, str) or value not in db.PRIORITIES:
         raise Invalid(f"priority must be one of low, normal, high; got {value!r}")
     return db.PRIORITIES[value]
 
@@ -56,11 +57,12 @@ def find_job(ref: str | int) -> Job:
     """A job by task_id, integer id, or file_uuid (that file's newest job)."""
     text = str(ref)
     job = None
-    if text.startswith("task_"):
+    # Only ids of the right shape reach the database ("²".isdigit() is true, but not int()).
+    if re.fullmatch(r"task_[0-9a-f]{12}", text):
         job = Job.get_or_none(Job.task_id == text)
-    elif text.isdigit() and len(text) < 19:
+    elif re.fullmatch(r"[0-9]{1,18}", text):
         job = Job.get_or_none(Job.id == int(text))
-    elif len(text) == 32:
+    elif re.fullmatch(r"[0-9a-fA-F]{32}", text):
         job = (
             Job.select()
             .join(MediaFile)

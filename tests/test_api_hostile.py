@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
 
 import httpx
+from conftest import wait_for
 from test_api_errors import assert_error
 
 from momentry_edge.api import MAX_EVENT_STREAMS
@@ -96,6 +97,13 @@ def test_slow_clients_and_open_event_streams_do_not_starve_the_api(start_service
         for stream in streams:
             assert b'"type": "queue.paused"' in stream.read_until(b"queue.paused")
             assert b"Transfer-Encoding: chunked" in stream.buffer
+
+    # Readers that went away give their slots back (at their stream's next keep-alive).
+    def stream_accepted() -> bool:
+        with quick.stream("GET", "/api/v1/events") as reply:
+            return reply.status_code == 200
+
+    wait_for(stream_accepted, timeout=60, interval=1)
 
 
 # Digits outside ASCII ("²".isdigit() is true), NUL bytes (PostgreSQL text cannot hold them).

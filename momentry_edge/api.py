@@ -10,6 +10,7 @@ import hmac
 import json
 import logging
 import queue
+import re
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_BODY = 1 << 20
+MAX_OFFSET = (1 << 63) - 1  # the largest OFFSET the databases take (a signed 64-bit integer)
+FILE_UUID = re.compile(r"[0-9a-fA-F]{32}")
 SSE_KEEPALIVE = 5.0  # also how soon a vanished reader's thread is freed
 # Each open event stream holds a server thread; past this many, new ones are refused
 # so that the API itself always has threads left.
@@ -48,13 +51,20 @@ def make_app(service: Service) -> bottle.Bottle:
     app = bottle.Bottle(catchall=True)
     app.config["json.enable"] = True
 
+    @app.hook("before_request")
+    def authenticate() -> None:
+        # Before routing: without the token, a known and an unknown /api/ path look alike.
+        token = service.config.service.token
+        given = request.get_header("Authorization", "")
+        if token and request.path.startswith("/api/") and not _bearer_matches(given, token):
+            raise bottle.HTTPResponse(
+                _error(401, "unauthorized", "missing or wrong bearer token"),
+                401,
+                {"Content-Type": "application/json", "WWW-Authenticate": "Bearer"},
+            )
+
     def json_api(callback: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            token = service.config.service.token
-            if token and request.path.startswith("/api/"):
-                given = request.get_header("Authorization", "")
-                if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                    return _error(401, "unauthorized", "missing or wrong bearer token")
             try:
                 return callback(*args, **kwargs)
             except ClientError as exc:
@@ -67,6 +77,7 @@ def make_app(service: Service) -> bottle.Bottle:
     app.install(json_api)
 
     for status, code in (
+        (400, "bad_request"),
         (404, "not_found"),
         (405, "method_not_allowed"),
         (413, "payload_too_large"),
@@ -309,6 +320,14 @@ def make_app(service: Service) -> bottle.Bottle:
     return app
 
 
+def _bearer_matches(header: str, token: str) -> bool:
+    """``Authorization: Bearer <token>``; the scheme in any case (RFC 7235), in constant time."""
+    scheme, _, given = header.strip().partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        given.strip().encode(), token.encode()
+    )
+
+
 def _body(required: bool = False) -> dict[str, Any]:
     length = request.content_length
     if length > MAX_BODY:
@@ -324,9 +343,31 @@ def _body(required: bool = False) -> dict[str, Any]:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise Invalid(f"body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise Invalid("body is nested too deeply") from None
     if not isinstance(body, dict):
         raise Invalid("body must be a JSON object")
+    _check_text(body)
     return body
+
+
+def _check_text(value: Any) -> None:
+    """Refuse strings that no path, URL or database column can hold: NUL, lone surrogates."""
+    stack = [value]
+    while stack:  # not recursive: the body may be nested as deep as the parser allows
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack += [*item, *item.values()]
+        elif isinstance(item, list):
+            stack += item
+        elif isinstance(item, str):
+            if "\x00" in item:
+                raise Invalid(f"text in the body must not hold NUL characters: {item[:80]!r}")
+            if not item.isascii():
+                try:
+                    item.encode()
+                except UnicodeEncodeError:
+                    raise Invalid(f"text in the body is not valid Unicode: {item[:80]!r}") from None
 
 
 class Busy(ClientError):
@@ -435,7 +476,9 @@ def _register_fields(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _file(file_uuid: str) -> MediaFile:
-    record = MediaFile.get_or_none(MediaFile.file_uuid == file_uuid.lower())
+    record = None
+    if FILE_UUID.fullmatch(file_uuid):
+        record = MediaFile.get_or_none(MediaFile.file_uuid == file_uuid.lower())
     if record is None:
         raise NotFound(f"no file {file_uuid!r}")
     return record
@@ -455,8 +498,8 @@ def _paging() -> tuple[int, int]:
         offset = int(request.query.get("offset", 0))
     except ValueError:
         raise Invalid("limit and offset must be whole numbers") from None
-    if not 1 <= limit <= 1000 or offset < 0:
-        raise Invalid("limit must be 1..1000 and offset >= 0")
+    if not 1 <= limit <= 1000 or not 0 <= offset <= MAX_OFFSET:
+        raise Invalid(f"limit must be 1..1000 and offset 0..{MAX_OFFSET}")
     return limit, offset
 
 

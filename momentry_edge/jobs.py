@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import secrets
 import threading
 import time
@@ -58,11 +59,12 @@ def find_job(ref: str | int) -> Job:
     """A job by task_id, integer id, or file_uuid (that file's newest job)."""
     text = str(ref)
     job = None
-    if text.startswith("task_"):
+    # Only ids of the right shape reach the database ("²".isdigit() is true, but not int()).
+    if re.fullmatch(r"task_[0-9a-f]{12}", text):
         job = Job.get_or_none(Job.task_id == text)
-    elif text.isdigit() and len(text) < 19:
+    elif re.fullmatch(r"[0-9]{1,18}", text):
         job = Job.get_or_none(Job.id == int(text))
-    elif len(text) == 32:
+    elif re.fullmatch(r"[0-9a-fA-F]{32}", text):
         job = (
             Job.select()
             .join(MediaFile)

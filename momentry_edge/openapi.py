@@ -89,7 +89,15 @@ _SCAN = {  # the deep-scan options a request body may carry
         "description": "ISO 8601; the job waits in line until then (no zone: UTC)",
     },
 }
-_ERROR_CODES = ("bad_request", "unauthorized", "not_found", "conflict", "payload_too_large")
+_ERROR_CODES = (
+    "bad_request",
+    "unauthorized",
+    "not_found",
+    "method_not_allowed",
+    "conflict",
+    "payload_too_large",
+    "busy",
+)
 
 SCHEMAS: dict[str, Schema] = {
     "Error": _obj(
@@ -317,6 +325,7 @@ ERRORS = {
     "404": ("NotFound", "no such job, file or processor output (not_found)"),
     "409": ("Conflict", "the job's status does not allow this (conflict)"),
     "413": ("PayloadTooLarge", "the body is larger than 1 MiB (payload_too_large)"),
+    "503": ("Busy", "too many event streams are open; try again later (busy)"),
 }
 
 
@@ -395,6 +404,7 @@ OPERATIONS: dict[str, Schema] = {  # "method path": operation, one per route in 
         "events",
         "Server-Sent Events: one data line per job or queue change",
         _text("text/event-stream", "event stream"),
+        "503",
     ),
     "post /api/v1/file/{file_uuid}/deep-scan": _op(
         "deep_scan",

@@ -13,8 +13,6 @@ import threading
 import time
 from typing import Any
 
-from cheroot import wsgi
-
 from . import __version__, backup, cluster, db, housekeeping, ingest, jobs, logs, models, views
 from .alerts import AlertSender
 from .api import make_app
@@ -25,6 +23,7 @@ from .db import Job, MediaFile
 from .errors import Conflict, Invalid
 from .events import bus
 from .gate import Gate
+from .http_server import BaseWSGIServer, start_server, stop_server
 from .mirror import RedisMirror
 from .processors import Registry
 from .provision import Provisioner
@@ -69,7 +68,7 @@ class Service:
             on_queued=self.workers.kick,
         )
         self.watcher = Watcher(self.intake, config.ingest.settle_seconds)
-        self.server: wsgi.Server | None = None
+        self.server: BaseWSGIServer | None = None
         self.notifier: cluster.Notifier | None = None
         self.callbacks = CallbackSender(self._callback_payload)
         # Optional outside copies and notices; each runs on its own thread, fed by the bus.
@@ -260,7 +259,7 @@ class Service:
         self.watcher.stop()
         # 1. Stop taking requests.
         if self.server is not None:
-            self.server.stop()
+            stop_server(self.server)
         self.provision.stop()  # a pull in progress stops; the next start resumes it
         # 2. Running processors stop at their next report and go back to the line.
         if self.workers.started:
@@ -284,11 +283,9 @@ class Service:
 
     def _start_http(self) -> None:
         host, port = self.config.service.host, self.config.service.port
-        self.server = wsgi.Server((host, port), make_app(self), numthreads=32, timeout=10)
-        self.server.prepare()  # binds now, so a port in use fails start-up loudly
-        bound = self.server.bind_addr
-        self.url = f"http://{_url_host(host)}:{bound[1]}"
-        thread = threading.Thread(target=self.server.serve, name="http", daemon=True)
+        self.server, bound = start_server(make_app(self), host, port)
+        self.url = f"http://{_url_host(host)}:{bound}"
+        thread = threading.Thread(target=self.server.run, name="http", daemon=True)
         thread.start()
         self._threads.append(thread)
 

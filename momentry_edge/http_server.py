@@ -1,0 +1,103 @@
+"""The HTTP server (waitress), set up so that slow or idle clients cannot starve the API.
+
+waitress reads requests on one asynchronous loop and hands a worker thread only a request
+that has fully arrived, so a client trickling its headers costs a socket, not a thread.
+A thread is held only while a request runs, or for as long as an event stream stays open
+(at most api.MAX_EVENT_STREAMS of those; they get threads of their own on top of
+API_THREADS). Each response chunk is sent as soon as it is written, so event streams are live.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import resource
+import socket
+import time
+from typing import Any
+
+from waitress import wasyncore
+from waitress.channel import HTTPChannel
+from waitress.server import BaseWSGIServer, create_server
+from waitress.task import ErrorTask
+
+from .api import MAX_BODY, MAX_EVENT_STREAMS
+
+API_THREADS = 16  # threads for ordinary requests, never taken by event streams
+CONNECTION_LIMIT = 1000  # open connections at once; more wait in the listen backlog
+REQUEST_DEADLINE = 30.0  # seconds a client has to send one whole request (headers + body)
+IDLE_TIMEOUT = 60  # seconds a connection may stay silent between requests
+
+
+class _JsonErrorTask(ErrorTask):
+    """waitress's own refusals (bad framing, headers too large) in API.md's error shape."""
+
+    def execute(self) -> None:
+        error = self.request.error
+        # A request the server cannot parse is the client's mistake: never a 5xx for it.
+        status = error.code if error.code < 500 else 400
+        code = "payload_too_large" if status == 413 else "bad_request"
+        message = f"{error.reason}: {error.body}"
+        body = json.dumps({"success": False, "error": {"code": code, "message": message}})
+        self.status = f"{status} {error.reason if status == error.code else 'Bad Request'}"
+        self.response_headers.append(("Content-Type", "application/json"))
+        self.set_close_on_finish()
+        self.content_length = len(body)
+        self.write(body.encode())
+
+
+class _Channel(HTTPChannel):
+    """One client connection; closed when its request trickles in past REQUEST_DEADLINE."""
+
+    error_task_class = _JsonErrorTask
+    request_began = 0.0
+
+    def received(self, data: bytes) -> bool:
+        now = time.monotonic()
+        if self.request is None:
+            self.request_began = now
+        elif now - self.request_began > REQUEST_DEADLINE:
+            self.will_close = True
+            return False
+        return super().received(data)
+
+
+def start_server(app: Any, host: str, port: int) -> tuple[BaseWSGIServer, int]:
+    """Bind now (a port in use fails start-up loudly); returns the server and its port.
+
+    Call ``server.run()`` in a thread to serve and ``stop_server`` to stop.
+    """
+    _allow_open_files(CONNECTION_LIMIT + 256)  # + the database, logs and media files
+    family, _, _, _, address = socket.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.create_server(address[:2], family=family)
+    server = create_server(
+        app,
+        sockets=[sock],
+        threads=API_THREADS + MAX_EVENT_STREAMS,
+        connection_limit=CONNECTION_LIMIT,
+        channel_timeout=IDLE_TIMEOUT,
+        max_request_body_size=MAX_BODY + 1,  # the API answers 413 itself, in JSON
+        ident="momentry-edge",
+    )
+    server.channel_class = _Channel
+    return server, sock.getsockname()[1]
+
+
+def stop_server(server: BaseWSGIServer) -> None:
+    """Stop accepting, let running requests finish (up to 5 s), then close every connection."""
+    server.close()
+    server.task_dispatcher.shutdown(timeout=5)
+    wasyncore.close_all(server._map)
+
+
+def _allow_open_files(wanted: int) -> None:
+    """Raise the soft open-file limit (256 under launchd) so many clients fit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return
+    if hard != resource.RLIM_INFINITY:
+        wanted = min(wanted, hard)
+    with contextlib.suppress(OSError, ValueError):  # else keep the limit the system gave
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))

@@ -1,0 +1,220 @@
+"""Hostile clients: slow sockets, odd ids, huge numbers, deep or chunked bodies, no token.
+
+None of them freezes the API or gets anything but a JSON 4xx for its mistake.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, suppress
+
+import httpx
+from conftest import wait_for
+from test_api_errors import assert_error
+
+from momentry_edge.api import MAX_EVENT_STREAMS
+
+SLOW_SOCKETS = 48
+
+
+def _address(svc) -> tuple[str, int]:
+    url = httpx.URL(svc.url)
+    return url.host, url.port
+
+
+@contextmanager
+def slow_clients(svc, count: int) -> Iterator[None]:
+    """``count`` connections sending ``GET /healthz`` one byte a second, until the block ends."""
+    request = b"GET /healthz HTTP/1.1\r\nHost: slow\r\nX-Pad: " + b"a" * 600 + b"\r\n\r\n"
+    stop = threading.Event()
+    socks = [socket.create_connection(_address(svc), timeout=5) for _ in range(count)]
+
+    def trickle() -> None:
+        for byte in request[:-4]:  # never finishes the request
+            for sock in socks:
+                # The server may close a client this slow; that is its right.
+                with suppress(OSError):
+                    sock.send(bytes([byte]))
+            if stop.wait(1.0):
+                return
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        for sock in socks:
+            sock.close()
+
+
+class EventStream:
+    """A raw-socket reader of /api/v1/events."""
+
+    def __init__(self, svc, token: str = "") -> None:
+        self.sock = socket.create_connection(_address(svc), timeout=15)
+        auth = f"Authorization: Bearer {token}\r\n" if token else ""
+        self.sock.sendall(f"GET /api/v1/events HTTP/1.1\r\nHost: t\r\n{auth}\r\n".encode())
+        self.buffer = b""
+
+    def read_until(self, marker: bytes) -> bytes:
+        while marker not in self.buffer:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise AssertionError(f"stream closed before {marker!r}; got {self.buffer!r}")
+            self.buffer += chunk
+        return self.buffer
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_slow_clients_and_open_event_streams_do_not_starve_the_api(start_service):
+    svc = start_service()
+    quick = httpx.Client(base_url=svc.url, timeout=10)
+    with ExitStack() as stack:
+        streams = []
+        for _ in range(MAX_EVENT_STREAMS):
+            stream = EventStream(svc)
+            stack.callback(stream.close)
+            stream.read_until(b": connected")
+            streams.append(stream)
+        stack.enter_context(slow_clients(svc, SLOW_SOCKETS))
+
+        # Every slot for streams is taken and dozens of clients trickle their headers:
+        # the API still answers everyone else, and refuses one stream too many in JSON.
+        for _ in range(3):
+            assert quick.get("/healthz").json()["status"] == "ok"
+            assert quick.get("/api/v1/queue/status").json()["paused"] is False
+        assert_error(quick.get("/api/v1/events"), 503, "busy", "event streams")
+
+        # The open streams are live: a change reaches every one of them.
+        assert svc.call("POST", "/api/v1/queue/pause")["paused"] is True
+        for stream in streams:
+            assert b'"type": "queue.paused"' in stream.read_until(b"queue.paused")
+            assert b"Transfer-Encoding: chunked" in stream.buffer
+
+    # Readers that went away give their slots back (at their stream's next keep-alive).
+    def stream_accepted() -> bool:
+        with quick.stream("GET", "/api/v1/events") as reply:
+            return reply.status_code == 200
+
+    wait_for(stream_accepted, timeout=60, interval=1)
+
+
+# Digits outside ASCII ("²".isdigit() is true), NUL bytes (PostgreSQL text cannot hold them).
+ODD_IDS = ("²", "١٢", "task_²", "task_" + "0" * 11 + "%00", "%00" * 32, "0" * 31 + "%00")
+
+
+def test_odd_job_and_file_ids_are_not_found(start_service):
+    svc = start_service()
+    c = svc.client
+    for ref in ODD_IDS:
+        for method, path in (
+            ("GET", f"/api/v1/jobs/{ref}"),
+            ("POST", f"/api/v1/jobs/{ref}/retry"),
+            ("POST", f"/api/v1/jobs/{ref}/cancel"),
+            ("DELETE", f"/api/v1/queue/task/{ref}"),
+            ("POST", f"/api/v1/queue/prioritize/{ref}"),
+            ("POST", f"/api/v1/file/{ref}/deep-scan"),
+            ("GET", f"/api/v1/files/{ref}"),
+            ("GET", f"/api/v1/files/{ref}/results/noop"),
+        ):
+            assert_error(c.request(method, path), 404, "not_found")
+        reply = c.put(f"/api/v1/queue/task/{ref}/priority", json={"priority": "high"})
+        assert_error(reply, 404, "not_found")
+
+
+def test_hostile_values_and_bodies_get_json_4xx(start_service):
+    svc = start_service()
+    svc.call("POST", "/api/v1/queue/pause")
+    queued = svc.submit("a.mp4", ["noop"])
+    c = svc.client
+    scan = f"/api/v1/file/{queued['file_uuid']}/deep-scan"
+    priority = f"/api/v1/queue/task/{queued['task_id']}/priority"
+
+    # Numbers past what the database holds.
+    for path in ("/api/v1/jobs", "/api/v1/files"):
+        assert_error(c.get(path, params={"offset": 2**63}), 400, "bad_request", "offset")
+        assert_error(c.get(path, params={"limit": "9" * 5000}), 400, "bad_request", "limit")
+        key = path.rsplit("/", 1)[1]
+        assert svc.get(path, params={"offset": 2**63 - 1})[key] == []
+
+    # Values of the wrong type where a name is expected.
+    for value in (["high"], {}, {"high": 1}, 3.5, True, None):
+        body = {"processors": ["noop"], "priority": value}
+        assert_error(c.post(scan, json=body), 400, "bad_request", "priority")
+        assert_error(c.put(priority, json={"priority": value}), 400, "bad_request", "priority")
+    assert_error(c.put(priority, json={}), 400, "bad_request", "priority")
+
+    # Bodies no parser should recurse through, and text no path or column can hold.
+    deep = b'{"priority": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    assert_error(c.post(scan, content=deep), 400, "bad_request", "nested")
+    assert_error(c.put(priority, content=deep), 400, "bad_request")
+    for path in ("bad\x00name.mp4", "\ud800.mp4"):
+        body = json.dumps({"path": path}).encode()  # \u escapes: valid JSON
+        assert_error(c.post("/api/v1/files/register", content=body), 400, "bad_request")
+
+    # A chunked body is read like any other; broken chunking is a JSON 400.
+    def chunks() -> Iterator[bytes]:
+        yield b'{"priority":'
+        yield b' "high"}'
+
+    reply = c.put(priority, content=chunks())
+    assert reply.status_code == 200, reply.text
+    assert svc.job(queued["task_id"])["priority"] == "high"
+    raw = (
+        f"PUT {priority} HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{{}}\r\n0"
+        "\r\n\r\n"
+    )
+    status, headers, body = _raw(svc, raw.encode())
+    assert status == 400 and "application/json" in headers, (status, headers, body)
+    assert json.loads(body)["error"]["code"] == "bad_request"
+
+    # Huge headers, long paths, methods no route has.
+    assert_error(c.get("/healthz", headers={"X-Big": "a" * 300_000}), 431, "bad_request")
+    assert_error(c.get("/api/v1/" + "a" * 60_000), 404, "not_found")
+    assert_error(c.options("/api/v1/jobs"), 405, "method_not_allowed")
+    assert c.head("/healthz").status_code == 200
+
+    # None of this hurt the service or the job.
+    assert svc.get("/healthz")["status"] == "ok"
+    assert svc.status()["pending_count"] == 1
+
+
+def _raw(svc, data: bytes) -> tuple[int, str, str]:
+    """Send ``data`` as is; the status, the headers and the body of the reply."""
+    with socket.create_connection(_address(svc), timeout=10) as sock:
+        sock.sendall(data)
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    head, _, body = reply.decode("latin-1").partition("\r\n\r\n")
+    return int(head.split()[1]), head.lower(), body
+
+
+def test_without_the_token_every_api_path_is_401(start_service):
+    svc = start_service(service={"token": "s3cret"})
+    anonymous = httpx.Client(base_url=svc.url, timeout=10)
+    for method, path in (
+        ("GET", "/api/v1/no/such/route"),
+        ("GET", "/api/v2/queue/status"),
+        ("PATCH", "/api/v1/queue/status"),
+        ("POST", "/api/v1/jobs/1/retry"),
+    ):
+        reply = anonymous.request(method, path)
+        assert_error(reply, 401, "unauthorized")
+        assert reply.headers["WWW-Authenticate"].startswith("Bearer")
+        reply = anonymous.request(method, path, headers={"Authorization": "Basic s3cret"})
+        assert_error(reply, 401, "unauthorized")
+    # With the token, the usual answers; the scheme's name is case-insensitive.
+    for scheme in ("Bearer", "bearer", "BEARER"):
+        authorized = {"Authorization": f"{scheme} s3cret"}
+        reply = anonymous.get("/api/v1/no/such/route", headers=authorized)
+        assert_error(reply, 404, "not_found")
+        assert anonymous.get("/api/v1/queue/status", headers=authorized).status_code == 200
+    assert anonymous.get("/healthz").status_code == 200  # probes need no token

@@ -28,13 +28,24 @@ def sftpgo_event(svc: ServiceProcess, path: str, virtual_path: str, **extra: Any
     }
 
 
+def arrive(svc: ServiceProcess, name: str) -> Path:
+    """A finished upload, renamed into the drop folder as SFTPGo's atomic upload mode does:
+    the watcher sees no write and no close there, so it waits settle_seconds and the
+    hook is first."""
+    staged = svc.add_video(f"../staging/{name}")
+    target = svc.drop / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staged.rename(target)
+    return target
+
+
 def hook(svc: ServiceProcess, body: dict, expect: int) -> dict:
     return svc.call("POST", "/api/v1/hooks/sftpgo", expect=expect, json=body)
 
 
 def test_an_sftpgo_upload_registers_the_file_and_its_scan_runs(start_service) -> None:
-    svc = start_service(ingest={"processors": ["noop"]})
-    video = svc.add_video("clips/take 1.mp4")
+    svc = start_service(ingest={"processors": ["noop"], "settle_seconds": 60})
+    video = arrive(svc, "clips/take 1.mp4")
     reply = hook(svc, sftpgo_event(svc, str(video), "/clips/take 1.mp4"), expect=201)
     assert reply["success"] is True and reply["state"] == "present" and reply["task_id"]
     assert svc.wait_status(reply["task_id"], "completed")["file_uuid"] == reply["file_uuid"]
@@ -46,7 +57,7 @@ def test_an_sftpgo_upload_registers_the_file_and_its_scan_runs(start_service) ->
 
     # SFTPGo sees the drop folder under another mount (a container): the user's
     # home is the watched folder, so virtual_path finds the file.
-    other = svc.add_video("clips/take 2.mp4")
+    other = arrive(svc, "clips/take 2.mp4")
     body = sftpgo_event(svc, "/srv/sftpgo/data/studio/clips/take 2.mp4", "/clips/take 2.mp4")
     body["file_size"] = other.stat().st_size
     moved = hook(svc, body, expect=201)
@@ -59,8 +70,8 @@ def test_an_sftpgo_upload_registers_the_file_and_its_scan_runs(start_service) ->
 
 
 def test_an_upload_sftpgo_reports_as_failed_is_rejected_and_never_processed(start_service) -> None:
-    svc = start_service(ingest={"processors": ["noop"], "settle_seconds": 0.5})
-    video = svc.add_video("broken.mp4")
+    svc = start_service(ingest={"processors": ["noop"], "settle_seconds": 60})
+    video = arrive(svc, "broken.mp4")
     reply = hook(svc, sftpgo_event(svc, str(video), "/broken.mp4", status=2), expect=201)
     assert reply["state"] == "rejected" and reply["task_id"] is None
     assert "upload" in reply["reason"]
@@ -77,11 +88,9 @@ def test_an_upload_sftpgo_reports_as_failed_is_rejected_and_never_processed(star
     assert svc.get("/api/v1/files")["total"] == 1
 
 
-def test_a_path_outside_the_watched_folders_is_refused(start_service, tmp_path) -> None:
-    # The watcher would take inside.mp4 once settled; this test is about the hook alone.
-    svc = start_service(ingest={"processors": ["noop"], "settle_seconds": 600})
-    outside = tmp_path / "elsewhere.mp4"
-    outside.write_bytes((svc.add_video("inside.mp4")).read_bytes())
+def test_a_path_outside_the_watched_folders_is_refused(start_service) -> None:
+    svc = start_service(ingest={"processors": ["noop"]})
+    outside = svc.add_video("../elsewhere.mp4")  # beside the drop folder, not in it
     for path, virtual in (
         (str(outside), "/../../elsewhere.mp4"),
         (str(outside), "/../elsewhere.mp4"),

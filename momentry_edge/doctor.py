@@ -45,7 +45,9 @@ def diagnose(config: Any, models_dir: Path | None = None) -> dict[str, Any]:
                 {
                     "name": backend.name,
                     "chosen": backend.name == processor.backend,
-                    "platform_ok": here.apple_silicon or not backend.apple_only,
+                    "platform_ok": backend.runs_on(
+                        here, str(processor.settings.get("backend", "auto"))
+                    ),
                     "packages": {m: imports[m] or _version(m) for m in backend.modules},
                     "packages_ok": all(imports[m] is None for m in backend.modules),
                 }

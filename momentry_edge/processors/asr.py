@@ -4,7 +4,9 @@ One pipeline, two backends. The run decodes the audio once (PyAV, 16 kHz mono),
 finds speech with Silero VAD, and packs the speech into chunks of at most
 ``chunk_seconds`` (silences between them cut out, as faster-whisper's own VAD
 filter does). Each chunk is transcribed on its own by the backend the machine
-has: mlx-whisper on Apple silicon, faster-whisper (CTranslate2 int8) elsewhere.
+has: mlx-whisper on Apple silicon, faster-whisper (CTranslate2 int8) elsewhere
+(mlx-whisper also runs on MLX's CPU backend on Linux x86_64 when configured by
+name: slower than faster-whisper, it is there so that the Apple path is tested).
 Times are mapped back to the file's timeline here, so the result is the same
 shape whichever backend ran.
 
@@ -27,7 +29,7 @@ import numpy as np
 
 from momentry_edge import audio, media, models
 from momentry_edge.processors.backends import (
-    APPLE_HINT,
+    MLX_HINT,
     Backend,
     Platform,
     choose,
@@ -51,7 +53,13 @@ SAMPLE_RATE = audio.SAMPLE_RATE
 # importable packages and the configured backend, so it is tested on any machine.
 # Both use faster-whisper's Silero VAD (onnxruntime), so MLX needs it installed too.
 BACKENDS = (
-    Backend("mlx", ("mlx_whisper", "faster_whisper"), apple_only=True, hint=APPLE_HINT),
+    Backend(
+        "mlx",
+        ("mlx_whisper", "faster_whisper"),
+        apple_only=True,
+        runs_elsewhere=True,  # MLX's CPU backend, when `backend = "mlx"` is set
+        hint=MLX_HINT,
+    ),
     Backend("faster-whisper", ("faster_whisper",)),
 )
 
@@ -164,8 +172,9 @@ class FasterWhisperEngine:
                 s.start,
                 s.end,
                 s.text,
-                [_word(w.start, w.end, w.word, w.probability) for w in s.words]
-                if word_timestamps and s.words
+                # Every asrx segment has its words, if only an empty list.
+                [_word(w.start, w.end, w.word, w.probability) for w in s.words or ()]
+                if word_timestamps
                 else None,
             )
             for s in segments
@@ -177,14 +186,16 @@ _MLX_LOCK = threading.Lock()  # mlx-whisper keeps its model in a class attribute
 
 
 class MlxEngine:
-    """mlx-whisper on the Apple silicon GPU. Imported only here, only on such a machine."""
+    """mlx-whisper on the Apple silicon GPU (or MLX's CPU backend). Imported only here."""
 
     def __init__(self, path: Path, opts: Options) -> None:
         import mlx.core as mx
         from mlx_whisper.load_models import load_model
 
         self.path = str(path)
-        self.model = load_model(self.path, dtype=mx.float16)
+        # float16 on the GPU; MLX's CPU backend computes float32 faster than float16.
+        self.fp16 = mx.default_device().type == mx.DeviceType.gpu
+        self.model = load_model(self.path, dtype=mx.float16 if self.fp16 else mx.float32)
 
     def transcribe(
         self, samples: np.ndarray, *, language: str | None, word_timestamps: bool
@@ -200,6 +211,7 @@ class MlxEngine:
                 path_or_hf_repo=self.path,
                 language=language,
                 word_timestamps=word_timestamps,
+                fp16=self.fp16,  # the dtype the model was loaded with
                 verbose=None,
             )
         pieces = [
@@ -207,8 +219,11 @@ class MlxEngine:
                 s["start"],
                 s["end"],
                 s["text"],
-                [_word(w["start"], w["end"], w["word"], w["probability"]) for w in s["words"]]
-                if word_timestamps and s.get("words")
+                [
+                    _word(w["start"], w["end"], w["word"], w["probability"])
+                    for w in s.get("words") or ()
+                ]
+                if word_timestamps
                 else None,
             )
             for s in result["segments"]
@@ -478,23 +493,25 @@ def _segment(piece: Piece, chunk: Chunk) -> dict[str, Any] | None:
     text = piece.text.strip()
     if not text:
         return None
-    segment: dict[str, Any] = {
-        "start": round(chunk.to_file_time(piece.start), 3),
-        "end": round(chunk.to_file_time(piece.end, is_end=True), 3),
-        "text": text,
-    }
+    start, end = _span(chunk, piece.start, piece.end)
+    segment: dict[str, Any] = {"start": start, "end": end, "text": text}
     if piece.words is not None:
-        segment["words"] = [
-            {
-                "start": round(chunk.to_file_time(w["start"]), 3),
-                "end": round(chunk.to_file_time(w["end"], is_end=True), 3),
-                "word": w["word"].strip(),
-                "probability": round(float(w["probability"]), 4),
-            }
-            for w in piece.words
-            if w["word"].strip()
-        ]
+        segment["words"] = []
+        for w in piece.words:
+            if word := w["word"].strip():
+                w_start, w_end = _span(chunk, w["start"], w["end"])
+                probability = round(float(w["probability"]), 4)
+                segment["words"].append(
+                    {"start": w_start, "end": w_end, "word": word, "probability": probability}
+                )
     return segment
+
+
+def _span(chunk: Chunk, start: float, end: float) -> tuple[float, float]:
+    """Chunk times -> file times; an end before its start (a decoder's timestamp tokens
+    can come out of order) is put at the start, so every span reads forwards."""
+    first = round(chunk.to_file_time(float(start)), 3)
+    return first, max(first, round(chunk.to_file_time(float(end), is_end=True), 3))
 
 
 def _result(

@@ -3,8 +3,9 @@
 ``choose`` is a pure function of the platform, the importable packages and the
 configured backend, so the choice made on a Mac can be tested on Linux by
 passing a ``Platform``. Each processor lists its backends fastest first; the
-Apple ones only count on Apple silicon. Whatever runs, the result JSON has the
-same shape and names the backend.
+Apple ones only count on Apple silicon, except that one which also runs
+elsewhere (MLX has a CPU backend on Linux) is used there when configured by
+name. Whatever runs, the result JSON has the same shape and names the backend.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .base import PermanentError
 
 ML_HINT = "pip install 'momentry-edge[ml]' (scripts/setup does it)"
 APPLE_HINT = "pip install 'momentry-edge[apple]'"
+MLX_HINT = f"{APPLE_HINT} (on Linux x86_64: 'momentry-edge[mlx-cpu]')"
 
 
 @dataclass(frozen=True)
@@ -42,8 +44,14 @@ def this_platform() -> Platform:
 class Backend:
     name: str
     modules: tuple[str, ...]  # top-level packages it imports
-    apple_only: bool = False
+    apple_only: bool = False  # `auto` picks it only on Apple silicon
+    runs_elsewhere: bool = False  # configured by name, an apple_only backend runs anywhere
     hint: str = ML_HINT  # how to install what it needs
+
+    def runs_on(self, platform: Platform, configured: str) -> bool:
+        if not self.apple_only or platform.apple_silicon:
+            return True
+        return self.runs_elsewhere and configured == self.name
 
 
 @dataclass(frozen=True)
@@ -72,7 +80,8 @@ def choose(
     can_import: Callable[[str], bool] = importable,
 ) -> Choice:
     """The backend to use: with ``auto`` the first of ``options`` that can run here;
-    with a name, that backend if it can run here (never a silent substitute)."""
+    with a name, that backend if it can run here (never a silent substitute). An
+    Apple backend that runs elsewhere too is never picked by ``auto`` off Apple silicon."""
     known = {b.name for b in options}
     if configured != "auto" and configured not in known:
         return Choice(None, f"unknown backend {configured!r}; known: auto, {', '.join(known)}")
@@ -80,7 +89,7 @@ def choose(
     for backend in options:
         if configured not in ("auto", backend.name):
             continue
-        if backend.apple_only and not platform.apple_silicon:
+        if not backend.runs_on(platform, configured):
             reasons.append(f"{backend.name} needs Apple silicon")
             continue
         missing = [m for m in backend.modules if not can_import(m)]

@@ -48,6 +48,8 @@ class ServiceConfig:
     port: int = _setting(8765, minimum=0)
     token: str = _setting("", env="MOMENTRY_API_TOKEN")
     database_url: str = _setting("", env="DATABASE_URL")
+    # How long a write waits for another's lock on the SQLite file before it fails.
+    database_timeout: float = _setting(15.0, minimum=0.1)
     # Extra processors, "module:Class"; the built-in ones need no entry.
     plugins: tuple[str, ...] = _setting([], env="MOMENTRY_PLUGINS")
     log_level: str = _setting("info", env="MOMENTRY_LOG_LEVEL", choices=LOG_LEVELS)

@@ -135,7 +135,8 @@ class Service:
     def start(self) -> None:
         """Open the database, recover what a crash left, then start serving and working."""
         logs.setup(self.config.data_dir, self.config.service.log_level)
-        database = db.connect(self.config.service.database_url, self.config.data_dir)
+        service = self.config.service
+        database = db.connect(service.database_url, self.config.data_dir, service.database_timeout)
         q = self.config.queue
         jobs.init_queue_state(q.max_concurrent, q.dynamic_concurrency)
         try:
@@ -184,14 +185,18 @@ class Service:
     def _housekeeping(self, task: str) -> None:
         try:
             if task == "sample":
-                self.gate.sample(jobs.queue_state().max_concurrent)
+                # The disk first: it needs no database, which may be what is failing.
                 if self.gate.check_disk(self.config.data_dir) is None:
                     self.workers.kick()  # in case a full disk had held jobs back
+                self.gate.sample(jobs.queue_state().max_concurrent)
             elif task == "heartbeat":
-                jobs.heartbeat(self.owner, self.config.queue.lease_seconds)
+                lease = self.config.queue.lease_seconds
+                jobs.heartbeat(self.owner, lease, self.workers.in_hand())
                 cluster.heartbeat(self.node, self.owner, self.workers.effective_limit())
             elif task == "reap":
-                jobs.reap(self.node, self.owner, self.workers.policy)
+                jobs.reap(
+                    self.node, self.owner, self.workers.policy, in_hand=self.workers.in_hand()
+                )
                 if self.config.queue.worker_enabled:
                     self.workers.kick()
             elif task == "health" and self.config.queue.worker_enabled:
@@ -221,10 +226,14 @@ class Service:
         self.notifier.stop()
         self.callbacks.stop()
         # 3. Anything still held (a processor that never reported) goes back too.
-        held = Job.select().where(Job.lease_owner == self.owner, Job.status == db.PROCESSING)
-        for job in list(held):
-            jobs.requeue(job, self.owner)
-        cluster.leave(self.node, self.owner)
+        try:
+            held = Job.select().where(Job.lease_owner == self.owner, Job.status == db.PROCESSING)
+            for job in list(held):
+                jobs.requeue(job, self.owner)
+            cluster.leave(self.node, self.owner)
+        except db.OUTAGE_ERRORS as exc:
+            # The next start-up (or another node, once the leases run out) recovers them.
+            log.error("could not return running jobs to the line at stop: %s", exc)
         (self.config.data_dir / "run.json").unlink(missing_ok=True)
         db.Job._meta.database.close()
         log.info("stopped")

@@ -56,6 +56,7 @@ from typing import Any
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
+from . import db
 from .ingest import Intake
 
 log = logging.getLogger(__name__)
@@ -215,7 +216,7 @@ class Watcher:
             # Block without a timeout while nothing is settling: no wake-ups when idle.
             self._take(self.tick if len(self.tracker) else None)
             for path in self.tracker.due():
-                self._register.submit(self._guarded, self.intake.settled, path)
+                self._register.submit(self._guarded, self._settled, path)
 
     def _take(self, timeout: float | None) -> None:
         """Feed queued events to the tracker: the first within ``timeout``, then all waiting."""
@@ -280,6 +281,17 @@ class Watcher:
                 continue
             self._scheduled.add(root)
             log.info("watching %s", root)
+
+    def _settled(self, path: str) -> None:
+        try:
+            self.intake.settled(path)
+        except db.OUTAGE_ERRORS as exc:
+            # The database busy or away: try this file again once it has settled again,
+            # rather than leave it to the next periodic rescan.
+            log.warning("could not register %s (%s); trying again", path, exc)
+            db.release_connection()
+            if not self._stopping.is_set():
+                self.found(Path(path))
 
     def _guarded(self, action: Callable[..., Any], *args: Any) -> Any:
         try:

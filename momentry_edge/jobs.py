@@ -732,6 +732,7 @@ def claim_callback(hold_seconds: float, now: float | None = None) -> tuple[str, 
     return row.task_id, attempt
 
 
+@db.retried  # a delivery not recorded would be sent again
 def settle_callback(task_id: str, retry_at: float | None) -> None:
     """After a delivery attempt: owed again at ``retry_at``, or no more (None)."""
     Job.update(callback_due=retry_at).where(Job.task_id == task_id).execute()

@@ -433,7 +433,7 @@ def connect_checked(cfg: Config) -> pw.Database:
     if path is not None:
         check(path, cfg)
     try:
-        return db.connect(cfg.service.database_url, cfg.data_dir)
+        return db.connect(cfg.service.database_url, cfg.data_dir, cfg.service.database_timeout)
     except (sqlite3.DatabaseError, pw.DatabaseError) as exc:
         if path is not None and _is_damage(exc):
             raise damaged(path, str(exc), cfg) from None

@@ -94,6 +94,8 @@ class CallbackSender:
         extra = {"task_id": task_id}
         try:
             urls, payload = self._summarize(task_id)
+        except db.OUTAGE_ERRORS:
+            raise  # still owed: sent once the database answers and its hold has run out
         except Exception:  # a job deleted since, or a summary bug: never retried forever
             log.exception("job %s: no callback summary", task_id, extra=extra)
             jobs.settle_callback(task_id, None)

@@ -179,8 +179,10 @@ class Notifier:
         if self.enabled and event["type"] in WAKE_EVENTS:
             try:
                 self.database.execute_sql(f"NOTIFY {CHANNEL}")
-            except pw.DatabaseError:
+            except (pw.DatabaseError, pw.InterfaceError):
+                # Runs inside whatever published the event: never let it fail that.
                 log.warning("could not notify other nodes; they will poll")
+                db.release_connection()
 
     def _listen(self) -> None:
         import psycopg
@@ -195,6 +197,6 @@ class Notifier:
                     while not self._stop.is_set():
                         for _ in conn.notifies(timeout=1.0, stop_after=1):
                             self.on_wake()
-            except psycopg.Error as exc:
+            except (psycopg.Error, OSError) as exc:
                 log.warning("listening for other nodes failed (%s); retrying", exc)
                 self._stop.wait(2.0)

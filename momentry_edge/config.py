@@ -64,6 +64,8 @@ class ServiceConfig:
     database_url: str = _setting("", env="DATABASE_URL")
     # Set: job state is mirrored into the Momentry system's momentry:* Redis keys (mirror.py).
     redis_url: str = _setting("", env="REDIS_URL")
+    # How long a write waits for another's lock on the SQLite file before it fails.
+    database_timeout: float = _setting(15.0, minimum=0.1, maximum=3600)
     # Extra processors, "module:Class"; the built-in ones need no entry.
     plugins: tuple[str, ...] = _setting([], env="MOMENTRY_PLUGINS")
     log_level: str = _setting("info", env="MOMENTRY_LOG_LEVEL", choices=LOG_LEVELS)

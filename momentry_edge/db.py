@@ -7,17 +7,21 @@ arithmetic works on SQLite and PostgreSQL; the API renders them as ISO 8601.
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 from urllib.parse import unquote, urlparse
 
 import peewee as pw
 from playhouse.migrate import SchemaMigrator
 from playhouse.migrate import migrate as run_migrations
 from playhouse.pool import PooledPostgresqlDatabase
+
+log = logging.getLogger(__name__)
 
 # Job status values; jobs.py is the only module that changes them.
 PENDING, PROCESSING, RETRYING = "pending", "processing", "retrying"
@@ -251,19 +255,19 @@ MIGRATIONS: list[Callable[[pw.Database], None]] = [
 ]
 
 
-def connect(database_url: str, data_dir: Path) -> pw.Database:
+def connect(database_url: str, data_dir: Path, busy_timeout: float = 15.0) -> pw.Database:
     """Open the database, bind the models to it and bring its schema up to date."""
-    db = open_database(database_url, data_dir)
+    db = open_database(database_url, data_dir, busy_timeout)
     db.bind((*MODELS, SchemaVersion))
     db.connect(reuse_if_open=True)
     migrate(db)
     return db
 
 
-def open_database(database_url: str, data_dir: Path) -> pw.Database:
+def open_database(database_url: str, data_dir: Path, busy_timeout: float = 15.0) -> pw.Database:
     if not database_url:
         data_dir.mkdir(parents=True, exist_ok=True)
-        return sqlite(data_dir / "momentry.db")
+        return sqlite(data_dir / "momentry.db", busy_timeout)
     url = urlparse(database_url)
     if url.scheme in ("postgres", "postgresql"):
         # Threads borrow connections from a bounded pool and give them back when idle
@@ -279,11 +283,11 @@ def open_database(database_url: str, data_dir: Path) -> pw.Database:
             password=unquote(url.password) if url.password else None,
         )
     if url.scheme == "sqlite":
-        return sqlite(Path(unquote(url.path)))
+        return sqlite(Path(unquote(url.path)), busy_timeout)
     raise ValueError(f"service.database_url: unsupported scheme {url.scheme!r}")
 
 
-def sqlite(path: Path) -> pw.SqliteDatabase:
+def sqlite(path: Path, busy_timeout: float = 15.0) -> pw.SqliteDatabase:
     return pw.SqliteDatabase(
         str(path),
         pragmas={
@@ -292,9 +296,9 @@ def sqlite(path: Path) -> pw.SqliteDatabase:
             "synchronous": "full",
             "foreign_keys": 1,
             # Writers wait for each other instead of failing with "database is locked".
-            "busy_timeout": 15000,
+            "busy_timeout": int(busy_timeout * 1000),
         },
-        timeout=15,
+        timeout=busy_timeout,
     )
 
 
@@ -303,6 +307,38 @@ def release_connection() -> None:
     database = Job._meta.database
     if isinstance(database, PooledPostgresqlDatabase) and not database.in_transaction():
         database.close()
+
+
+# A busy (SQLite "database is locked") or full database, or a connection that broke.
+OUTAGE_ERRORS = (pw.OperationalError, pw.InterfaceError)
+RETRY_DELAYS = (0.5, 1.0, 2.0)  # pauses between the tries of a state change
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def retried(action: Callable[P, R]) -> Callable[P, R]:
+    """``action`` tried again after each of RETRY_DELAYS while the database is out.
+
+    Each try already waits the busy timeout for a lock, so a lock or a dropped
+    connection shorter than all of that is ridden out; a longer one raises. Inside
+    an enclosing transaction a retry would not help, so there it raises at once.
+    """
+
+    @functools.wraps(action)
+    def attempt(*args: P.args, **kwargs: P.kwargs) -> R:
+        for delay in (*RETRY_DELAYS, None):
+            try:
+                return action(*args, **kwargs)
+            except OUTAGE_ERRORS as exc:
+                if delay is None or Job._meta.database.in_transaction():
+                    raise
+                log.warning("%s: %s; trying again in %g s", action.__name__, exc, delay)
+                release_connection()  # a broken connection is dropped; the next is fresh
+                time.sleep(delay)
+        raise AssertionError("unreachable")
+
+    return attempt
 
 
 def is_postgres(db: pw.Database) -> bool:

@@ -14,7 +14,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -356,6 +356,7 @@ def _add_runs(job: Job, names: list[str], first_position: int, now: float) -> No
     ).execute()
 
 
+@db.retried
 def cancel(job: Job, reason: str = "cancelled by user") -> str:
     """Cancel a waiting job now, or ask a running one to stop at its next report."""
     with db.write_transaction(Job._meta.database):
@@ -523,16 +524,24 @@ def _next_claimable(
         offset += len(rows)
 
 
-def heartbeat(owner: str, lease_seconds: float, now: float | None = None) -> int:
-    """Renew the leases of every job this process runs."""
+def heartbeat(
+    owner: str, lease_seconds: float, job_ids: Collection[int], now: float | None = None
+) -> int:
+    """Renew the leases of ``job_ids``, the jobs this process's workers have in hand.
+
+    Only those: a job whose worker is gone runs out its lease and the reaper recovers it.
+    """
+    if not job_ids:
+        return 0
     now = _now(now)
     return (
         Job.update(lease_until=now + lease_seconds)
-        .where(Job.status == db.PROCESSING, Job.lease_owner == owner)
+        .where(Job.id.in_(list(job_ids)), Job.status == db.PROCESSING, Job.lease_owner == owner)
         .execute()
     )
 
 
+@db.retried
 def start_run(run: ProcessorRun, backend: str | None, model: str | None) -> None:
     now = time.time()
     ProcessorRun.update(
@@ -556,8 +565,12 @@ def report(
     total: int,
     checkpoint: dict[str, Any] | None,
     lease_seconds: float,
+    started_at: float | None = None,
 ) -> bool:
-    """Save progress (and a checkpoint), renew the lease; returns whether cancel was asked."""
+    """Save progress (and a checkpoint), renew the lease; returns whether cancel was asked.
+
+    ``started_at`` (the claim's) tells this claim from a later one of the same job.
+    """
     now = time.time()
     with Job._meta.database.atomic():
         run_changes: dict[Any, Any] = {
@@ -569,11 +582,12 @@ def report(
             run_changes[ProcessorRun.last_checkpoint] = checkpoint
         ProcessorRun.update(run_changes).where(ProcessorRun.id == run_id).execute()
         progress = job_progress(job_id)
-        held = (
-            Job.update(progress=progress, lease_until=now + lease_seconds)
-            .where(Job.id == job_id, Job.lease_owner == owner, Job.status == db.PROCESSING)
-            .execute()
+        query = Job.update(progress=progress, lease_until=now + lease_seconds).where(
+            Job.id == job_id, Job.lease_owner == owner, Job.status == db.PROCESSING
         )
+        if started_at is not None:
+            query = query.where(Job.started_at == started_at)
+        held = query.execute()
         if not held:
             raise LeaseLost(f"job {job_id} is no longer held by {owner}")
         cancel, task_id = (
@@ -606,6 +620,7 @@ def job_progress(job_id: int) -> int:
     return int(100 * sum(parts) / len(parts))
 
 
+@db.retried
 def complete_run(run: ProcessorRun, output_path: str) -> None:
     now = time.time()
     ProcessorRun.update(
@@ -623,6 +638,7 @@ def complete_run(run: ProcessorRun, output_path: str) -> None:
     ).where(ProcessorRun.id == run.id).execute()
 
 
+@db.retried
 def skip_run(run: ProcessorRun, reason: str, output_path: str | None = None) -> None:
     now = time.time()
     ProcessorRun.update(
@@ -634,6 +650,7 @@ def skip_run(run: ProcessorRun, reason: str, output_path: str | None = None) -> 
     ).where(ProcessorRun.id == run.id).execute()
 
 
+@db.retried
 def fail_run(run: ProcessorRun, error: str, *, transient: bool) -> None:
     now = time.time()
     ProcessorRun.update(
@@ -641,6 +658,7 @@ def fail_run(run: ProcessorRun, error: str, *, transient: bool) -> None:
     ).where(ProcessorRun.id == run.id).execute()
 
 
+@db.retried
 def release_run(run: ProcessorRun) -> None:
     """Back to pending, keeping the checkpoint (shutdown or cancel mid-run)."""
     ProcessorRun.update(status=db.RUN_PENDING, updated_at=time.time()).where(
@@ -648,31 +666,112 @@ def release_run(run: ProcessorRun) -> None:
     ).execute()
 
 
-def requeue(job: Job, owner: str) -> None:
-    """Give a running job back to the line at its old place (graceful shutdown)."""
+@db.retried
+def requeue(job: Job, owner: str) -> str:
+    """Give a running job back to the line at its old place (graceful shutdown), or end
+    it cancelled if a cancel was asked meanwhile."""
     with db.write_transaction(Job._meta.database):
-        _requeue(job.id, owner=owner)
-    bus.publish("job.requeued", task_id=job.task_id)
+        claimed, job = job, Job.get_by_id(job.id)
+        if not _still_held(job, claimed, owner):
+            return job.status
+        status = _release(job, time.time())
+    if status == db.CANCELLED:
+        bus.publish("job.finished", task_id=job.task_id, status=status)
+    else:
+        bus.publish("job.requeued", task_id=job.task_id)
+    return status
 
 
-def _requeue(job_id: int, owner: str | None = None) -> None:
+@db.retried
+def give_back(job: Job, owner: str, policy: RetryPolicy, error: str) -> str:
+    """Release a job whose run broke down in the worker itself (a database or disk error
+    while recording it): back in line with a crash counted, or parked as failed once it
+    has happened ``max_crashes`` times, or cancelled if a cancel was asked."""
+    with db.write_transaction(Job._meta.database):
+        claimed, job = job, Job.get_by_id(job.id)
+        if not _still_held(job, claimed, owner):
+            return job.status  # the reaper or a user took it meanwhile
+        status = _recover(job, policy, time.time(), "its worker failed", error)
+    _announce_recovered(job.task_id, status)
+    return status
+
+
+def _still_held(current: Job, claimed: Job, owner: str) -> bool:
+    """Whether the job is still in the hands of the claim ``claimed`` came from: not
+    recovered meanwhile (and perhaps claimed again by another thread of this process)."""
+    return (
+        current.status == db.PROCESSING
+        and current.lease_owner == owner
+        and current.started_at == claimed.started_at
+    )
+
+
+def _release(job: Job, now: float) -> str:
+    """A running job out of its worker's hands: cancelled if asked, else back in line."""
+    if job.cancel_requested:
+        # Runs keep their checkpoints and stay to do, as after a cancel mid-run.
+        ProcessorRun.update(status=db.RUN_PENDING).where(
+            ProcessorRun.job == job.id, ProcessorRun.status == db.RUN_RUNNING
+        ).execute()
+        return _finalise(job, db.CANCELLED, "cancelled by user", now)
+    _requeue(job.id)
+    return db.PENDING
+
+
+def _requeue(job_id: int, error: str | None = None) -> None:
     ProcessorRun.update(status=db.RUN_PENDING).where(
         ProcessorRun.job == job_id, ProcessorRun.status == db.RUN_RUNNING
     ).execute()
-    query = Job.update(
-        status=db.PENDING, lease_owner=None, lease_until=None, node=None, cancel_requested=False
-    ).where(Job.id == job_id, Job.status == db.PROCESSING)
-    if owner is not None:
-        query = query.where(Job.lease_owner == owner)
-    query.execute()
+    changes: dict[Any, Any] = {
+        Job.status: db.PENDING,
+        Job.lease_owner: None,
+        Job.lease_until: None,
+        Job.node: None,
+    }
+    if error is not None:
+        changes[Job.error_message] = error  # why it is back in line
+    Job.update(changes).where(Job.id == job_id, Job.status == db.PROCESSING).execute()
 
 
+def _recover(
+    job: Job, policy: RetryPolicy, now: float, failure: str, error: str | None = None
+) -> str:
+    """A running job whose worker is gone (``failure`` says how), counted as a crash:
+    cancelled if asked, parked as failed at ``max_crashes``, else back in line."""
+    crashes = job.crash_count + 1
+    Job.update(crash_count=crashes).where(Job.id == job.id).execute()
+    if job.cancel_requested:
+        return _release(job, now)
+    if crashes >= policy.max_crashes:
+        running = [r.processor for r in job.runs if r.status == db.RUN_RUNNING]
+        reason = (
+            f"{failure} {crashes} times while running this job"
+            f" (during {', '.join(running) or 'start-up'}); parked for inspection"
+        )
+        if error:
+            reason += f"; last: {error}"
+        ProcessorRun.update(status=db.RUN_FAILED, error=reason, transient=False).where(
+            ProcessorRun.job == job.id, ProcessorRun.status == db.RUN_RUNNING
+        ).execute()
+        return _finalise(job, db.FAILED, reason, now)
+    _requeue(job.id, error)
+    return db.PENDING
+
+
+def _announce_recovered(task_id: str, status: str) -> None:
+    if status in db.FINAL_STATES:
+        bus.publish("job.finished", task_id=task_id, status=status)
+    else:
+        bus.publish("job.recovered", task_id=task_id)
+
+
+@db.retried
 def finish(job: Job, owner: str, policy: RetryPolicy, now: float | None = None) -> str:
     """Decide a run's outcome from its processors: done, retry later, or final."""
     now = _now(now)
     with db.write_transaction(Job._meta.database):
-        job = Job.get_by_id(job.id)
-        if job.status != db.PROCESSING or job.lease_owner != owner:
+        claimed, job = job, Job.get_by_id(job.id)
+        if not _still_held(job, claimed, owner):
             return job.status  # the reaper or a user took it meanwhile
         runs = list(job.runs)
         if job.cancel_requested:
@@ -768,6 +867,7 @@ def owed_callbacks(job: Job) -> list[str]:
     return [url for url in callback_urls(job.options) if url not in done]
 
 
+@db.retried  # a delivery not recorded would be sent again
 def callback_delivered(task_id: str, url: str) -> None:
     """Record one URL delivered, so a retry of the others does not send it again."""
     with db.write_transaction(Job._meta.database):
@@ -776,6 +876,7 @@ def callback_delivered(task_id: str, url: str) -> None:
         Job.update(callback_done=done).where(Job.id == job.id).execute()
 
 
+@db.retried  # a delivery not recorded would be sent again
 def settle_callback(task_id: str, retry_at: float | None) -> None:
     """After a delivery attempt: owed again at ``retry_at``, or no more (None)."""
     Job.update(callback_due=retry_at).where(Job.task_id == task_id).execute()
@@ -785,14 +886,23 @@ def next_callback_due() -> float | None:
     return Job.select(pw.fn.MIN(Job.callback_due)).scalar()
 
 
-def reap(node: str, owner: str, policy: RetryPolicy, now: float | None = None) -> list[str]:
+def reap(
+    node: str,
+    owner: str,
+    policy: RetryPolicy,
+    now: float | None = None,
+    in_hand: Collection[int] = (),
+) -> list[str]:
     """Re-queue jobs whose worker died: an expired lease, or an earlier life of this node.
 
     They keep their place in line and resume from their checkpoints. A job that
-    has taken a process down ``max_crashes`` times is parked as failed instead.
+    has taken a process down ``max_crashes`` times is parked as failed instead, and
+    one whose cancel was asked ends cancelled: the request outlives the worker.
+    ``in_hand`` are this process's running jobs: alive, whatever their lease says
+    after the database was out for a while.
     """
     now = _now(now)
-    reaped, parked = [], []
+    reaped = []
     database = Job._meta.database
     with db.write_transaction(database):
         if not db.holds_cluster_lock(database, "reaper"):
@@ -800,30 +910,13 @@ def reap(node: str, owner: str, policy: RetryPolicy, now: float | None = None) -
         stale = Job.select().where(
             Job.status == db.PROCESSING,
             (Job.lease_until < now) | ((Job.node == node) & (Job.lease_owner != owner)),
+            ~(Job.id.in_(list(in_hand)) & (Job.lease_owner == owner)),
         )
-        for job in stale:
-            crashes = job.crash_count + 1
-            Job.update(crash_count=crashes).where(Job.id == job.id).execute()
-            if crashes >= policy.max_crashes:
-                running = [r.processor for r in job.runs if r.status == db.RUN_RUNNING]
-                error = (
-                    f"the service stopped {crashes} times while running this job"
-                    f" (during {', '.join(running) or 'start-up'}); parked for inspection"
-                )
-                ProcessorRun.update(status=db.RUN_FAILED, error=error, transient=False).where(
-                    ProcessorRun.job == job.id, ProcessorRun.status == db.RUN_RUNNING
-                ).execute()
-                _finalise(job, db.FAILED, error, now)
-                parked.append(job.task_id)
-            else:
-                _requeue(job.id)
-            reaped.append(job.task_id)
-    for task_id in reaped:
-        if task_id in parked:
-            bus.publish("job.finished", task_id=task_id, status=db.FAILED)
-        else:
-            bus.publish("job.recovered", task_id=task_id)
-    return reaped
+        for job in list(stale):
+            reaped.append((job.task_id, _recover(job, policy, now, "the service stopped")))
+    for task_id, status in reaped:
+        _announce_recovered(task_id, status)
+    return [task_id for task_id, _ in reaped]
 
 
 # -- reads that steer ordering ---------------------------------------------------------------

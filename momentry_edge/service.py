@@ -226,15 +226,19 @@ class Service:
     def _housekeeping(self, task: str) -> None:
         try:
             if task == "sample":
-                self.gate.sample(jobs.queue_state().max_concurrent)
+                # The disk first: it needs no database, which may be what is failing.
                 if self.gate.check_disk(self.config.data_dir) is None:
                     self.workers.kick()  # in case a full disk had held jobs back
+                self.gate.sample(jobs.queue_state().max_concurrent)
             elif task == "heartbeat":
-                jobs.heartbeat(self.owner, self.config.queue.lease_seconds)
+                lease = self.config.queue.lease_seconds
+                jobs.heartbeat(self.owner, lease, self.workers.in_hand())
                 cluster.heartbeat(self.node, self.owner, self.workers.effective_limit())
                 self.node_watch.check()  # a node whose heartbeat stopped: node.lost
             elif task == "reap":
-                jobs.reap(self.node, self.owner, self.workers.policy)
+                jobs.reap(
+                    self.node, self.owner, self.workers.policy, in_hand=self.workers.in_hand()
+                )
                 if self.config.queue.worker_enabled:
                     self.workers.kick()
             elif task == "health" and self.config.queue.worker_enabled:
@@ -269,10 +273,14 @@ class Service:
         self.notifier.stop()
         self.callbacks.stop()
         # 3. Anything still held (a processor that never reported) goes back too.
-        held = Job.select().where(Job.lease_owner == self.owner, Job.status == db.PROCESSING)
-        for job in list(held):
-            jobs.requeue(job, self.owner)
-        cluster.leave(self.node, self.owner)
+        try:
+            held = Job.select().where(Job.lease_owner == self.owner, Job.status == db.PROCESSING)
+            for job in list(held):
+                jobs.requeue(job, self.owner)
+            cluster.leave(self.node, self.owner)
+        except db.OUTAGE_ERRORS as exc:
+            # The next start-up (or another node, once the leases run out) recovers them.
+            log.error("could not return running jobs to the line at stop: %s", exc)
         if self.mirror is not None:
             self.mirror.stop()  # after the requeues above, which it writes on its way out
         if self.alerts is not None:

@@ -67,6 +67,7 @@ from typing import Any
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
+from . import db
 from .ingest import WRITING_GRACE, Intake, Settling
 
 log = logging.getLogger(__name__)
@@ -274,6 +275,13 @@ class Watcher:
         except Settling as exc:
             log.debug("%s; waiting for it to settle again", exc)
             self.found(Path(path))
+        except db.OUTAGE_ERRORS as exc:
+            # The database busy or away: try this file again once it has settled again,
+            # rather than leave it to the next periodic rescan.
+            log.warning("could not register %s (%s); trying again", path, exc)
+            db.release_connection()
+            if not self._stopping.is_set():
+                self.found(Path(path))
 
     def _take(self, timeout: float | None) -> None:
         """Feed queued events to the tracker: the first within ``timeout``, then all waiting."""

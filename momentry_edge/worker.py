@@ -9,6 +9,7 @@ or the next periodic kick, drains the table again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -103,6 +104,9 @@ class Workers:
         self.coming: set[str] = set()
         self.update_processors()
         self._local = threading.local()
+        # The jobs worker threads are running now: the only leases the heartbeat renews.
+        self._in_hand: set[int] = set()
+        self._hand_lock = threading.Lock()
         self.huey = Huey("momentry-edge", storage_class=BlockingMemoryStorage, results=False)
         self._drain_task = self.huey.task(name="drain")(self._drain)
         self.consumer = InProcessConsumer(
@@ -142,6 +146,11 @@ class Workers:
     def check_health(self) -> None:
         self.consumer.check_worker_health()
 
+    def in_hand(self) -> set[int]:
+        """Ids of the jobs this process's worker threads are running now."""
+        with self._hand_lock:
+            return set(self._in_hand)
+
     def effective_limit(self) -> int:
         state = jobs.queue_state()
         return self.gate.effective_limit(
@@ -151,33 +160,72 @@ class Workers:
     # -- running jobs ------------------------------------------------------------------------
 
     def _drain(self) -> None:
-        lease = self.config.queue.lease_seconds
         while not self.stopping.is_set():
-            # A coming processor counts as runnable elsewhere: its jobs are skipped, not failed.
-            others = (cluster.cluster_processors(within=lease) - self.can_run) | self.coming
-            job = jobs.claim(
-                self.owner,
-                self.node,
-                self.effective_limit(),
-                lease,
-                # Only when another node can run something this one cannot must it look
-                # past the head of the line.
-                can_run=self.can_run if others else None,
-                cluster_can_run=self.can_run | others,
-            )
+            try:
+                job = self._claim()
+            except Exception:
+                # The database away (locked, full, connection lost): look again shortly
+                # rather than let the error end this drain.
+                retry = self.config.queue.poll_interval
+                log.exception("claiming the next job failed; trying again in %g s", retry)
+                db.release_connection()
+                self.kick(delay=retry)
+                return
             if job is None:
                 db.release_connection()
                 return
             self.kick()  # another worker may take the next job while this one runs
             self.run_job(job)
 
+    def _claim(self) -> Job | None:
+        lease = self.config.queue.lease_seconds
+        # A coming processor counts as runnable elsewhere: its jobs are skipped, not failed.
+        others = (cluster.cluster_processors(within=lease) - self.can_run) | self.coming
+        return jobs.claim(
+            self.owner,
+            self.node,
+            self.effective_limit(),
+            lease,
+            # Only when another node can run something this one cannot must it look
+            # past the head of the line.
+            can_run=self.can_run if others else None,
+            cluster_can_run=self.can_run | others,
+        )
+
     def run_job(self, job: Job) -> str:
         context = logs.current_task.set(job.task_id)
+        with self._hand_lock:
+            self._in_hand.add(job.id)
         try:
             return self._run_job(job)
+        except Exception as exc:
+            return self._give_back(job, exc)
         finally:
+            with self._hand_lock:
+                self._in_hand.discard(job.id)
             logs.current_task.reset(context)
             db.release_connection()
+
+    def _give_back(self, job: Job, exc: Exception) -> str:
+        """After an error outside the processors (recording a run failed even after the
+        retries): release the job rather than leave it held by no one."""
+        error = f"{type(exc).__name__}: {exc}"
+        log.error("job %s: the worker failed: %s", job.task_id, error, exc_info=exc)
+        try:
+            status = jobs.give_back(job, self.owner, self.policy, error)
+        except Exception as again:
+            # No longer in hand, so its lease is no longer renewed: the reaper recovers
+            # it once the lease has run out and the database answers again.
+            log.error(
+                "job %s could not be given back (%s); it is recovered when its lease runs out",
+                job.task_id,
+                again,
+            )
+            return db.PROCESSING
+        log.warning("job %s given back after the worker failed: %s", job.task_id, status)
+        if status == db.PENDING:
+            self.kick()
+        return status
 
     def _run_job(self, job: Job) -> str:
         log.info("job %s started: %s", job.task_id, ", ".join(job.processors))
@@ -202,9 +250,9 @@ class Workers:
                 self._run_batch(job, batch, Path(job.file.path), out_dir, deadline, guard)
         except Stop as stop:
             if stop.reason == "shutdown":
-                jobs.requeue(job, self.owner)
-                log.info("job %s returned to the queue at shutdown", job.task_id)
-                return db.PENDING
+                status = jobs.requeue(job, self.owner)
+                log.info("job %s at shutdown: %s", job.task_id, status)
+                return status
             if stop.reason == "lease":
                 log.warning("job %s: lease lost, another worker has it", job.task_id)
                 return db.PROCESSING
@@ -322,16 +370,20 @@ class Workers:
             outcome = PermanentError(problem)  # a result for content that is no longer there
         if isinstance(outcome, Stop):
             if outcome.reason in ("cancelled", "timeout") and tracker.checkpoint and processor:
-                self._write_output(
-                    job,
-                    run,
-                    processor,
-                    "partial",
-                    tracker.checkpoint.get("partial"),
-                    None,
-                    tracker.checkpoint,
-                    out_dir,
-                )
+                try:
+                    self._write_output(
+                        job,
+                        run,
+                        processor,
+                        "partial",
+                        tracker.checkpoint.get("partial"),
+                        None,
+                        tracker.checkpoint,
+                        out_dir,
+                    )
+                except OSError as exc:  # the checkpoint in the database is kept all the same
+                    log.warning("job %s: partial output not written: %s", job.task_id, exc)
+                    self._check_disk()
             if outcome.reason == "timeout":
                 limit, source = job.task_timeout, "the job's task_timeout"
                 if limit is None:
@@ -348,14 +400,30 @@ class Workers:
         elif isinstance(outcome, BaseException):
             log.error("job %s: %s crashed", job.task_id, run.processor, exc_info=outcome)
             jobs.fail_run(run, f"{type(outcome).__name__}: {outcome}", transient=True)
+            if isinstance(outcome, OSError):
+                self._check_disk()
         else:
             assert processor is not None
-            path = self._write_output(
-                job, run, processor, "completed", outcome, None, tracker.checkpoint, out_dir
-            )
+            try:
+                path = self._write_output(
+                    job, run, processor, "completed", outcome, None, tracker.checkpoint, out_dir
+                )
+            except OSError as exc:
+                # A full or failing disk: the run fails for now and the job retries later;
+                # a full disk holds back new starts meanwhile (queue.min_free_disk_mb).
+                error = f"cannot write the result: {exc}"
+                log.error("job %s: %s %s", job.task_id, run.processor, error)
+                jobs.fail_run(run, error, transient=True)
+                self._check_disk()
+                return None
             jobs.complete_run(run, str(path))
             log.info("job %s: %s completed", job.task_id, run.processor)
         return None
+
+    def _check_disk(self) -> None:
+        """A write failed: if the disk is full, stop admitting jobs now, not at the next sample."""
+        with contextlib.suppress(OSError):
+            self.gate.check_disk(self.config.data_dir)
 
     def _write_output(
         self,
@@ -424,14 +492,19 @@ class _Reporter:
         self.guard = guard
         self.checkpoint: dict[str, Any] | None = run.last_checkpoint
         self._last_write = 0.0
+        self._quiet_until = 0.0  # after a failed write, no writes until then
+        self._unsaved = False  # a checkpoint given during that pause is still to be saved
 
     def report(self, current: int, total: int, checkpoint: dict[str, Any] | None = None) -> None:
         if checkpoint is not None:
             self.checkpoint = checkpoint
+            self._unsaved = True
         now = time.monotonic()
         stopping = self.workers.stopping.is_set()
-        if checkpoint is not None or stopping or now - self._last_write >= REPORT_INTERVAL:
+        due = self._unsaved or stopping or now - self._last_write >= REPORT_INTERVAL
+        if due and now >= self._quiet_until:
             self._last_write = now
+            lease = self.workers.config.queue.lease_seconds
             try:
                 cancel = jobs.report(
                     self.job.id,
@@ -439,11 +512,26 @@ class _Reporter:
                     self.workers.owner,
                     current=current,
                     total=total,
-                    checkpoint=checkpoint,
-                    lease_seconds=self.workers.config.queue.lease_seconds,
+                    checkpoint=self.checkpoint if self._unsaved else None,
+                    lease_seconds=lease,
+                    started_at=self.job.started_at,
                 )
+                self._unsaved = False
             except jobs.LeaseLost:
                 raise Stop("lease") from None
+            except db.OUTAGE_ERRORS as exc:
+                # Progress is bookkeeping: the run goes on (its lease kept by the heartbeat)
+                # and the next report past the pause saves the latest checkpoint.
+                pause = lease / 3
+                log.warning(
+                    "job %s: progress not saved (%s); next try in %g s",
+                    self.job.task_id,
+                    exc,
+                    pause,
+                )
+                db.release_connection()
+                self._quiet_until = time.monotonic() + pause
+                cancel = False
             if cancel:
                 raise Stop("cancelled")
             if self.guard is not None and (problem := self.guard.problem()):

@@ -1,0 +1,239 @@
+"""Faults under running jobs: a locked or lost database, a full disk.
+
+Afterwards every job has ended or runs again: none is stuck in processing, none is
+lost or run as a second job, and a cancel asked meanwhile is honoured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import sqlite3
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from conftest import ServiceProcess, wait_for
+
+from momentry_edge import db
+
+on_sqlite = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+on_postgres = pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+
+BUSY_TIMEOUT = 1.0  # service.database_timeout in these tests
+# How long a state change keeps trying across a locked database before it gives up.
+RETRY_WINDOW = BUSY_TIMEOUT * (len(db.RETRY_DELAYS) + 1) + sum(db.RETRY_DELAYS)
+STEPS = 30
+
+
+def steps_done(svc: ServiceProcess, task_id: str) -> int:
+    """How many steps the job's ``steps`` processor has executed (over all its runs)."""
+    log = svc.data_dir / "results" / svc.job(task_id)["file_uuid"] / "steps.log"
+    try:
+        return len(log.read_text().split())
+    except OSError:
+        return 0
+
+
+def logged(svc: ServiceProcess, text: str) -> bool:
+    try:
+        return text in (svc.data_dir / "logs" / "momentry-edge.log").read_text(errors="replace")
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def exclusive_lock(svc: ServiceProcess) -> Iterator[None]:
+    """A second real connection holding the SQLite file's write lock (BEGIN EXCLUSIVE)."""
+    conn = sqlite3.connect(svc.data_dir / "momentry.db", isolation_level=None, timeout=30)
+    try:
+        conn.execute("BEGIN EXCLUSIVE")
+        yield
+    finally:
+        conn.execute("ROLLBACK")
+        conn.close()
+
+
+def all_jobs(svc: ServiceProcess) -> list[dict[str, Any]]:
+    listing = svc.get("/api/v1/jobs", params={"limit": 100})
+    assert listing["total"] == len(listing["jobs"])
+    return listing["jobs"]
+
+
+def assert_nothing_lost_or_doubled(svc: ServiceProcess, tasks: list[str]) -> None:
+    """One job per request, each with its one run, none left processing."""
+    jobs = all_jobs(svc)
+    assert sorted(j["task_id"] for j in jobs) == sorted(tasks)
+    assert not [j for j in jobs if j["status"] == "processing"]
+    for task in tasks:
+        assert list(svc.job(task)["processors"]) == ["steps"]
+    assert svc.status()["active_count"] == 0
+
+
+@on_sqlite
+def test_a_database_locked_longer_than_every_timeout_leaves_no_job_stuck(start_service):
+    svc = start_service(
+        service={"database_timeout": BUSY_TIMEOUT},
+        queue={"max_concurrent": 1, "lease_seconds": 3},
+        **{"processors.steps": {"steps": STEPS, "step_seconds": 0.1}},
+    )
+    tasks = [svc.submit(f"{name}.mp4", ["steps"])["task_id"] for name in ("a", "b", "c")]
+    first, second, third = tasks
+
+    # 1. The run ends while the lock is held, and recording it fails for longer than
+    # every retry. Once the lock lifts the job is recovered and runs again.
+    wait_for(lambda: svc.job(first)["progress"] >= 17)
+    with exclusive_lock(svc):
+        wait_for(lambda: steps_done(svc, first) >= STEPS, timeout=60)
+        time.sleep(RETRY_WINDOW + 3)  # the fault: held past every timeout
+    job = svc.wait_status(first, "completed", timeout=60)
+    assert job["crash_count"] == 1, job
+    assert job["processors"]["steps"]["status"] == "completed"
+
+    # 2. The same fault on the next job, and a cancel asked while the lock is held:
+    # it waits out the lock and takes effect, though the job's worker has given up.
+    wait_for(lambda: svc.job(second)["progress"] >= 17, timeout=30)
+    with exclusive_lock(svc):
+        wait_for(lambda: steps_done(svc, second) >= STEPS, timeout=60)
+        time.sleep(RETRY_WINDOW + 3)
+        reply: dict[str, Any] = {}
+        cancel = threading.Thread(
+            target=lambda: reply.update(
+                httpx.post(f"{svc.url}/api/v1/jobs/{second}/cancel", timeout=60).json()
+            )
+        )
+        cancel.start()
+        wait_for(lambda: logged(svc, "cancel: database is locked"), timeout=30)
+    cancel.join(timeout=60)
+    assert reply.get("success") is True, reply
+    assert svc.wait_status(second, "cancelled", timeout=60)["error_message"] == (
+        "cancelled by user"
+    )
+
+    # 3. Another job starts and completes; nothing is stuck, lost or doubled.
+    svc.wait_status(third, "completed", timeout=60)
+    assert_nothing_lost_or_doubled(svc, tasks)
+
+
+@on_sqlite
+def test_a_short_lock_is_ridden_out(start_service):
+    svc = start_service(
+        service={"database_timeout": BUSY_TIMEOUT},
+        queue={"max_concurrent": 1, "lease_seconds": 3},
+        **{"processors.steps": {"steps": 20, "step_seconds": 0.1}},
+    )
+    task = svc.submit("short.mp4", ["steps"])["task_id"]
+    wait_for(lambda: svc.job(task)["progress"] >= 17)
+    with exclusive_lock(svc):
+        wait_for(lambda: steps_done(svc, task) >= 20, timeout=60)
+        # Held for longer than one busy timeout, but shorter than the retries.
+        time.sleep(BUSY_TIMEOUT * 2)
+    job = svc.wait_status(task, "completed", timeout=60)
+    assert job["crash_count"] == 0 and job["retry_count"] == 0, job
+    assert steps_done(svc, task) == 20  # ran once
+
+
+def test_a_cancel_asked_before_a_kill_9_ends_the_job_cancelled(start_service):
+    # Long steps: the worker does not get to see the cancel before the kill.
+    svc = start_service(**{"processors.steps": {"steps": 3, "step_seconds": 5}})
+    task = svc.submit("doomed.mp4", ["steps"])["task_id"]
+    svc.wait_status(task, "processing")
+    svc.call("POST", f"/api/v1/jobs/{task}/cancel")
+    svc.kill()
+    svc.start()
+    job = svc.wait_status(task, "cancelled", "completed", timeout=60)
+    assert job["status"] == "cancelled" and job["error_message"] == "cancelled by user"
+    assert job["processors"]["steps"]["status"] == "pending"  # retry resumes it
+    assert svc.status()["active_count"] == 0
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 16 MiB filesystem (tmpfs) as the data dir of the service named "node"."""
+    data = tmp_path / "node" / "data"
+    data.mkdir(parents=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(data)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a small filesystem here: {mounted.stderr.strip()}")
+    yield data
+    subprocess.run(["umount", "--lazy", str(data)], check=False)
+
+
+def fill(folder: Path) -> Path:
+    """Write a file until the filesystem says ENOSPC, down to the last byte."""
+    filler = folder / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for size in (1 << 20, 4096, 1):
+            chunk = b"\0" * size
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(fd, chunk)
+        with pytest.raises(OSError) as full:
+            os.write(fd, b"\0")
+        assert full.value.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+    return filler
+
+
+def test_a_full_disk_holds_jobs_back_and_loses_none(small_disk, start_service):
+    svc = start_service(
+        queue={"max_concurrent": 1, "lease_seconds": 3, "min_free_disk_mb": 1},
+        **{"processors.steps": {"steps": 40, "step_seconds": 0.1}},
+    )
+    tasks = [svc.submit(f"{name}.mp4", ["steps"])["task_id"] for name in ("a", "b", "c")]
+    first = tasks[0]
+    wait_for(lambda: svc.job(first)["progress"] >= 10)
+    filler = fill(small_disk)
+    # No new job is admitted, and the status says why.
+    reason = wait_for(lambda: svc.status()["blocked_reason"])
+    assert "low disk space" in reason and "queue.min_free_disk_mb" in reason
+    # The running job ends its steps and cannot write its result.
+    wait_for(lambda: steps_done(svc, first) >= 40, timeout=60)
+    time.sleep(RETRY_WINDOW + 3)  # the fault lasts past every retry
+    assert [svc.job(t)["status"] for t in tasks[1:]] == ["pending", "pending"]
+
+    filler.unlink()
+    for task in tasks:
+        job = svc.wait_status(task, "completed", timeout=90)
+        assert job["processors"]["steps"]["status"] == "completed"
+    job = svc.job(first)
+    assert job["retry_count"] + job["crash_count"] >= 1, job  # it did fail, then ran again
+    assert svc.status()["blocked_reason"] is None
+    assert_nothing_lost_or_doubled(svc, tasks)
+
+
+@on_postgres
+def test_postgres_connections_cut_mid_job_leave_no_job_stuck(start_service, database_url):
+    svc = start_service(
+        queue={"max_concurrent": 1, "lease_seconds": 3},
+        **{"processors.steps": {"steps": STEPS, "step_seconds": 0.1}},
+    )
+    tasks = [svc.submit(f"{name}.mp4", ["steps"])["task_id"] for name in ("a", "b")]
+    first = tasks[0]
+    wait_for(lambda: svc.job(first)["progress"] >= 17)
+    # Every connection the service holds is ended by the server, again and again, as a
+    # database restart or a failover would.
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        for _ in range(10):
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            time.sleep(0.2)
+    for task in tasks:
+        svc.wait_status(task, "completed", timeout=60)
+    assert_nothing_lost_or_doubled(svc, tasks)

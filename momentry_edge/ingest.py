@@ -629,7 +629,7 @@ def _upload_failed(record: MediaFile, st: os.stat_result) -> None:
     still holds is not pulled from under it: Conflict. Changed content is rejected as
     usual, and the running job notices the replaced file itself (FileGuard)."""
     active = list(Job.select().where(Job.file == record.id, Job.status.in_(db.ACTIVE_STATES)))
-    unchanged = _recognised(record.size, record.mtime, record.state, st)
+    unchanged = _recognised(record.size, record.mtime, record.state, record.transient, st)
     running = [job for job in active if job.status == db.PROCESSING]
     if running and unchanged:
         raise Conflict(

@@ -54,9 +54,11 @@ def test_a_deduplicated_request_carries_its_priority_and_callbacks_over(start_se
         queue={"max_concurrent": 1}, ingest={"processors": ["cut"], "settle_seconds": 0.3}
     )
     svc.call("POST", "/api/v1/queue/pause")
-    earlier = svc.submit("earlier.mp4", ["noop"])["task_id"]  # normal, first in line
+    svc.add_video("earlier.mp4")  # the watcher queues cut for it: normal, first in line
+    wait_for(lambda: (f := _file(svc, "earlier.mp4")) and f["status"])
+    earlier = svc.job(_file(svc, "earlier.mp4")["file_uuid"])["task_id"]
 
-    svc.add_video("dropped.mp4")  # the watcher queues cut for it
+    svc.add_video("dropped.mp4")  # and for this one, behind it
     record = wait_for(lambda: (f := _file(svc, "dropped.mp4")) and f["status"] and f)
     scan = f"/api/v1/file/{record['file_uuid']}/deep-scan"
     body = {"processors": ["cut"], "priority": "high", "callback_url": f"{base}/first"}

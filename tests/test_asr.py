@@ -255,20 +255,47 @@ def long_run(long_clip, models_dir, tmp_path_factory):
     return run(p, long_clip, tmp_path_factory.mktemp("long-out"), reports), reports
 
 
-def test_long_clip_checkpoints_every_chunk(long_run, long_clip):
-    result, reports = long_run
+@pytest.fixture
+def model_calls(monkeypatch) -> list[dict]:
+    """Every call into faster-whisper's transcribe (the real model still runs)."""
+    from faster_whisper import WhisperModel
 
-    assert word_error_rate(" ".join(SENTENCES), result["text"]) <= 0.2, result["text"]
-    # One checkpoint per chunk, and a chunk is at most 10 s of speech: what a resume redoes.
-    chunks = plan_chunks(
-        asr.speech_spans(audio.decode(long_clip), asr.Options(chunk_seconds=10)), 10
+    calls: list[dict] = []
+    transcribe = WhisperModel.transcribe
+
+    def counted(self, audio, **options):
+        calls.append(options)
+        return transcribe(self, audio, **options)
+
+    monkeypatch.setattr(WhisperModel, "transcribe", counted)
+    return calls
+
+
+def test_long_clip_is_one_model_call_checkpointed_between_windows(
+    long_clip, models_dir, tmp_path, long_run, model_calls
+):
+    expected, reports = long_run
+    assert word_error_rate(" ".join(SENTENCES), expected["text"]) <= 0.2, expected["text"]
+    assert run(processor(models_dir, chunk_seconds=10), long_clip, tmp_path, Reports()) == expected
+
+    # All the speech in one call, not one padded 30 s window per chunk...
+    assert len(model_calls) == 1
+    # ...with checkpoints where a Whisper window starts, at least chunk_seconds of speech
+    # apart, and the last at the end of the speech.
+    spans = asr.speech_spans(audio.decode(long_clip), asr.Options(chunk_seconds=10))
+    points = [c["resume"] for c in reports.checkpoints]
+    assert len(points) >= 2 and points[-1] == [1, 0.0]
+    assert reports.checkpoints[-1]["timestamp"] == round(spans[-1][1] / audio.SAMPLE_RATE, 3)
+    windows = [at for unit, at in points[:-1]]
+    assert all(unit == 0 for unit, _ in points[:-1])
+    assert all(b - a >= 10 for a, b in pairwise([0.0, *windows]))
+    stamps = [c["timestamp"] for c in reports.checkpoints]
+    assert stamps == sorted(stamps) and [c["chunk"] for c in reports.checkpoints] == list(
+        range(1, len(points) + 1)
     )
-    assert len(chunks) >= 4
-    assert [c["timestamp"] for c in reports.checkpoints] == [round(c.end, 3) for c in chunks]
-    assert all(sum(b - a for a, b in c.spans) <= 10 * audio.SAMPLE_RATE for c in chunks)
 
 
-@pytest.mark.parametrize("after", [1, 4], ids=["after first chunk", "mid-way"])
+@pytest.mark.parametrize("after", [1, 2], ids=["after the first window", "after the last"])
 def test_stopped_run_resumes_from_its_checkpoint_to_the_same_result(
     long_clip, models_dir, tmp_path, long_run, after
 ):
@@ -284,12 +311,13 @@ def test_stopped_run_resumes_from_its_checkpoint_to_the_same_result(
 
     assert result == expected
     assert second.calls[0][0] >= int(checkpoint["timestamp"])  # went on, did not start over
-    assert len(second.checkpoints) == len(long_run[1].checkpoints) - after
+    # The last checkpoint of a run that resumes at the end is the result itself.
+    assert len(second.checkpoints) == max(1, len(long_run[1].checkpoints) - after)
 
 
 def test_checkpoint_from_other_settings_is_not_reused(long_clip, models_dir, tmp_path, long_run):
     expected, reports = long_run
-    foreign = json.loads(json.dumps(reports.checkpoints[3]))
+    foreign = json.loads(json.dumps(reports.checkpoints[0]))
     foreign["partial"]["segments"] = [{"start": 0.0, "end": 1.0, "text": "bogus"}]
     foreign["settings"]["beam_size"] = 1
 
@@ -297,6 +325,103 @@ def test_checkpoint_from_other_settings_is_not_reused(long_clip, models_dir, tmp
     result = run(processor(models_dir, chunk_seconds=10), long_clip, tmp_path, second, foreign)
 
     assert result == expected and second.calls[0][0] == 0
+
+
+# -- asr and asrx in one job: one transcription, two results ------------------------------------
+
+
+def without_words(result: dict) -> dict:
+    segments = [{k: v for k, v in s.items() if k != "words"} for s in result["segments"]]
+    return {**result, "segments": segments}
+
+
+def shared_run(models_dir, path, out, asr_reports, asrx_reports, checkpoints=(None, None), **kw):
+    members = [
+        (processor(models_dir, cls, **kw), RunContext(path, out, checkpoint, 1, reports))
+        for cls, reports, checkpoint in zip(
+            (AsrProcessor, AsrxProcessor), (asr_reports, asrx_reports), checkpoints, strict=True
+        )
+    ]
+    return asr.run_shared(path, members)
+
+
+def test_asr_and_asrx_share_one_model_run_and_stay_two_results(
+    models_dir, clip, tmp_path, asrx_run, model_calls
+):
+    expected, _ = asrx_run
+    asr_reports, asrx_reports = Reports(), Reports()
+
+    asr_result, asrx_result = shared_run(models_dir, clip, tmp_path, asr_reports, asrx_reports)
+
+    assert len(model_calls) == 1 and model_calls[0]["word_timestamps"] is True
+    assert asrx_result == expected  # what asrx alone gives
+    assert asr_result == without_words(expected)
+    assert all("words" not in s for s in asr_result["segments"])
+    for name, result in (("asr", asr_result), ("asrx", asrx_result)):
+        assert len(list(srt.parse((tmp_path / f"{name}.srt").read_text()))) == len(
+            result["segments"]
+        )
+        assert (tmp_path / f"{name}.vtt").is_file()
+    # Each has its own progress and checkpoints, holding its own kind of result.
+    assert asr_reports.calls == asrx_reports.calls and asr_reports.calls[-1] == (20, 20)
+    assert asr_reports.checkpoints[-1]["partial"] == asr_result
+    assert asrx_reports.checkpoints[-1]["partial"] == asrx_result
+
+
+def test_asr_and_asrx_with_other_settings_do_not_share(models_dir):
+    same = processor(models_dir), processor(models_dir, AsrxProcessor)
+    assert asr.can_share(*same)
+    assert not asr.can_share(processor(models_dir), processor(models_dir, AsrxProcessor, vad=False))
+    assert not asr.can_share(processor(models_dir, beam_size=1), same[1])
+
+
+def test_a_cancelled_shared_run_saves_both_and_resumes_both(
+    long_clip, models_dir, tmp_path, model_calls
+):
+    whole = shared_run(models_dir, long_clip, tmp_path, Reports(), Reports(), chunk_seconds=10)
+    asr_first, asrx_first = Reports(), Reports(stop_after_checkpoints=1)  # asrx is cancelled
+
+    stopped = shared_run(models_dir, long_clip, tmp_path, asr_first, asrx_first, chunk_seconds=10)
+
+    assert [type(o) for o in stopped] == [Stop, Stop]
+    (asr_saved,), (asrx_saved,) = asr_first.checkpoints, asrx_first.checkpoints
+    assert asr_saved["resume"] == asrx_saved["resume"] and asr_saved["resume"][1] > 0
+    assert asr_saved["partial"] == without_words(asrx_saved["partial"])
+    assert asrx_saved["partial"]["segments"][0]["words"]
+
+    resumed = shared_run(
+        models_dir,
+        long_clip,
+        tmp_path,
+        Reports(),
+        Reports(),
+        (asr_saved, asrx_saved),
+        chunk_seconds=10,
+    )
+    # The same text and words; a time can move a little where the resumed window starts
+    # (faster-whisper places a window's first word after the previous window's last).
+    for got, want in zip(resumed, whole, strict=True):
+        assert got["text"] == want["text"]
+        assert [s["text"] for s in got["segments"]] == [s["text"] for s in want["segments"]]
+        times = [t for s in got["segments"] for t in (s["start"], s["end"])]
+        assert times == pytest.approx(
+            [t for s in want["segments"] for t in (s["start"], s["end"])], abs=0.1
+        )
+    assert [w["word"] for s in resumed[1]["segments"] for w in s["words"]] == [
+        w["word"] for s in whole[1]["segments"] for w in s["words"]
+    ]
+    assert len(model_calls) == 3  # once a run: the whole one, the stopped one, the resumed one
+    assert model_calls[-1]["clip_timestamps"] == [asrx_saved["resume"][1]]
+
+
+def test_a_failing_member_leaves_the_other_its_result(models_dir, clip, tmp_path, asrx_run):
+    (tmp_path / "asrx.srt").mkdir()  # asrx cannot write its subtitles
+
+    asr_result, asrx_error = shared_run(models_dir, clip, tmp_path, Reports(), Reports())
+
+    assert isinstance(asrx_error, IsADirectoryError)
+    assert asr_result == without_words(asrx_run[0])
+    assert (tmp_path / "asr.srt").read_text()
 
 
 def test_chunk_times_map_back_across_cut_silences():

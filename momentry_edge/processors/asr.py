@@ -9,8 +9,9 @@ speech in chunks of at most ``chunk_seconds``. Times are mapped back to the
 file's timeline here, so the result is the same shape whichever backend ran.
 
 The run saves a checkpoint (the segments so far and where to go on from) at the
-start of a Whisper window once ``chunk_seconds`` of speech were decoded since
-the last one, and after every chunk. No text carries over from one window to
+start of every Whisper window (at most 30 s of speech apart; saved when that
+window's first segment is out, so a resume redoes at most two windows) and
+after every chunk. No text carries over from one window to
 the next, so a resumed run decodes what an uninterrupted one would.
 
 asr and asrx of one job with the same settings share one transcription
@@ -73,7 +74,9 @@ class Options:
     model: str = "whisper-base"
     language: str | None = None  # None: detect from the first chunk of speech
     vad: bool = True
-    chunk_seconds: float = 30.0  # speech between checkpoints (at least; they fall between windows)
+    # Speech per call and checkpoint where the backend takes chunks (MLX); faster-whisper
+    # takes all the speech and checkpoints between its windows (at most 30 s apart).
+    chunk_seconds: float = 30.0
     beam_size: int = 5  # faster-whisper; mlx-whisper decodes greedily
     compute_type: str = "int8"
     cpu_threads: int = 0  # 0: CTranslate2's default
@@ -540,13 +543,11 @@ class _Transcription:
             if state.language is None:  # the first call decides for the whole file
                 state.language = transcript.language
                 state.probability = transcript.language_probability
-            since = window = start
+            window = start
             for piece in transcript.pieces:
                 if piece.window > window:  # every window before this piece's is decoded
                     window = piece.window
-                    if window - since >= opts.chunk_seconds:
-                        since = window
-                        self._checkpoint(index, window)
+                    self._checkpoint(index, window)
                 segment = _segment(piece, unit)
                 if segment is not None:
                     state.segments.append(segment)

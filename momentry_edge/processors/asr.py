@@ -1,18 +1,20 @@
 """Speech to text (``asr``) and speech to text with word timings (``asrx``).
 
 One pipeline, two backends. The run decodes the audio once (PyAV, 16 kHz mono),
-finds speech with Silero VAD and cuts the silences out, as faster-whisper's own
-VAD filter does. faster-whisper (CTranslate2 int8, the CPU backend) then
-transcribes all the speech in one call, window after window as Whisper does,
-so no window is padded or cut short; mlx-whisper (Apple silicon) is given the
-speech in chunks of at most ``chunk_seconds``. Times are mapped back to the
-file's timeline here, so the result is the same shape whichever backend ran.
+finds speech with Silero VAD, cuts the silences out as faster-whisper's own VAD
+filter does, and packs the speech into chunks of at most ``chunk_seconds`` that
+begin and end at silences. faster-whisper (CTranslate2 int8, the CPU backend)
+transcribes all the chunks in one call, window after window as Whisper does, no
+window reaching past its chunk, so no sentence is cut at a window's edge;
+mlx-whisper (Apple silicon) is given one chunk per call. Times are mapped back
+to the file's timeline here, so the result is the same shape whichever backend
+ran.
 
 The run saves a checkpoint (the segments so far and where to go on from) at the
-start of every Whisper window (at most 30 s of speech apart; saved when that
-window's first segment is out, so a resume redoes at most two windows) and
-after every chunk. No text carries over from one window to
-the next, so a resumed run decodes what an uninterrupted one would.
+start of every Whisper window (saved when that window's first segment is out,
+so a resume redoes at most two windows) and after every chunk. No text carries
+over from one window to the next, so a resumed run decodes what an
+uninterrupted one would.
 
 asr and asrx of one job with the same settings share one transcription
 (``run_shared``, with word timings); each keeps its own result, progress,
@@ -74,9 +76,7 @@ class Options:
     model: str = "whisper-base"
     language: str | None = None  # None: detect from the first chunk of speech
     vad: bool = True
-    # Speech per call and checkpoint where the backend takes chunks (MLX); faster-whisper
-    # takes all the speech and checkpoints between its windows (at most 30 s apart).
-    chunk_seconds: float = 30.0
+    chunk_seconds: float = 30.0  # speech packed into one Whisper window (at most)
     beam_size: int = 5  # faster-whisper; mlx-whisper decodes greedily
     compute_type: str = "int8"
     cpu_threads: int = 0  # 0: CTranslate2's default
@@ -142,7 +142,7 @@ class Transcript:
 
 class Engine(Protocol):
     """Transcribes samples. One with ``streams = True`` decodes lazily, gives each
-    piece's ``window`` and takes ``start=``: it is given all the speech at once."""
+    piece's ``window`` and takes ``clips=``: it is given all the speech at once."""
 
     def transcribe(
         self, samples: np.ndarray, *, language: str | None, word_timestamps: bool
@@ -152,8 +152,8 @@ class Engine(Protocol):
 class FasterWhisperEngine:
     """faster-whisper (CTranslate2) on the CPU."""
 
-    # Decodes window by window while the pieces are consumed, and can start at any
-    # window: the whole speech goes in one call, checkpointed between windows.
+    # Decodes window by window while the pieces are consumed, and takes clips: all the
+    # speech goes in one call, checkpointed between windows.
     streams = True
 
     def __init__(self, path: Path, opts: Options) -> None:
@@ -176,9 +176,10 @@ class FasterWhisperEngine:
         *,
         language: str | None,
         word_timestamps: bool,
-        start: float = 0.0,
+        clips: Sequence[tuple[float, float]] = (),
     ) -> Transcript:
-        """Pieces from ``start`` (a window's start, seconds into ``samples``) to the end."""
+        """Pieces of ``clips`` (start and end seconds into ``samples``; default: all of
+        it); no window reaches past the end of its clip."""
         segments, info = self.model.transcribe(
             samples,
             language=language,
@@ -188,7 +189,7 @@ class FasterWhisperEngine:
             # Each window decoded on its own, so a run resumed at a window's start
             # gives what an uninterrupted run gives.
             condition_on_previous_text=False,
-            clip_timestamps=[start],
+            clip_timestamps=[t for clip in clips for t in clip] or "0",
         )
         per_second = self.model.frames_per_second
         pieces = (
@@ -508,10 +509,12 @@ class _Transcription:
         self.duration = len(pcm) / SAMPLE_RATE
         self.total = max(1, round(self.duration))
         spans = speech_spans(pcm, opts)
-        if getattr(engine, "streams", False):
-            self.units = [Chunk(tuple(spans))] if spans else []
-        else:
-            self.units = plan_chunks(spans, opts.chunk_seconds)
+        chunks = plan_chunks(spans, opts.chunk_seconds)
+        streams = getattr(engine, "streams", False)
+        # A streaming engine gets all the speech in one unit, with the chunks as its
+        # clips: Whisper's windows then end at silences, not mid-sentence.
+        self.units = [Chunk(tuple(spans))] if streams and spans else [] if streams else chunks
+        clips = _clips(chunks) if streams else []
         units = self.units
         self.key = opts.checkpoint_key(lead.spec.name, lead.backend, self.words)
         self.state = state = _resume(self.lead_ctx.checkpoint, self.key, units)
@@ -536,9 +539,9 @@ class _Transcription:
                 unit.samples(pcm),
                 language=state.language or opts.language,
                 word_timestamps=self.words,
-                # Only an engine that streams checkpoints inside a unit, so only one
-                # that streams is ever asked to start inside one.
-                **({"start": start} if start else {}),
+                # The clips from where this run starts (only a unit of a streaming
+                # engine has clips, and only there can a run start inside a unit).
+                **({"clips": [(max(a, start), b) for a, b in clips if b > start]} if clips else {}),
             )
             if state.language is None:  # the first call decides for the whole file
                 state.language = transcript.language
@@ -630,6 +633,17 @@ def _decode(path: Path) -> np.ndarray | None:
         raise ProcessorError(e.reason, transient=True) from None
     except media.MediaError as e:
         raise PermanentError(e.reason) from None
+
+
+def _clips(chunks: list[Chunk]) -> list[tuple[float, float]]:
+    """Each chunk's start and end, in seconds into all the chunks' samples end to end."""
+    clips = []
+    at = 0
+    for chunk in chunks:
+        length = sum(b - a for a, b in chunk.spans)
+        clips.append((at / SAMPLE_RATE, (at + length) / SAMPLE_RATE))
+        at += length
+    return clips
 
 
 def _file_time(units: list[Chunk], unit: int, at: float) -> float:

@@ -510,11 +510,14 @@ class _Transcription:
         self.total = max(1, round(self.duration))
         spans = speech_spans(pcm, opts)
         chunks = plan_chunks(spans, opts.chunk_seconds)
-        streams = getattr(engine, "streams", False)
-        # A streaming engine gets all the speech in one unit, with the chunks as its
-        # clips: Whisper's windows then end at silences, not mid-sentence.
-        self.units = [Chunk(tuple(spans))] if streams and spans else [] if streams else chunks
-        clips = _clips(chunks) if streams else []
+        clips: list[tuple[float, float]] = []
+        if getattr(engine, "streams", False):
+            # All the speech in one unit, with the chunks as its clips: Whisper's windows
+            # then end at silences, not mid-sentence.
+            self.units = [Chunk(tuple(spans))] if spans else []
+            clips = _clips(chunks)
+        else:
+            self.units = chunks
         units = self.units
         self.key = opts.checkpoint_key(lead.spec.name, lead.backend, self.words)
         self.state = state = _resume(self.lead_ctx.checkpoint, self.key, units)
@@ -539,9 +542,9 @@ class _Transcription:
                 unit.samples(pcm),
                 language=state.language or opts.language,
                 word_timestamps=self.words,
-                # The clips from where this run starts (only a unit of a streaming
-                # engine has clips, and only there can a run start inside a unit).
-                **({"clips": [(max(a, start), b) for a, b in clips if b > start]} if clips else {}),
+                # The clips from where this run starts (only a streaming engine has
+                # clips, and only there can a run start inside a unit).
+                **({"clips": _from(clips, start)} if clips else {}),
             )
             if state.language is None:  # the first call decides for the whole file
                 state.language = transcript.language
@@ -644,6 +647,11 @@ def _clips(chunks: list[Chunk]) -> list[tuple[float, float]]:
         clips.append((at / SAMPLE_RATE, (at + length) / SAMPLE_RATE))
         at += length
     return clips
+
+
+def _from(clips: list[tuple[float, float]], start: float) -> list[tuple[float, float]]:
+    """What is left of ``clips`` from ``start`` on."""
+    return [(max(a, start), b) for a, b in clips if b > start]
 
 
 def _file_time(units: list[Chunk], unit: int, at: float) -> float:

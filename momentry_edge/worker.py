@@ -26,7 +26,7 @@ from .clock import iso
 from .config import Config
 from .db import Job, ProcessorRun
 from .gate import Gate
-from .processors import Registry, frames
+from .processors import Registry, asr, frames
 from .processors.base import (
     PermanentError,
     Processor,
@@ -275,23 +275,33 @@ class Workers:
         return cache[name]
 
     def _batches(self, runs: list[ProcessorRun]) -> list[list[ProcessorRun]]:
-        """Runs in order, one per batch, except that the frame processors form one batch
-        at the first one's place: they share a single decode pass (frames.run_shared)."""
+        """Runs in order, one per batch, except for work that is shared, in one batch at
+        its first run's place: the frame processors share a single decode pass
+        (frames.run_shared), asr and asrx with the same settings one transcription
+        (asr.run_shared)."""
         frame_runs = [r for r in runs if self._is_frame(r.processor)]
+        speech_runs = [r for r in runs if r.processor in ("asr", "asrx")]
+        if len(speech_runs) != 2 or not asr.can_share(*map(self._peek, ["asr", "asrx"])):
+            speech_runs = []
         batches = []
         for run in runs:
-            if run not in frame_runs:
+            group = next((g for g in (frame_runs, speech_runs) if run in g), None)
+            if group is None:
                 batches.append([run])
-            elif run is frame_runs[0]:
-                batches.append(frame_runs)
+            elif run is group[0]:
+                batches.append(group)
         return batches
 
     def _is_frame(self, name: str) -> bool:
+        return isinstance(self._peek(name), FrameProcessor)
+
+    def _peek(self, name: str) -> Processor | None:
+        """This thread's instance of a processor, or a fresh one not loaded; None if broken."""
         try:
             cached = self._local.__dict__.get("processors", {}).get(name)
-            return isinstance(cached or self.registry.create(name), FrameProcessor)
+            return cached or self.registry.create(name)
         except Exception:
-            return False  # a broken plugin fails in _begin, with its error recorded
+            return None  # a broken plugin fails in _begin, with its error recorded
 
     def _run_batch(
         self,
@@ -302,7 +312,8 @@ class Workers:
         deadline: float,
         guard: ingest.FileGuard | None = None,
     ) -> None:
-        """Run one processor, or several frame processors over one decode. Each run keeps
+        """Run one processor, or several sharing their work (one decode, one transcription).
+        Each run keeps
         its own status, progress, checkpoint, error and output file; one failing does
         not fail the others. A ``Stop`` is raised after every run has been recorded."""
         started = []
@@ -317,12 +328,17 @@ class Workers:
                 started.append((run, *begun, tracker))
         if len(started) > 1:
             members = [(processor, ctx) for _, processor, ctx, _ in started]
-            outcomes = frames.run_shared(media_path, members)  # type: ignore[arg-type]
+            shared = asr if isinstance(members[0][0], asr.AsrProcessor) else frames
+            outcomes = shared.run_shared(media_path, members)  # type: ignore[arg-type]
         else:
             outcomes = [_outcome(processor, ctx) for _, processor, ctx, _ in started]
         stop = None
         for (run, processor, _ctx, tracker), outcome in zip(started, outcomes, strict=True):
-            stop = self._settle(job, run, processor, tracker, outcome, out_dir, guard) or stop
+            try:
+                stop = self._settle(job, run, processor, tracker, outcome, out_dir, guard) or stop
+            except Exception as exc:  # e.g. its output cannot be written: the others still settle
+                log.error("job %s: %s not recorded", job.task_id, run.processor, exc_info=exc)
+                jobs.fail_run(run, f"{type(exc).__name__}: {exc}", transient=True)
         if stop is not None:
             raise stop
 

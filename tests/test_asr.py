@@ -151,6 +151,22 @@ def long_clip(tmp_path_factory) -> Path:
     )
 
 
+@pytest.fixture(scope="session")
+def longer_clip(tmp_path_factory) -> Path:
+    """160 s: the ten sentences twice, one every 8 s; three Whisper windows of speech, so a
+    kill can land between two checkpoints."""
+    folder = tmp_path_factory.mktemp("longer")
+    wav = speech_track(SENTENCES * 2, folder, every=8.0)
+    return make_video(
+        folder / "long meeting.mp4",
+        segments=1,
+        segment_seconds=160,
+        fps=5,
+        size=(64, 48),
+        speech_wav=wav,
+    )
+
+
 def processor(models_dir: Path, cls: type[AsrProcessor] = AsrProcessor, **settings) -> AsrProcessor:
     return cls({"model": MODEL, "models_dir": str(models_dir), **settings})
 
@@ -254,20 +270,49 @@ def long_run(long_clip, models_dir, tmp_path_factory):
     return run(p, long_clip, tmp_path_factory.mktemp("long-out"), reports), reports
 
 
-def test_long_clip_checkpoints_every_chunk(long_run, long_clip):
-    result, reports = long_run
+@pytest.fixture
+def model_calls(monkeypatch) -> list[dict]:
+    """Every call into faster-whisper's transcribe (the real model still runs)."""
+    from faster_whisper import WhisperModel
 
-    assert word_error_rate(" ".join(SENTENCES), result["text"]) <= 0.2, result["text"]
-    # One checkpoint per chunk, and a chunk is at most 10 s of speech: what a resume redoes.
-    chunks = plan_chunks(
-        asr.speech_spans(audio.decode(long_clip), asr.Options(chunk_seconds=10)), 10
+    calls: list[dict] = []
+    transcribe = WhisperModel.transcribe
+
+    def counted(self, audio, **options):
+        calls.append(options)
+        return transcribe(self, audio, **options)
+
+    monkeypatch.setattr(WhisperModel, "transcribe", counted)
+    return calls
+
+
+def test_long_clip_is_one_model_call_checkpointed_between_windows(
+    long_clip, models_dir, tmp_path, long_run, model_calls
+):
+    expected, reports = long_run
+    assert word_error_rate(" ".join(SENTENCES), expected["text"]) <= 0.2, expected["text"]
+    assert run(processor(models_dir, chunk_seconds=10), long_clip, tmp_path, Reports()) == expected
+    spans = asr.speech_spans(audio.decode(long_clip), asr.Options(chunk_seconds=10))
+
+    # All the speech in one call, its chunks as clips, not one call per chunk...
+    assert len(model_calls) == 1
+    chunks = plan_chunks(spans, 10)
+    assert len(chunks) >= 4 and len(model_calls[0]["clip_timestamps"]) == 2 * len(chunks)
+    # ...with a checkpoint where each Whisper window starts (at most 30 s of speech on),
+    # and the last at the end of the speech.
+    points = [c["resume"] for c in reports.checkpoints]
+    assert len(points) >= 2 and points[-1] == [1, 0.0]
+    assert reports.checkpoints[-1]["timestamp"] == round(spans[-1][1] / audio.SAMPLE_RATE, 3)
+    windows = [at for unit, at in points[:-1]]
+    assert all(unit == 0 for unit, _ in points[:-1])
+    assert all(0 < b - a <= 30 for a, b in pairwise([0.0, *windows]))
+    stamps = [c["timestamp"] for c in reports.checkpoints]
+    assert stamps == sorted(stamps) and [c["chunk"] for c in reports.checkpoints] == list(
+        range(1, len(points) + 1)
     )
-    assert len(chunks) >= 4
-    assert [c["timestamp"] for c in reports.checkpoints] == [round(c.end, 3) for c in chunks]
-    assert all(sum(b - a for a, b in c.spans) <= 10 * audio.SAMPLE_RATE for c in chunks)
 
 
-@pytest.mark.parametrize("after", [1, 4], ids=["after first chunk", "mid-way"])
+@pytest.mark.parametrize("after", [1, 4], ids=["after the first window", "mid-way"])
 def test_stopped_run_resumes_from_its_checkpoint_to_the_same_result(
     long_clip, models_dir, tmp_path, long_run, after
 ):
@@ -288,7 +333,7 @@ def test_stopped_run_resumes_from_its_checkpoint_to_the_same_result(
 
 def test_checkpoint_from_other_settings_is_not_reused(long_clip, models_dir, tmp_path, long_run):
     expected, reports = long_run
-    foreign = json.loads(json.dumps(reports.checkpoints[3]))
+    foreign = json.loads(json.dumps(reports.checkpoints[0]))
     foreign["partial"]["segments"] = [{"start": 0.0, "end": 1.0, "text": "bogus"}]
     foreign["settings"]["beam_size"] = 1
 
@@ -296,6 +341,102 @@ def test_checkpoint_from_other_settings_is_not_reused(long_clip, models_dir, tmp
     result = run(processor(models_dir, chunk_seconds=10), long_clip, tmp_path, second, foreign)
 
     assert result == expected and second.calls[0][0] == 0
+
+
+# -- asr and asrx in one job: one transcription, two results ------------------------------------
+
+
+def without_words(result: dict) -> dict:
+    segments = [{k: v for k, v in s.items() if k != "words"} for s in result["segments"]]
+    return {**result, "segments": segments}
+
+
+def shared_run(models_dir, path, out, asr_reports, asrx_reports, checkpoints=(None, None), **kw):
+    members = [
+        (processor(models_dir, cls, **kw), RunContext(path, out, checkpoint, 1, reports))
+        for cls, reports, checkpoint in zip(
+            (AsrProcessor, AsrxProcessor), (asr_reports, asrx_reports), checkpoints, strict=True
+        )
+    ]
+    return asr.run_shared(path, members)
+
+
+def test_asr_and_asrx_share_one_model_run_and_stay_two_results(
+    models_dir, clip, tmp_path, asrx_run, model_calls
+):
+    expected, _ = asrx_run
+    asr_reports, asrx_reports = Reports(), Reports()
+
+    asr_result, asrx_result = shared_run(models_dir, clip, tmp_path, asr_reports, asrx_reports)
+
+    assert len(model_calls) == 1 and model_calls[0]["word_timestamps"] is True
+    assert asrx_result == expected  # what asrx alone gives
+    assert asr_result == without_words(expected)
+    assert all("words" not in s for s in asr_result["segments"])
+    for name, result in (("asr", asr_result), ("asrx", asrx_result)):
+        assert len(list(srt.parse((tmp_path / f"{name}.srt").read_text()))) == len(
+            result["segments"]
+        )
+        assert (tmp_path / f"{name}.vtt").is_file()
+    # Each has its own progress and checkpoints, holding its own kind of result.
+    assert asr_reports.calls == asrx_reports.calls and asr_reports.calls[-1] == (20, 20)
+    assert asr_reports.checkpoints[-1]["partial"] == asr_result
+    assert asrx_reports.checkpoints[-1]["partial"] == asrx_result
+
+
+def test_asr_and_asrx_with_other_settings_do_not_share(models_dir):
+    same = processor(models_dir), processor(models_dir, AsrxProcessor)
+    assert asr.can_share(*same)
+    assert not asr.can_share(processor(models_dir), processor(models_dir, AsrxProcessor, vad=False))
+    assert not asr.can_share(processor(models_dir, beam_size=1), same[1])
+
+
+def test_a_cancelled_shared_run_saves_both_and_resumes_both(
+    long_clip, models_dir, tmp_path, model_calls
+):
+    whole = shared_run(models_dir, long_clip, tmp_path, Reports(), Reports(), chunk_seconds=10)
+    asr_first, asrx_first = Reports(), Reports(stop_after_checkpoints=1)  # asrx is cancelled
+
+    stopped = shared_run(models_dir, long_clip, tmp_path, asr_first, asrx_first, chunk_seconds=10)
+
+    assert [type(o) for o in stopped] == [Stop, Stop]
+    (asr_saved,), (asrx_saved,) = asr_first.checkpoints, asrx_first.checkpoints
+    assert asr_saved["resume"] == asrx_saved["resume"] and asr_saved["resume"][1] > 0
+    assert asr_saved["partial"] == without_words(asrx_saved["partial"])
+    assert asrx_saved["partial"]["segments"][0]["words"]
+
+    resumed = shared_run(
+        models_dir,
+        long_clip,
+        tmp_path,
+        Reports(),
+        Reports(),
+        (asr_saved, asrx_saved),
+        chunk_seconds=10,
+    )
+    # The same text and words. The first word of the resumed window may be placed a little
+    # differently (faster-whisper places a window's first word after the previous window's
+    # last), and that can move it across a silence that was cut out; the rest is the same.
+    for got, want in zip(resumed, whole, strict=True):
+        assert got["text"] == want["text"]
+        assert [s["text"] for s in got["segments"]] == [s["text"] for s in want["segments"]]
+        before = [s for s in want["segments"] if s["end"] <= asrx_saved["timestamp"]]
+        assert before and got["segments"][: len(before)] == before
+    assert [w["word"] for s in resumed[1]["segments"] for w in s["words"]] == [
+        w["word"] for s in whole[1]["segments"] for w in s["words"]
+    ]
+    assert len(model_calls) == 3  # once a run: the whole one, the stopped one, the resumed one
+    assert model_calls[-1]["clip_timestamps"][0] == asrx_saved["resume"][1]  # went on from there
+
+
+def test_a_failing_member_leaves_the_other_its_result(models_dir, clip, tmp_path, asrx_run):
+    (tmp_path / "asrx.srt").mkdir()  # asrx cannot write its subtitles
+
+    asr_result, asrx_error = shared_run(models_dir, clip, tmp_path, Reports(), Reports())
+
+    assert isinstance(asrx_error, IsADirectoryError)
+    assert asr_result == without_words(asrx_run[0])
+    assert (tmp_path / "asr.srt").read_text()
 
 
 def test_chunk_times_map_back_across_cut_silences():
@@ -485,7 +626,7 @@ def test_service_reports_a_missing_model_and_fails_the_job_at_once(
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
-def test_kill_9_during_asr_resumes_from_the_checkpoint(start_service, long_clip, models_dir):
+def test_kill_9_during_asr_resumes_from_the_checkpoint(start_service, longer_clip, models_dir):
     svc = start_service(
         **{
             "processors.asr": {
@@ -496,32 +637,32 @@ def test_kill_9_during_asr_resumes_from_the_checkpoint(start_service, long_clip,
             }
         }
     )
-    shutil.copy(long_clip, svc.root / "long meeting.mp4")
+    shutil.copy(longer_clip, svc.root / "long meeting.mp4")
     os.replace(svc.root / "long meeting.mp4", svc.drop / "long meeting.mp4")
     task = svc.submit("long meeting.mp4", ["asr"])["task_id"]
 
     def mid_run() -> dict | None:
         run_ = job_run(svc, task)
         stamp = (run_.get("last_checkpoint") or {}).get("timestamp", 0)
-        return run_ if run_["status"] == "running" and 20 <= stamp < 60 else None
+        return run_ if run_["status"] == "running" and 20 <= stamp < 100 else None
 
     before = wait_for(mid_run, timeout=90, interval=0.02)
     svc.kill()
     reached = before["last_checkpoint"]["timestamp"]
-    assert before["total"] == 80 and before["current"] >= int(reached)
+    assert before["total"] == 160 and before["current"] >= int(reached)
 
     svc.start()
     job = svc.wait_status(task, "completed", timeout=120)
     assert job["processors"]["asr"]["attempts"] == 2
     log = svc.log()
-    resumed = re.findall(r"asr: resuming at ([\d.]+) s of 80.0 s", log)
-    assert resumed and float(resumed[-1]) >= reached, log
+    resumed = re.findall(r"asr: resuming at ([\d.]+) s of 160.0 s", log)
+    assert resumed and float(resumed[-1]) >= reached - 0.05, log  # logged to 0.1 s
 
     output = svc.get(f"/api/v1/files/{job['file_uuid']}/results/asr")
-    assert output["status"] == "completed" and output["last_checkpoint"]["timestamp"] > 70
+    assert output["status"] == "completed" and output["last_checkpoint"]["timestamp"] > 150
     segments = output["result"]["segments"]
-    assert word_error_rate(" ".join(SENTENCES), output["result"]["text"]) <= 0.2
-    assert segments[-1]["end"] > 72 and segments[0]["start"] < 1
+    assert word_error_rate(" ".join(SENTENCES * 2), output["result"]["text"]) <= 0.2
+    assert segments[-1]["end"] > 152 and segments[0]["start"] < 1
     results = svc.data_dir / "results" / job["file_uuid"]
     assert len(list(srt.parse((results / "asr.srt").read_text()))) == len(segments)
 
@@ -548,3 +689,77 @@ def test_one_job_with_every_processor_completes(start_service, clip, models_dir)
     assert results["cut"]["result"]["cuts"] == pytest.approx([5.0, 10.0, 15.0], abs=0.04)
     folder = svc.data_dir / "results" / task["file_uuid"]
     assert {"asr.srt", "asr.vtt", "asrx.srt", "asrx.vtt"} <= {p.name for p in folder.iterdir()}
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_kill_9_during_asr_and_asrx_resumes_both_from_one_transcription(
+    start_service, longer_clip, models_dir
+):
+    whisper = {"model": MODEL, "models_dir": str(models_dir), "cpu_threads": 1}
+    svc = start_service(**{"processors.asr": whisper, "processors.asrx": whisper})
+    shutil.copy(longer_clip, svc.root / "long meeting.mp4")
+    os.replace(svc.root / "long meeting.mp4", svc.drop / "long meeting.mp4")
+    task = svc.submit("long meeting.mp4", ["asr", "asrx"])["task_id"]
+
+    def mid_run() -> dict | None:
+        runs = {name: job_run(svc, task, name) for name in ("asr", "asrx")}
+        stamps = [(r.get("last_checkpoint") or {}).get("timestamp", 0) for r in runs.values()]
+        running = all(r["status"] == "running" for r in runs.values())
+        return runs if running and all(0 < s < 100 for s in stamps) else None
+
+    before = wait_for(mid_run, timeout=90, interval=0.02)
+    svc.kill()
+
+    svc.start()
+    job = svc.wait_status(task, "completed", timeout=120)
+    log = svc.log()
+    for name in ("asr", "asrx"):
+        assert job["processors"][name]["attempts"] == 2
+        resumed = re.findall(rf"\b{name}: resuming at ([\d.]+) s of 160.0 s", log)
+        reached = before[name]["last_checkpoint"]["timestamp"]
+        assert resumed and float(resumed[-1]) >= reached - 0.05  # logged to 0.1 s
+    results = {n: svc.get(f"/api/v1/files/{job['file_uuid']}/results/{n}") for n in ("asr", "asrx")}
+    for output in results.values():
+        assert output["status"] == "completed"
+        assert word_error_rate(" ".join(SENTENCES * 2), output["result"]["text"]) <= 0.2
+    assert results["asr"]["result"]["text"] == results["asrx"]["result"]["text"]
+    assert all("words" not in s for s in results["asr"]["result"]["segments"])
+    assert all(s["words"] for s in results["asrx"]["result"]["segments"])
+    # The model ran once for both, and once more after the restart unless the kill came
+    # after the last checkpoint; never for one alone.
+    calls = re.findall(
+        r"asr\+asrx: faster-whisper transcribes [\d.]+ s of speech from ([\d.]+) s", log
+    )
+    speech_end = results["asr"]["last_checkpoint"]["timestamp"]
+    resumed_mid_speech = float(resumed[-1]) < speech_end - 0.1
+    assert len(calls) == 1 + resumed_mid_speech, log
+    assert float(calls[-1]) == pytest.approx(float(resumed[-1]), abs=0.1) or not resumed_mid_speech
+    assert not re.findall(r"asr: asrx?: faster-whisper transcribes", log)  # logger, name
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_asrx_failing_to_save_leaves_asr_its_result(start_service, clip, models_dir):
+    whisper = {"model": MODEL, "models_dir": str(models_dir)}
+    svc = start_service(**{"processors.asr": whisper, "processors.asrx": whisper})
+    svc.call("POST", "/api/v1/queue/pause")
+    shutil.copy(clip, svc.drop / "talk.mp4")
+    task = svc.submit("talk.mp4", ["asrx", "asr"])  # asrx is saved first
+    results = svc.data_dir / "results" / task["file_uuid"]
+    (results / "asrx.json" / "in the way").mkdir(parents=True)  # asrx.json cannot be written
+    svc.call("POST", "/api/v1/queue/resume")
+
+    def settled() -> dict | None:
+        job = svc.job(task["task_id"])
+        runs = job["processors"]
+        return (
+            job
+            if runs["asrx"]["status"] == "failed" and runs["asr"]["status"] != "running"
+            else None
+        )
+
+    job = wait_for(settled, timeout=90)
+    assert job["processors"]["asr"]["status"] == "completed", job["processors"]
+    assert "asrx.json" in job["processors"]["asrx"]["error"]
+    output = svc.get(f"/api/v1/files/{task['file_uuid']}/results/asr")
+    assert output["status"] == "completed" and "weekly meeting" in output["result"]["text"].lower()
+    assert (results / "asr.srt").read_text() and (results / "asrx.srt").read_text()

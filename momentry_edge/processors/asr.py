@@ -1,18 +1,25 @@
 """Speech to text (``asr``) and speech to text with word timings (``asrx``).
 
 One pipeline, two backends. The run decodes the audio once (PyAV, 16 kHz mono),
-finds speech with Silero VAD, and packs the speech into chunks of at most
-``chunk_seconds`` (silences between them cut out, as faster-whisper's own VAD
-filter does). Each chunk is transcribed on its own by the backend the machine
-has: mlx-whisper on Apple silicon, faster-whisper (CTranslate2 int8) elsewhere
-(mlx-whisper also runs on MLX's CPU backend on Linux x86_64 when configured by
-name: slower than faster-whisper, it is there so that the Apple path is tested).
-Times are mapped back to the file's timeline here, so the result is the same
-shape whichever backend ran.
+finds speech with Silero VAD, cuts the silences out as faster-whisper's own VAD
+filter does, and packs the speech into chunks of at most ``chunk_seconds`` that
+begin and end at silences. faster-whisper (CTranslate2 int8, the CPU backend)
+transcribes all the chunks in one call, window after window as Whisper does, no
+window reaching past its chunk, so no sentence is cut at a window's edge;
+mlx-whisper (Apple silicon; also on MLX's CPU backend on Linux x86_64 when
+configured by name, slower, so that the Apple path is tested) is given one chunk
+per call. Times are mapped back to the file's timeline here, so the result is
+the same shape whichever backend ran.
 
-After every chunk the run saves a checkpoint (the segments so far and the
-audio time reached). Chunks never depend on each other, so a resumed run skips
-the finished chunks and returns what an uninterrupted run would.
+The run saves a checkpoint (the segments so far and where to go on from) at the
+start of every Whisper window (saved when that window's first segment is out,
+so a resume redoes at most two windows) and after every chunk. No text carries
+over from one window to the next, so a resumed run decodes what an
+uninterrupted one would.
+
+asr and asrx of one job with the same settings share one transcription
+(``run_shared``, with word timings); each keeps its own result, progress,
+checkpoint and outcome.
 """
 
 from __future__ import annotations
@@ -20,8 +27,8 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -42,11 +49,14 @@ from momentry_edge.processors.base import (
     ProcessorError,
     Readiness,
     RunContext,
+    Stop,
 )
 
 log = logging.getLogger(__name__)
 
 SAMPLE_RATE = audio.SAMPLE_RATE
+
+Outcome = dict[str, Any] | BaseException
 
 
 # Fastest first; selection (backends.choose) is a pure function of the platform, the
@@ -73,7 +83,7 @@ class Options:
     model: str = "whisper-base"
     language: str | None = None  # None: detect from the first chunk of speech
     vad: bool = True
-    chunk_seconds: float = 30.0  # Whisper's window; also the most work a resume redoes
+    chunk_seconds: float = 30.0  # speech packed into one Whisper window (at most)
     beam_size: int = 5  # faster-whisper; mlx-whisper decodes greedily
     compute_type: str = "int8"
     cpu_threads: int = 0  # 0: CTranslate2's default
@@ -101,11 +111,13 @@ class Options:
             raise ValueError("vad must be true or false")
         return opts
 
-    def checkpoint_key(self, spec_name: str, backend: str) -> dict[str, Any]:
-        """What a checkpoint must have been made with to be resumed from."""
+    def checkpoint_key(self, spec_name: str, backend: str, words: bool) -> dict[str, Any]:
+        """What a checkpoint must have been made with to be resumed from (word timings
+        move where Whisper's windows start, so they are part of it)."""
         return {
             "model": spec_name,
             "backend": backend,
+            "word_timestamps": words,
             "language": self.language,
             "vad": self.vad,
             "chunk_seconds": self.chunk_seconds,
@@ -119,12 +131,13 @@ class Options:
 
 @dataclass
 class Piece:
-    """A segment from a backend, times in seconds from the start of the chunk it was given."""
+    """A segment from a backend, times in seconds from the start of the samples it was given."""
 
     start: float
     end: float
     text: str
     words: list[dict[str, Any]] | None = None
+    window: float = 0.0  # where the Whisper window that gave it began
 
 
 @dataclass
@@ -135,6 +148,9 @@ class Transcript:
 
 
 class Engine(Protocol):
+    """Transcribes samples. One with ``streams = True`` decodes lazily, gives each
+    piece's ``window`` and takes ``clips=``: it is given all the speech at once."""
+
     def transcribe(
         self, samples: np.ndarray, *, language: str | None, word_timestamps: bool
     ) -> Transcript: ...
@@ -142,6 +158,10 @@ class Engine(Protocol):
 
 class FasterWhisperEngine:
     """faster-whisper (CTranslate2) on the CPU."""
+
+    # Decodes window by window while the pieces are consumed, and takes clips: all the
+    # speech goes in one call, checkpointed between windows.
+    streams = True
 
     def __init__(self, path: Path, opts: Options) -> None:
         from faster_whisper import WhisperModel
@@ -158,15 +178,27 @@ class FasterWhisperEngine:
         self.beam_size = opts.beam_size
 
     def transcribe(
-        self, samples: np.ndarray, *, language: str | None, word_timestamps: bool
+        self,
+        samples: np.ndarray,
+        *,
+        language: str | None,
+        word_timestamps: bool,
+        clips: Sequence[tuple[float, float]] = (),
     ) -> Transcript:
+        """Pieces of ``clips`` (start and end seconds into ``samples``; default: all of
+        it); no window reaches past the end of its clip."""
         segments, info = self.model.transcribe(
             samples,
             language=language,
             beam_size=self.beam_size,
             word_timestamps=word_timestamps,
-            vad_filter=False,  # done once for the whole file, before chunking
-        )  # one call per chunk: no text carries over between chunks, so they resume alone
+            vad_filter=False,  # done once for the whole file, before this
+            # Each window decoded on its own, so a run resumed at a window's start
+            # gives what an uninterrupted run gives.
+            condition_on_previous_text=False,
+            clip_timestamps=[t for clip in clips for t in clip] or "0",
+        )
+        per_second = self.model.frames_per_second
         pieces = (
             Piece(
                 s.start,
@@ -176,6 +208,7 @@ class FasterWhisperEngine:
                 [_word(w.start, w.end, w.word, w.probability) for w in s.words or ()]
                 if word_timestamps
                 else None,
+                window=s.seek / per_second,
             )
             for s in segments
         )
@@ -386,64 +419,12 @@ class AsrProcessor(Processor):
         log.info("%s: %s model %s loaded from %s", self.name, self.backend, self.model, folder)
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
-        # The worker loads a processor only if it was ready when first made; a model
-        # pulled since then is loaded here, on first use.
-        self.load()
-        assert self._engine is not None and self.spec is not None
-        pcm = _decode(ctx.media_path)
-        if pcm is None or len(pcm) == 0:
-            result = _result(None, None, 0.0, [])  # no audio track, or an empty one
-            ctx.report(1, 1, {"timestamp": 0.0, "partial": result})
-            self._write_subtitles(ctx, [])
-            return result
+        outcome = run_shared(ctx.media_path, [(self, ctx)])[0]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
 
-        duration = len(pcm) / SAMPLE_RATE
-        total = max(1, round(duration))  # progress in whole seconds of audio
-        chunks = plan_chunks(speech_spans(pcm, self.opts), self.opts.chunk_seconds)
-        key = self.opts.checkpoint_key(self.spec.name, self.backend)
-        done, segments, language, probability = _resume(ctx.checkpoint, key, chunks)
-        if done:
-            log.info(
-                "%s: resuming at %.1f s of %.1f s (chunk %d of %d)",
-                self.name,
-                chunks[done - 1].end,
-                duration,
-                done,
-                len(chunks),
-            )
-        ctx.report(min(total, math.floor(chunks[done - 1].end)) if done else 0, total)
-
-        for index in range(done, len(chunks)):
-            chunk = chunks[index]
-            transcript = self._engine.transcribe(
-                chunk.samples(pcm),
-                language=language or self.opts.language,
-                word_timestamps=self.word_timestamps,
-            )
-            if language is None:  # the first chunk decides for the whole file
-                language, probability = transcript.language, transcript.language_probability
-            for piece in transcript.pieces:
-                segment = _segment(piece, chunk)
-                if segment is not None:
-                    segments.append(segment)
-                    ctx.report(min(total, math.floor(segment["end"])), total)
-            partial = _result(language, probability, duration, segments)
-            checkpoint = {
-                "timestamp": round(chunk.end, 3),
-                "chunk": index + 1,
-                "settings": key,
-                "partial": partial,
-            }
-            last = index == len(chunks) - 1
-            ctx.report(total if last else min(total, math.floor(chunk.end)), total, checkpoint)
-
-        result = _result(language, probability, duration, segments)
-        if done == len(chunks):  # no speech at all, or every chunk was done before a restart
-            ctx.report(total, total, {"timestamp": round(duration, 3), "partial": result})
-        self._write_subtitles(ctx, segments)
-        return result
-
-    def _write_subtitles(self, ctx: RunContext, segments: list[dict[str, Any]]) -> None:
+    def write_subtitles(self, ctx: RunContext, segments: list[dict[str, Any]]) -> None:
         ctx.write_text(f"{self.name}.srt", to_srt(segments))
         ctx.write_text(f"{self.name}.vtt", to_vtt(segments))
 
@@ -455,6 +436,213 @@ class AsrxProcessor(AsrProcessor):
     word_timestamps = True
 
 
+def can_share(first: Processor, second: Processor) -> bool:
+    """Whether two processors of one job can share one transcription (``run_shared``):
+    asr and asrx with the same settings. Otherwise each runs on its own."""
+    return (
+        isinstance(first, AsrProcessor)
+        and isinstance(second, AsrProcessor)
+        and first.opts == second.opts
+        and first.backend == second.backend
+    )
+
+
+def run_shared(
+    media_path: Path, members: Sequence[tuple[AsrProcessor, RunContext]]
+) -> list[Outcome]:
+    """Transcribe ``media_path`` once for every member; each member's result or error.
+
+    The members have the same settings (``can_share``); words are decoded when one
+    of them wants them, and left out of the others' results. A ``Stop`` from any
+    member's report (cancel, shutdown, timeout: all job-wide) ends the run after
+    every member has saved its checkpoint; each unfinished member's outcome is then
+    that ``Stop``. A member whose report or output fails leaves the run alone.
+    """
+    return _Transcription(media_path, members).run()
+
+
+class _NobodyLeft(Exception):
+    """Every member failed: nothing is left to transcribe for."""
+
+
+@dataclass
+class _State:
+    """How far a transcription got: units [0, unit) done, and unit ``unit`` up to ``at``
+    seconds into its samples; ``saved`` checkpoints so far."""
+
+    unit: int = 0
+    at: float = 0.0
+    saved: int = 0
+    segments: list[dict[str, Any]] = field(default_factory=list)
+    language: str | None = None
+    probability: float | None = None
+
+
+class _Transcription:
+    def __init__(
+        self, media_path: Path, members: Sequence[tuple[AsrProcessor, RunContext]]
+    ) -> None:
+        self.media_path = media_path
+        self.members = list(members)
+        self.active = list(range(len(members)))  # slots still running
+        self.outcomes: list[Outcome | None] = [None] * len(members)
+        # asrx if it is there: its words are left out for asr, not decoded twice.
+        self.lead, self.lead_ctx = max(members, key=lambda m: m[0].word_timestamps)
+        self.opts = self.lead.opts
+        self.words = self.lead.word_timestamps
+        self.names = "+".join(p.name for p, _ in members)
+        self.state = _State()
+        self.duration = 0.0
+        self.total = 1  # progress in whole seconds of audio
+        self.units: list[Chunk] = []
+        self.key: dict[str, Any] = {}
+
+    def run(self) -> list[Outcome]:
+        try:
+            self._transcribe()
+        except _NobodyLeft:
+            pass
+        except Exception as exc:  # Stop, or an error every member shares (media, model)
+            for slot in self.active:
+                self.outcomes[slot] = exc
+        return self.outcomes  # type: ignore[return-value]
+
+    def _transcribe(self) -> None:
+        lead, opts, state = self.lead, self.opts, self.state
+        # The worker loads a processor only if it was ready when first made; a model
+        # pulled since then is loaded here, on first use.
+        lead.load()
+        assert lead._engine is not None and lead.spec is not None
+        engine = lead._engine
+        pcm = _decode(self.media_path)
+        if pcm is None or len(pcm) == 0:  # no audio track, or an empty one
+            self._report(1, 1, lambda partial: {"timestamp": 0.0, "partial": partial})
+            self._finish()
+            return
+
+        self.duration = len(pcm) / SAMPLE_RATE
+        self.total = max(1, round(self.duration))
+        spans = speech_spans(pcm, opts)
+        chunks = plan_chunks(spans, opts.chunk_seconds)
+        clips: list[tuple[float, float]] = []
+        if getattr(engine, "streams", False):
+            # All the speech in one unit, with the chunks as its clips: Whisper's windows
+            # then end at silences, not mid-sentence.
+            self.units = [Chunk(tuple(spans))] if spans else []
+            clips = _clips(chunks)
+        else:
+            self.units = chunks
+        units = self.units
+        self.key = opts.checkpoint_key(lead.spec.name, lead.backend, self.words)
+        self.state = state = _resume(self.lead_ctx.checkpoint, self.key, units)
+        reached = _file_time(units, state.unit, state.at)
+        if state.saved:
+            for processor, _ in self.members:
+                log.info("%s: resuming at %.1f s of %.1f s", processor.name, reached, self.duration)
+        self._report(min(self.total, math.floor(reached)) if state.saved else 0, self.total)
+
+        first = state.unit
+        for index in range(first, len(units)):
+            unit = units[index]
+            start = state.at  # 0 but where a run resumes inside a unit
+            log.info(
+                "%s: %s transcribes %.1f s of speech from %.1f s",
+                self.names,
+                lead.backend,
+                sum(b - a for a, b in unit.spans) / SAMPLE_RATE - start,
+                unit.to_file_time(start),
+            )
+            transcript = engine.transcribe(
+                unit.samples(pcm),
+                language=state.language or opts.language,
+                word_timestamps=self.words,
+                # The clips from where this run starts (only a streaming engine has
+                # clips, and only there can a run start inside a unit).
+                **({"clips": _from(clips, start)} if clips else {}),
+            )
+            if state.language is None:  # the first call decides for the whole file
+                state.language = transcript.language
+                state.probability = transcript.language_probability
+            window = start
+            for piece in transcript.pieces:
+                if piece.window > window:  # every window before this piece's is decoded
+                    window = piece.window
+                    self._checkpoint(index, window)
+                segment = _segment(piece, unit)
+                if segment is not None:
+                    state.segments.append(segment)
+                    self._report(min(self.total, math.floor(segment["end"])), self.total)
+            self._checkpoint(index + 1, 0.0)
+
+        if first == len(units):  # no speech at all, or every unit was done before a restart
+            stamp = round(self.duration, 3)
+            self._report(self.total, self.total, lambda p: {"timestamp": stamp, "partial": p})
+        self._finish()
+
+    def _checkpoint(self, unit: int, at: float) -> None:
+        """Units before ``unit``, and ``at`` seconds of unit ``unit``, are done: save that."""
+        state = self.state
+        state.unit, state.at, state.saved = unit, at, state.saved + 1
+        stamp = round(_file_time(self.units, unit, at), 3)
+        last = unit == len(self.units)
+        self._report(
+            self.total if last else min(self.total, math.floor(stamp)),
+            self.total,
+            lambda partial: {
+                "timestamp": stamp,
+                "chunk": state.saved,
+                "resume": [unit, round(at, 3)],
+                "settings": self.key,
+                "partial": partial,
+            },
+        )
+
+    def _finish(self) -> None:
+        """Each member's subtitles and result."""
+        state = self.state
+        for slot in list(self.active):
+            processor, ctx = self.members[slot]
+            try:
+                segments = _view(state.segments, processor.word_timestamps)
+                processor.write_subtitles(ctx, segments)
+                self.outcomes[slot] = _result(
+                    state.language, state.probability, self.duration, segments
+                )
+            except Exception as exc:
+                self.outcomes[slot] = exc
+
+    def _report(
+        self,
+        current: int,
+        total: int,
+        checkpoint: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> None:
+        """Report to every member, each with its own checkpoint (made from its partial
+        result) if one is due; raises the first Stop once all have reported."""
+        first_stop = None
+        for slot in list(self.active):
+            processor, ctx = self.members[slot]
+            try:
+                saved = None
+                if checkpoint is not None:
+                    saved = checkpoint(self._partial(processor))
+                ctx.report(current, total, saved)
+            except Stop as stop:
+                first_stop = first_stop or stop  # job-wide: the others still save theirs
+            except Exception as exc:
+                self.outcomes[slot] = exc
+                self.active.remove(slot)
+        if first_stop is not None:
+            raise first_stop
+        if not self.active:
+            raise _NobodyLeft
+
+    def _partial(self, processor: AsrProcessor) -> dict[str, Any]:
+        state = self.state
+        segments = _view(state.segments, processor.word_timestamps)
+        return _result(state.language, state.probability, self.duration, segments)
+
+
 def _decode(path: Path) -> np.ndarray | None:
     try:
         return audio.decode(path)
@@ -464,25 +652,59 @@ def _decode(path: Path) -> np.ndarray | None:
         raise PermanentError(e.reason) from None
 
 
-def _resume(
-    checkpoint: dict[str, Any] | None, key: dict[str, Any], chunks: list[Chunk]
-) -> tuple[int, list[dict[str, Any]], str | None, float | None]:
-    """(chunks done, segments so far, language, its probability) from a usable checkpoint.
+def _clips(chunks: list[Chunk]) -> list[tuple[float, float]]:
+    """Each chunk's start and end, in seconds into all the chunks' samples end to end."""
+    clips = []
+    at = 0
+    for chunk in chunks:
+        length = sum(b - a for a, b in chunk.spans)
+        clips.append((at / SAMPLE_RATE, (at + length) / SAMPLE_RATE))
+        at += length
+    return clips
 
-    One made with other settings, or whose chunk boundary does not fall where this
-    run's plan puts it, is ignored: the run starts over rather than mix two plans.
+
+def _from(clips: list[tuple[float, float]], start: float) -> list[tuple[float, float]]:
+    """What is left of ``clips`` from ``start`` on."""
+    return [(max(a, start), b) for a, b in clips if b > start]
+
+
+def _file_time(units: list[Chunk], unit: int, at: float) -> float:
+    """Seconds into the file of a point ``at`` seconds into unit ``unit``'s samples."""
+    if unit < len(units):
+        return units[unit].to_file_time(at)
+    return units[-1].end if units else 0.0
+
+
+def _view(segments: list[dict[str, Any]], words: bool) -> list[dict[str, Any]]:
+    """The segments as a member sees them: with their words for asrx only."""
+    if words:
+        return segments
+    return [{k: v for k, v in s.items() if k != "words"} for s in segments]
+
+
+def _resume(checkpoint: dict[str, Any] | None, key: dict[str, Any], units: list[Chunk]) -> _State:
+    """Where to go on from, from a usable checkpoint.
+
+    One made with other settings, or whose position is not where this run's plan
+    puts it, is ignored: the run starts over rather than mix two plans.
     """
-    fresh: tuple[int, list[dict[str, Any]], str | None, float | None] = (0, [], None, None)
     if not checkpoint or checkpoint.get("settings") != key:
-        return fresh
-    done = checkpoint.get("chunk")
+        return _State()
+    position, saved = checkpoint.get("resume"), checkpoint.get("chunk")
+    if not (isinstance(position, list) and len(position) == 2 and type(saved) is int):
+        return _State()
+    unit, at = position
+    if type(unit) is not int or not 0 <= unit <= len(units) or type(at) not in (int, float):
+        return _State()
+    if saved < 1 or at < 0 or (unit == len(units) and at):
+        return _State()
+    if abs(_file_time(units, unit, at) - checkpoint.get("timestamp", -1)) > 1e-3:
+        return _State()
     partial = checkpoint.get("partial") or {}
-    if not isinstance(done, int) or not 0 < done <= len(chunks):
-        return fresh
-    if abs(chunks[done - 1].end - checkpoint.get("timestamp", -1)) > 1e-3:
-        return fresh
-    return (
-        done,
+    return _State(
+        unit,
+        float(at),
+        saved,
         list(partial.get("segments", [])),
         partial.get("language"),
         partial.get("language_probability"),

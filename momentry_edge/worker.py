@@ -313,9 +313,8 @@ class Workers:
         guard: ingest.FileGuard | None = None,
     ) -> None:
         """Run one processor, or several sharing their work (one decode, one transcription).
-        Each run keeps
-        its own status, progress, checkpoint, error and output file; one failing does
-        not fail the others. A ``Stop`` is raised after every run has been recorded."""
+        Each run keeps its own status, progress, checkpoint, error and output file; one
+        failing does not fail the others. A ``Stop`` is raised after every run is recorded."""
         started = []
         for run in runs:
             tracker = _Reporter(self, job, run, deadline, guard)

@@ -19,6 +19,7 @@ from .errors import Invalid
 from .ingest import resolve_in_watch
 
 SFTPGO_OK = 1
+FIELD_TYPES = {"username": str, "path": str, "virtual_path": str, "file_size": int, "status": int}
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,10 @@ def sftpgo_upload(body: dict[str, Any], watch: Sequence[Path]) -> Upload | None:
     action = body.get("action")
     if not isinstance(action, str) or not action:
         raise Invalid("action is required (SFTPGo's action name, e.g. upload)")
+    for name, kind in FIELD_TYPES.items():  # what SFTPGo sends is never anything else
+        value = body.get(name)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            raise Invalid(f"{name} must be {'an integer' if kind is int else 'a string'}")
     if action != "upload":
         return None  # download, delete, first-upload (always followed by upload), ...
     status = body.get("status")
@@ -46,9 +51,6 @@ def _locate(body: dict[str, Any], watch: Sequence[Path]) -> Path:
     """``path`` when it is inside a watched folder; else ``virtual_path`` from a watched
     folder (the SFTP user's home is the drop folder, seen under another mount by SFTPGo)."""
     fs_path, virtual = body.get("path"), body.get("virtual_path")
-    for name, value in (("path", fs_path), ("virtual_path", virtual)):
-        if value is not None and not isinstance(value, str):
-            raise Invalid(f"{name} must be a string")
     if not fs_path and not virtual:
         raise Invalid("path or virtual_path is required")
     problem = None

@@ -19,13 +19,12 @@ import bottle
 import httpx
 from bottle import request, response
 
-from . import __version__, db, hooks, jobs, views
+from . import __version__, db, hooks, jobs, outputs, views
 from .db import MediaFile
 from .errors import ClientError, Invalid, NotFound
 from .events import bus
 from .metrics import render_metrics
 from .openapi import openapi_document
-from .processors.keyframes import scene_thumbnail
 
 if TYPE_CHECKING:
     from .service import Service
@@ -285,16 +284,16 @@ def make_app(service: Service) -> bottle.Bottle:
         record = _file(file_uuid)
         if processor not in service.registry.names:
             raise NotFound(f"unknown processor {processor!r}")
-        path = service.config.data_dir / "results" / record.file_uuid / f"{processor}.json"
-        if not path.is_file():
+        document = outputs.read_result(service.config.data_dir, record.file_uuid, processor)
+        if document is None:
             raise NotFound(f"{processor} has no output for file {file_uuid} yet")
         response.content_type = "application/json"
-        return path.read_bytes()
+        return document
 
     @app.get("/api/v1/files/<file_uuid>/thumbnails/<index>")
     def thumbnail(file_uuid: str, index: str) -> Any:
         record = _file(file_uuid)
-        path = scene_thumbnail(service.config.data_dir / "results" / record.file_uuid, index)
+        path = outputs.scene_thumbnail(service.config.data_dir, record.file_uuid, index)
         if path is None:
             raise NotFound(f"file {file_uuid} has no thumbnail for scene {index!r}")
         response.content_type = "image/jpeg"

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from pathlib import Path
 
-from . import db
+from . import db, outputs
 from .db import Job, MediaFile
 
 log = logging.getLogger(__name__)
@@ -36,9 +35,9 @@ def sweep(data_dir: Path, retention_seconds: float, now: float | None = None) ->
     kept = MediaFile.select(MediaFile.file_uuid).where(MediaFile.id.in_(recent))
     keep = {f.file_uuid for f in kept}
     removed_results = 0
-    for folder in _children(data_dir / "results"):
-        if folder.name not in keep and folder.stat().st_mtime < cutoff:
-            shutil.rmtree(folder, ignore_errors=True)
+    for file_uuid, modified in outputs.stored(data_dir):
+        if file_uuid not in keep and modified < cutoff:
+            outputs.remove(data_dir, file_uuid)
             removed_results += 1
     removed_logs = 0
     for rotated in (data_dir / "logs").glob("*.log.*"):
@@ -52,10 +51,3 @@ def sweep(data_dir: Path, retention_seconds: float, now: float | None = None) ->
             counts,
         )
     return counts
-
-
-def _children(folder: Path) -> list[Path]:
-    try:
-        return [p for p in folder.iterdir() if p.is_dir()]
-    except FileNotFoundError:
-        return []

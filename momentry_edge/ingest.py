@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import json
 import logging
 import os
 import stat as stat_module
@@ -32,7 +31,7 @@ from typing import Any
 import peewee as pw
 
 from . import db, jobs
-from .db import Job, MediaFile, ProcessorRun
+from .db import Job, MediaFile
 from .errors import Conflict, Invalid
 from .events import bus
 from .media import MediaError, MediaInfo, MediaNotFoundError, is_transient, probe
@@ -728,102 +727,3 @@ def requeue_replaced(job: Job, snapshot: MediaFile) -> Job | None:
         options=job.options | {k: v for k, v in settings.items() if v is not None},
     )
     return job if created else None
-
-
-def duplicate_output(
-    record: MediaFile, processor: str, model: str | None, version: str, out_dir: Path
-) -> tuple[str, str] | None:
-    """A completed output of this processor (same model and version) for the same content.
-
-    This file's own earlier result is "up to date"; another file's is linked into
-    ``out_dir`` as a "duplicate of" it. Returns (reason, output_path) for
-    ``jobs.skip_run``, or None when the processor has to run.
-    """
-    if not record.fingerprint:
-        return None
-    query = (
-        ProcessorRun.select(ProcessorRun.output_path, MediaFile.file_uuid, MediaFile.id)
-        .join(Job)
-        .join(MediaFile)
-        .where(
-            MediaFile.fingerprint == record.fingerprint,
-            ProcessorRun.processor == processor,
-            ProcessorRun.status == db.RUN_COMPLETED,
-            ProcessorRun.model.is_null() if model is None else ProcessorRun.model == model,
-        )
-        .order_by(ProcessorRun.completed_at.desc())
-        .tuples()
-    )
-    for output_path, original, original_id in query:
-        source = Path(output_path or "")
-        try:
-            document = json.loads(source.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if document.get("status") != "completed" or str(document.get("version")) != version:
-            continue
-        if original == record.file_uuid:
-            # Its own output must be of this content, not of what the file held before.
-            if document.get("fingerprint") == record.fingerprint:
-                return "up to date", str(source)
-            continue
-        # The fingerprint only samples the content: share results only when all of it matches.
-        mine = content_hash(record)
-        if mine is None or mine != content_hash(MediaFile.get_by_id(original_id)):
-            continue
-        linked = _link_outputs(source, processor, out_dir)
-        return f"duplicate of {original}", str(linked)
-    return None
-
-
-def content_hash(record: MediaFile) -> str | None:
-    """A hash of the file's whole content, computed once per content and stored.
-
-    None when the file on disk is no longer what ``record`` describes (gone, changed
-    since it was registered, unreadable): then nothing can be confirmed about it.
-    """
-    if record.content_hash:
-        return record.content_hash
-    path = Path(record.path)
-    before = _lstat(path)
-    if before is None or (before.st_size, before.st_mtime) != (record.size, record.mtime):
-        return None
-    digest = hashlib.blake2b(digest_size=32)
-    try:
-        with path.open("rb") as f:
-            while chunk := f.read(_SAMPLE):
-                digest.update(chunk)
-    except OSError:
-        return None
-    after = _lstat(path)
-    if after is None or (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
-        return None  # written while it was read
-    value = digest.hexdigest()
-    # Stored only while the record still describes this content (not re-registered meanwhile).
-    stored = (
-        MediaFile.update(content_hash=value)
-        .where(
-            MediaFile.id == record.id,
-            MediaFile.size == record.size,
-            MediaFile.mtime == record.mtime,
-            MediaFile.fingerprint == record.fingerprint,
-        )
-        .execute()
-    )
-    if stored:
-        record.content_hash = value  # the job's other processors ask the same instance
-    return value
-
-
-def _link_outputs(source: Path, processor: str, out_dir: Path) -> Path:
-    """Symlink ``<processor>.json`` (and .srt, .vtt...) of the original into ``out_dir``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for item in source.parent.glob(f"{processor}.*"):
-        if item.name.endswith(".partial.json"):
-            continue
-        target = out_dir / item.name
-        tmp = out_dir / f".{item.name}.{os.getpid()}.link"
-        tmp.unlink(missing_ok=True)
-        tmp.symlink_to(os.path.relpath(item, out_dir))
-        os.replace(tmp, target)  # atomic, like every other output
-    return out_dir / f"{processor}.json"

@@ -10,7 +10,6 @@ or the next periodic kick, drains the table again.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 import time
@@ -21,8 +20,7 @@ from huey import Huey
 from huey.consumer import Consumer
 from huey.storage import MemoryStorage
 
-from . import cluster, db, ingest, jobs, logs
-from .clock import iso
+from . import cluster, db, ingest, jobs, logs, outputs
 from .config import Config
 from .db import Job, ProcessorRun
 from .gate import Gate
@@ -33,7 +31,6 @@ from .processors.base import (
     ProcessorError,
     RunContext,
     Stop,
-    write_json_atomic,
 )
 from .processors.frames import FrameProcessor
 from .provision import Provisioner
@@ -229,7 +226,7 @@ class Workers:
 
     def _run_job(self, job: Job) -> str:
         log.info("job %s started: %s", job.task_id, ", ".join(job.processors))
-        out_dir = self.config.data_dir / "results" / job.file.file_uuid
+        out_dir = outputs.results_dir(self.config.data_dir, job.file.file_uuid)
         deadline = time.monotonic() + (job.task_timeout or self.config.queue.task_timeout)
         # Read all rows first: an open SQLite cursor would pin an old snapshot and make
         # the writes below fail with "database is locked".
@@ -245,7 +242,7 @@ class Workers:
                 if problem := guard.problem():
                     for rest in batches[i:]:
                         for run in rest:
-                            jobs.fail_run(run, problem, transient=False)
+                            self._fail(job, run, None, run.last_checkpoint, problem, False, out_dir)
                     break
                 self._run_batch(job, batch, Path(job.file.path), out_dir, deadline, guard)
         except Stop as stop:
@@ -347,7 +344,7 @@ class Workers:
         """Mark the run started and give its context; None when it is skipped."""
         processor = self._processor(run.processor)
         if not job.options.get("force") and (
-            duplicate := ingest.duplicate_output(
+            duplicate := outputs.duplicate_output(
                 job.file, run.processor, processor.model, processor.version, out_dir
             )
         ):
@@ -384,13 +381,20 @@ class Workers:
         if problem and not isinstance(outcome, BaseException):
             outcome = PermanentError(problem)  # a result for content that is no longer there
         if isinstance(outcome, Stop):
-            if outcome.reason in ("cancelled", "timeout") and tracker.checkpoint and processor:
+            if outcome.reason == "timeout":
+                limit, source = job.task_timeout, "the job's task_timeout"
+                if limit is None:
+                    limit, source = self.config.queue.task_timeout, "queue.task_timeout"
+                error = f"timed out after {limit:g} s ({source})"
+                self._fail(job, run, processor, tracker.checkpoint, error, True, out_dir)
+                return outcome
+            if outcome.reason == "cancelled" and tracker.checkpoint and processor:
                 try:
                     self._write_output(
                         job,
                         run,
                         processor,
-                        "partial",
+                        outputs.PARTIAL,
                         tracker.checkpoint.get("partial"),
                         None,
                         tracker.checkpoint,
@@ -399,41 +403,68 @@ class Workers:
                 except OSError as exc:  # the checkpoint in the database is kept all the same
                     log.warning("job %s: partial output not written: %s", job.task_id, exc)
                     self._check_disk()
-            if outcome.reason == "timeout":
-                limit, source = job.task_timeout, "the job's task_timeout"
-                if limit is None:
-                    limit, source = self.config.queue.task_timeout, "queue.task_timeout"
-                error = f"timed out after {limit:g} s ({source})"
-                jobs.fail_run(run, error, transient=True)
-            else:
-                jobs.release_run(run)
+            jobs.release_run(run)
             return outcome
         if isinstance(outcome, ProcessorError):
             # A read error because the file went away is reported as just that.
-            log.warning("job %s: %s failed: %s", job.task_id, run.processor, problem or outcome)
-            jobs.fail_run(run, problem or str(outcome), transient=outcome.transient and not problem)
+            error = problem or str(outcome) or type(outcome).__name__
+            log.warning("job %s: %s failed: %s", job.task_id, run.processor, error)
+            transient = outcome.transient and not problem
+            self._fail(job, run, processor, tracker.checkpoint, error, transient, out_dir)
         elif isinstance(outcome, BaseException):
             log.error("job %s: %s crashed", job.task_id, run.processor, exc_info=outcome)
-            jobs.fail_run(run, f"{type(outcome).__name__}: {outcome}", transient=True)
+            error = f"{type(outcome).__name__}: {outcome}"
+            self._fail(job, run, processor, tracker.checkpoint, error, True, out_dir)
             if isinstance(outcome, OSError):
                 self._check_disk()
         else:
             assert processor is not None
             try:
                 path = self._write_output(
-                    job, run, processor, "completed", outcome, None, tracker.checkpoint, out_dir
+                    job,
+                    run,
+                    processor,
+                    outputs.COMPLETED,
+                    outcome,
+                    None,
+                    tracker.checkpoint,
+                    out_dir,
                 )
             except OSError as exc:
                 # A full or failing disk: the run fails for now and the job retries later;
                 # a full disk holds back new starts meanwhile (queue.min_free_disk_mb).
                 error = f"cannot write the result: {exc}"
                 log.error("job %s: %s %s", job.task_id, run.processor, error)
-                jobs.fail_run(run, error, transient=True)
+                self._fail(job, run, processor, tracker.checkpoint, error, True, out_dir)
                 self._check_disk()
                 return None
             jobs.complete_run(run, str(path))
             log.info("job %s: %s completed", job.task_id, run.processor)
         return None
+
+    def _fail(
+        self,
+        job: Job,
+        run: ProcessorRun,
+        processor: Processor | None,
+        checkpoint: dict[str, Any] | None,
+        error: str,
+        transient: bool,
+        out_dir: Path,
+    ) -> None:
+        """Record a failed run, and write its document (with the result so far) so the
+        results folder tells a failed processor from one that has not run."""
+        try:
+            partial = (checkpoint or {}).get("partial")
+            self._write_output(
+                job, run, processor, outputs.FAILED, partial, error, checkpoint, out_dir
+            )
+        except OSError as exc:  # the failure is recorded in the database all the same
+            log.warning(
+                "job %s: %s's failed document not written: %s", job.task_id, run.processor, exc
+            )
+            self._check_disk()
+        jobs.fail_run(run, error, transient=transient)
 
     def _check_disk(self) -> None:
         """A write failed: if the disk is full, stop admitting jobs now, not at the next sample."""
@@ -444,34 +475,26 @@ class Workers:
         self,
         job: Job,
         run: ProcessorRun,
-        processor: Processor,
+        processor: Processor | None,
         status: str,
         result: Any,
         error: str | None,
         checkpoint: dict[str, Any] | None,
         out_dir: Path,
     ) -> Path:
-        path = out_dir / f"{run.processor}.json"
-        checkpoint = checkpoint or {}
-        document = {
-            "processor": run.processor,
-            "status": status,
-            "completed_at": iso(time.time()),
-            "backend": processor.backend,
-            "model": processor.model,
-            "version": processor.version,
-            "task_id": job.task_id,
-            "file_uuid": job.file.file_uuid,
-            "fingerprint": job.file.fingerprint,  # the content this result is of
-            "result": result,
-            "error": error,
-            "last_checkpoint": {k: checkpoint[k] for k in ("frame", "timestamp") if k in checkpoint}
-            or None,
-        }
-        if status != "completed" and _holds_complete_result(path):
-            # Never let a partial run replace a complete result from an earlier job.
-            path = out_dir / f"{run.processor}.partial.json"
-        return write_json_atomic(path, document)
+        return outputs.write_result(
+            out_dir,
+            job,
+            run.processor,
+            status,
+            result,
+            error=error,
+            checkpoint=checkpoint,
+            # A run that failed before it began has no processor: what it was last run with.
+            backend=processor.backend if processor else run.backend,
+            model=processor.model if processor else run.model,
+            version=processor.version if processor else None,
+        )
 
 
 def _outcome(processor: Processor, ctx: RunContext) -> Any:
@@ -480,13 +503,6 @@ def _outcome(processor: Processor, ctx: RunContext) -> Any:
         return processor.run(ctx)
     except Exception as exc:
         return exc
-
-
-def _holds_complete_result(path: Path) -> bool:
-    try:
-        return json.loads(path.read_text(encoding="utf-8")).get("status") == "completed"
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 class _Reporter:

@@ -9,13 +9,12 @@ ran out of time. The worker writes the output file.
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
+
+from ..outputs import write_atomic
 
 PROCESSOR_NAMES = ("asr", "asrx", "cut", "yolo", "ocr", "face", "pose")
 
@@ -100,23 +99,3 @@ class Processor:
             "ready": state.ready,
             "reason": state.reason,
         }
-
-
-def write_atomic(path: Path, text: str) -> Path:
-    """Write via a temp file in the same folder and rename, so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def write_json_atomic(path: Path, data: Any) -> Path:
-    return write_atomic(path, json.dumps(data, ensure_ascii=False, indent=2) + "\n")

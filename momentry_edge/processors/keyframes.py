@@ -15,7 +15,6 @@ replacing any earlier set in one rename (cut.json names each scene's file).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -23,7 +22,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-FOLDER = "cut.thumbnails"  # beside cut.json; linked with it for duplicate content
+from ..outputs import FILE_MODE, THUMBNAILS, make_dir
+
 KEEP = 64
 
 
@@ -33,8 +33,8 @@ def thumbnail_name(start_frame: int) -> str:
 
 class Keyframes:
     def __init__(self, output_dir: Path, max_side: int, *, fresh: bool) -> None:
-        self.final = output_dir / FOLDER
-        self.work = output_dir / f".{FOLDER}.work"
+        self.final = output_dir / THUMBNAILS
+        self.work = output_dir / f".{THUMBNAILS}.work"
         if fresh:
             shutil.rmtree(self.work, ignore_errors=True)  # thumbnails of another run's scenes
         self.max_side = max_side
@@ -75,18 +75,19 @@ class Keyframes:
         picture = Image.fromarray(np.ascontiguousarray(image[..., ::-1]))  # BGR -> RGB
         if self.max_side:
             picture.thumbnail((self.max_side, self.max_side))
-        self.work.mkdir(parents=True, exist_ok=True)
+        make_dir(self.work)
         name = thumbnail_name(self.start)
         tmp = self.work / f".{name}.tmp"
         picture.save(tmp, "JPEG", quality=85)
+        os.chmod(tmp, FILE_MODE)
         os.replace(tmp, self.work / name)
 
     def publish(self, scene_starts: list[int]) -> list[str | None]:
         """Put each scene's thumbnail in ``cut.thumbnails/``; their paths relative to the
         results folder (None for a scene without one)."""
-        staged = self.final.with_name(f".{FOLDER}.new")
+        staged = self.final.with_name(f".{THUMBNAILS}.new")
         shutil.rmtree(staged, ignore_errors=True)
-        staged.mkdir(parents=True)
+        make_dir(staged)
         paths: list[str | None] = []
         for start in scene_starts:
             name = thumbnail_name(start)
@@ -95,9 +96,9 @@ class Keyframes:
             if source is None:
                 paths.append(None)
                 continue
-            shutil.copyfile(source, staged / name)
-            paths.append(f"{FOLDER}/{name}")
-        old = self.final.with_name(f".{FOLDER}.old")
+            shutil.copy(source, staged / name)  # with its mode
+            paths.append(f"{THUMBNAILS}/{name}")
+        old = self.final.with_name(f".{THUMBNAILS}.old")
         shutil.rmtree(old, ignore_errors=True)
         if self.final.is_symlink() or self.final.exists():
             os.replace(self.final, old)  # a set linked from a duplicate, or an earlier run's
@@ -107,18 +108,3 @@ class Keyframes:
         shutil.rmtree(old, ignore_errors=True)
         shutil.rmtree(self.work, ignore_errors=True)
         return paths
-
-
-def scene_thumbnail(results_dir: Path, index: str) -> Path | None:
-    """The JPEG of scene ``index`` (as given in a URL) that cut.json names, if there is one."""
-    if not (index.isascii() and index.isdigit()):
-        return None
-    try:
-        scenes = json.loads((results_dir / "cut.json").read_text(encoding="utf-8"))["result"]
-        name = scenes["scenes"][int(index)]["thumbnail"]
-    except (OSError, ValueError, LookupError, TypeError):
-        return None
-    if not isinstance(name, str) or not name.startswith(f"{FOLDER}/") or ".." in name:
-        return None
-    path = results_dir / name
-    return path if path.is_file() else None

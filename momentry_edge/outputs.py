@@ -1,0 +1,320 @@
+"""Processor results on disk: where they live, how they are written, shared and read back.
+
+``<data_dir>/results/<file_uuid>/`` holds one file's results:
+
+- ``<processor>.json``: the processor's document, ``status`` completed, failed or partial
+  (cancelled), with ``result``, ``error`` and ``last_checkpoint``;
+- ``<processor>.srt`` / ``.vtt``: subtitles beside asr's and asrx's documents;
+- ``cut.thumbnails/``: cut's scene keyframes, named in ``cut.json``;
+- ``<processor>.failed.json`` or ``.partial.json``: a later run that failed or was
+  cancelled, kept beside a complete result so that it never replaces it; removed
+  when the processor next completes. At most one of the two is there at a time.
+
+Files are written 0640 and folders 0750 whatever the process umask, so the group the
+service runs with (a web server, the studio's tools) can read results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import stat
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from . import db
+from .clock import iso
+from .db import Job, MediaFile, ProcessorRun
+
+FILE_MODE = 0o640
+DIR_MODE = 0o750
+THUMBNAILS = "cut.thumbnails"  # beside cut.json; linked with it for duplicate content
+
+COMPLETED, FAILED, PARTIAL = "completed", "failed", "partial"
+_HASH_CHUNK = 1 << 20
+
+# -- layout ------------------------------------------------------------------------------------
+
+
+def results_root(data_dir: Path) -> Path:
+    return data_dir / "results"
+
+
+def results_dir(data_dir: Path, file_uuid: str) -> Path:
+    """The folder of one file's results."""
+    return results_root(data_dir) / file_uuid
+
+
+def document_path(folder: Path, processor: str) -> Path:
+    return folder / f"{processor}.json"
+
+
+def aside_path(folder: Path, processor: str, status: str) -> Path:
+    """Where a failed or partial document goes while a complete one is kept."""
+    return folder / f"{processor}.{status}.json"
+
+
+# -- writing -----------------------------------------------------------------------------------
+
+
+def make_dir(folder: Path) -> Path:
+    """Create ``folder`` and any missing parents, each DIR_MODE."""
+    if not folder.is_dir():
+        make_dir(folder.parent)
+        with contextlib.suppress(FileExistsError):
+            folder.mkdir()
+            os.chmod(folder, DIR_MODE)  # mkdir's mode would be narrowed by the umask
+    return folder
+
+
+def write_atomic(path: Path, text: str) -> Path:
+    """Write via a temp file in the same folder and rename, so readers never see half a file."""
+    make_dir(path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            os.fchmod(out.fileno(), FILE_MODE)  # mkstemp makes it 0600
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json_atomic(path: Path, data: Any) -> Path:
+    return write_atomic(path, json.dumps(data, ensure_ascii=False, indent=2) + "\n")
+
+
+def write_result(
+    folder: Path,
+    job: Job,
+    processor: str,
+    status: str,
+    result: Any,
+    *,
+    error: str | None = None,
+    checkpoint: dict[str, Any] | None = None,
+    backend: str | None = None,
+    model: str | None = None,
+    version: str | None = None,
+) -> Path:
+    """Write a processor's document; returns where it went.
+
+    A failed or partial run never replaces a complete result: it goes beside it
+    (``aside_path``). A completed one removes what was set aside before it.
+    """
+    checkpoint = checkpoint or {}
+    document = {
+        "processor": processor,
+        "status": status,
+        "completed_at": iso(time.time()),
+        "backend": backend,
+        "model": model,
+        "version": version,
+        "task_id": job.task_id,
+        "file_uuid": job.file.file_uuid,
+        "fingerprint": job.file.fingerprint,  # the content this result is of
+        "result": result,
+        "error": error,
+        "last_checkpoint": {k: checkpoint[k] for k in ("frame", "timestamp") if k in checkpoint}
+        or None,
+    }
+    path = document_path(folder, processor)
+    if status != COMPLETED and _holds_complete_result(path):
+        path = write_json_atomic(aside_path(folder, processor, status), document)
+        other = PARTIAL if status == FAILED else FAILED
+        aside_path(folder, processor, other).unlink(missing_ok=True)  # the newer one tells
+        return path
+    write_json_atomic(path, document)
+    if status == COMPLETED:
+        _drop_asides(folder, processor)
+    return path
+
+
+def _holds_complete_result(path: Path) -> bool:
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("status") == COMPLETED
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _drop_asides(folder: Path, processor: str) -> None:
+    for status in (FAILED, PARTIAL):
+        aside_path(folder, processor, status).unlink(missing_ok=True)
+
+
+# -- reading, for the API ----------------------------------------------------------------------
+
+
+def read_result(data_dir: Path, file_uuid: str, processor: str) -> bytes | None:
+    """The newest document of ``processor`` for the file, as stored; None when it has not run.
+
+    A document set aside (failed or partial) is newer than the complete one beside it.
+    """
+    folder = results_dir(data_dir, file_uuid)
+    for path in (
+        aside_path(folder, processor, FAILED),
+        aside_path(folder, processor, PARTIAL),
+        document_path(folder, processor),
+    ):
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return path.read_bytes()
+    return None
+
+
+def scene_thumbnail(data_dir: Path, file_uuid: str, index: str) -> Path | None:
+    """The JPEG of scene ``index`` (as given in a URL) that cut.json names, if there is one."""
+    if not (index.isascii() and index.isdigit()):
+        return None
+    folder = results_dir(data_dir, file_uuid)
+    try:
+        document = json.loads(document_path(folder, "cut").read_text(encoding="utf-8"))
+        name = document["result"]["scenes"][int(index)]["thumbnail"]
+    except (OSError, ValueError, LookupError, TypeError):
+        return None
+    if not isinstance(name, str) or not name.startswith(f"{THUMBNAILS}/") or ".." in name:
+        return None
+    path = folder / name
+    return path if path.is_file() else None
+
+
+# -- the retention sweep's part ----------------------------------------------------------------
+
+
+def stored(data_dir: Path) -> list[tuple[str, float]]:
+    """(file_uuid, last modified) of every file's results folder."""
+    try:
+        folders = [p for p in results_root(data_dir).iterdir() if p.is_dir()]
+    except FileNotFoundError:
+        return []
+    found = []
+    for folder in folders:
+        with contextlib.suppress(FileNotFoundError):
+            found.append((folder.name, folder.stat().st_mtime))
+    return found
+
+
+def remove(data_dir: Path, file_uuid: str) -> None:
+    """Remove a file's results folder (linked results of other files stay with them)."""
+    shutil.rmtree(results_dir(data_dir, file_uuid), ignore_errors=True)
+
+
+# -- results shared between files of the same content ----------------------------------------
+
+
+def duplicate_output(
+    record: MediaFile, processor: str, model: str | None, version: str, out_dir: Path
+) -> tuple[str, str] | None:
+    """A completed output of this processor (same model and version) for the same content.
+
+    This file's own earlier result is "up to date"; another file's is linked into
+    ``out_dir`` as a "duplicate of" it. Returns (reason, output_path) for
+    ``jobs.skip_run``, or None when the processor has to run.
+    """
+    if not record.fingerprint:
+        return None
+    query = (
+        ProcessorRun.select(ProcessorRun.output_path, MediaFile.file_uuid, MediaFile.id)
+        .join(Job)
+        .join(MediaFile)
+        .where(
+            MediaFile.fingerprint == record.fingerprint,
+            ProcessorRun.processor == processor,
+            ProcessorRun.status == db.RUN_COMPLETED,
+            ProcessorRun.model.is_null() if model is None else ProcessorRun.model == model,
+        )
+        .order_by(ProcessorRun.completed_at.desc())
+        .tuples()
+    )
+    for output_path, original, original_id in query:
+        source = Path(output_path or "")
+        try:
+            document = json.loads(source.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if document.get("status") != COMPLETED or str(document.get("version")) != version:
+            continue
+        if original == record.file_uuid:
+            # Its own output must be of this content, not of what the file held before.
+            if document.get("fingerprint") == record.fingerprint:
+                _drop_asides(source.parent, processor)  # this job's outcome is that result
+                return "up to date", str(source)
+            continue
+        # The fingerprint only samples the content: share results only when all of it matches.
+        mine = content_hash(record)
+        if mine is None or mine != content_hash(MediaFile.get_by_id(original_id)):
+            continue
+        linked = _link_outputs(source, processor, out_dir)
+        return f"duplicate of {original}", str(linked)
+    return None
+
+
+def content_hash(record: MediaFile) -> str | None:
+    """A hash of the file's whole content, computed once per content and stored.
+
+    None when the file on disk is no longer what ``record`` describes (gone, changed
+    since it was registered, unreadable): then nothing can be confirmed about it.
+    """
+    if record.content_hash:
+        return record.content_hash
+    path = Path(record.path)
+    before = _regular_stat(path)
+    if before is None or (before.st_size, before.st_mtime) != (record.size, record.mtime):
+        return None
+    digest = hashlib.blake2b(digest_size=32)
+    try:
+        with path.open("rb") as f:
+            while chunk := f.read(_HASH_CHUNK):
+                digest.update(chunk)
+    except OSError:
+        return None
+    after = _regular_stat(path)
+    if after is None or (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
+        return None  # written while it was read
+    value = digest.hexdigest()
+    # Stored only while the record still describes this content (not re-registered meanwhile).
+    saved = (
+        MediaFile.update(content_hash=value)
+        .where(
+            MediaFile.id == record.id,
+            MediaFile.size == record.size,
+            MediaFile.mtime == record.mtime,
+            MediaFile.fingerprint == record.fingerprint,
+        )
+        .execute()
+    )
+    if saved:
+        record.content_hash = value  # the job's other processors ask the same instance
+    return value
+
+
+def _regular_stat(path: Path) -> os.stat_result | None:
+    try:
+        st = path.lstat()
+    except OSError:
+        return None
+    return st if stat.S_ISREG(st.st_mode) else None
+
+
+def _link_outputs(source: Path, processor: str, out_dir: Path) -> Path:
+    """Symlink ``<processor>.json`` (and .srt, .vtt, cut.thumbnails) of the original into
+    ``out_dir``; what was set aside there before is superseded."""
+    make_dir(out_dir)
+    for item in source.parent.glob(f"{processor}.*"):
+        if item.name.endswith((f".{PARTIAL}.json", f".{FAILED}.json")):
+            continue
+        target = out_dir / item.name
+        tmp = out_dir / f".{item.name}.{os.getpid()}.link"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(os.path.relpath(item, out_dir))
+        os.replace(tmp, target)  # atomic, like every other output
+    _drop_asides(out_dir, processor)
+    return document_path(out_dir, processor)

@@ -1,0 +1,96 @@
+"""Result documents: a failed processor leaves one too, a failure never replaces a complete
+result, a later success replaces the failure, and the group can read them."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_a_failed_processor_writes_its_document_and_a_successful_retry_replaces_it(
+    start_service,
+):
+    svc = start_service()
+    svc.marker.write_text("storage is down")
+    task = svc.submit("flaky.mp4", ["flaky"], max_retries=0)
+    job = svc.wait_status(task["task_id"], "failed")
+    folder = svc.data_dir / "results" / task["file_uuid"]
+    url = f"/api/v1/files/{task['file_uuid']}/results/flaky"
+
+    failed = json.loads((folder / "flaky.json").read_text())
+    assert failed["status"] == "failed" and failed["task_id"] == task["task_id"]
+    assert "storage unavailable" in failed["error"]
+    assert failed["error"] == job["processors"]["flaky"]["error"]
+    assert failed["result"] is None and failed["last_checkpoint"] is None
+    assert svc.get(url) == failed, "the API returns the failure, not 404"
+    # Readable by the service's group (a web server, the studio's tools), by no one else.
+    assert (mode(folder / "flaky.json"), mode(folder)) == (0o640, 0o750)
+
+    svc.marker.unlink()  # the cause is fixed; the job is retried
+    svc.call("POST", f"/api/v1/jobs/{task['task_id']}/retry")
+    svc.wait_status(task["task_id"], "completed")
+    done = svc.get(url)
+    assert done["status"] == "completed" and done["error"] is None and "attempt" in done["result"]
+    assert json.loads((folder / "flaky.json").read_text()) == done
+    assert sorted(p.name for p in folder.iterdir()) == ["flaky.json"]
+
+
+def test_a_failure_never_replaces_a_complete_result(start_service):
+    svc = start_service()
+    first = svc.submit("kept.mp4", ["flaky"])
+    svc.wait_status(first["task_id"], "completed")
+    folder = svc.data_dir / "results" / first["file_uuid"]
+    url = f"/api/v1/files/{first['file_uuid']}/results/flaky"
+    complete = svc.get(url)
+
+    svc.marker.write_text("storage is down")
+    again = svc.call(
+        "POST",
+        f"/api/v1/file/{first['file_uuid']}/deep-scan",
+        expect=202,
+        json={"processors": ["flaky"], "force": True, "max_retries": 0},
+    )
+    svc.wait_status(again["task_id"], "failed")
+    assert json.loads((folder / "flaky.json").read_text()) == complete, "the result is kept"
+    failed = json.loads((folder / "flaky.failed.json").read_text())
+    assert failed["status"] == "failed" and failed["task_id"] == again["task_id"]
+    assert "storage unavailable" in failed["error"]
+    assert svc.get(url) == failed, "the API returns the newest job's document"
+
+    svc.marker.unlink()
+    svc.call("POST", f"/api/v1/jobs/{again['task_id']}/retry")
+    svc.wait_status(again["task_id"], "completed")
+    done = svc.get(url)
+    assert done["status"] == "completed" and done["task_id"] == again["task_id"]
+    assert not (folder / "flaky.failed.json").exists()
+
+
+def test_cut_failing_for_good_leaves_a_failed_document_until_a_retry_completes(start_service):
+    svc = start_service(**{"processors.cut": {"threshold": "high"}})
+    task = svc.submit("scenes.mp4", ["cut"])
+    job = svc.wait_status(task["task_id"], "failed")
+    assert job["retry_count"] == 0, "a permanent error is not retried"
+    url = f"/api/v1/files/{task['file_uuid']}/results/cut"
+    failed = svc.get(url)
+    assert failed["status"] == "failed" and "bad cut settings" in failed["error"]
+    assert failed["processor"] == "cut" and failed["result"] is None
+    assert svc.client.get(f"/api/v1/files/{task['file_uuid']}/thumbnails/0").status_code == 404
+
+    # The operator fixes the setting, restarts and retries the job.
+    config = svc.config_path.read_text()
+    svc.config_path.write_text(config.replace('threshold = "high"', "threshold = 27.0"))
+    svc.restart()
+    svc.call("POST", f"/api/v1/jobs/{task['task_id']}/retry")
+    svc.wait_status(task["task_id"], "completed", timeout=60)
+    done = svc.get(url)
+    assert done["status"] == "completed" and done["error"] is None and done["result"]["scenes"]
+    folder = svc.data_dir / "results" / task["file_uuid"]
+    thumbnail = folder / done["result"]["scenes"][0]["thumbnail"]
+    assert (mode(thumbnail), mode(thumbnail.parent)) == (0o640, 0o750)
+    thumbnail_url = f"/api/v1/files/{task['file_uuid']}/thumbnails/0"
+    assert svc.client.get(thumbnail_url).content == thumbnail.read_bytes()

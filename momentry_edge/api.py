@@ -20,7 +20,7 @@ import httpx
 from bottle import request, response
 
 from . import __version__, db, hooks, jobs, views
-from .db import MediaFile
+from .db import FileState, JobStatus, MediaFile
 from .errors import ClientError, Invalid, NotFound
 from .events import bus
 from .metrics import render_metrics
@@ -128,7 +128,7 @@ def make_app(service: Service) -> bottle.Bottle:
     def deep_scan(file_uuid: str) -> dict:
         body = _body()
         record = _file(file_uuid)
-        if record.state != db.PRESENT:
+        if record.state != FileState.PRESENT:
             raise Invalid(f"file {file_uuid} is {record.state}: {record.reason or 'not on disk'}")
         job, created = service.submit(
             record,
@@ -272,7 +272,7 @@ def make_app(service: Service) -> bottle.Bottle:
 
     @app.get("/api/v1/files")
     def list_files() -> dict:
-        states = _csv_query("state", {db.PRESENT, db.MISSING, db.REJECTED})
+        states = _csv_query("state", {FileState.PRESENT, FileState.MISSING, FileState.REJECTED})
         limit, offset = _paging()
         return views.list_files(states, limit, offset)
 
@@ -303,7 +303,7 @@ def make_app(service: Service) -> bottle.Bottle:
     def _cancel(ref: str) -> dict:
         was = jobs.cancel(jobs.find_job(ref))
         # A running job stops at its next report; "status" tells the two cases apart.
-        status = "cancelling" if was == db.PROCESSING else db.CANCELLED
+        status = "cancelling" if was == JobStatus.PROCESSING else JobStatus.CANCELLED
         return {"success": True, "message": "Task cancelled", "status": status}
 
     def _queued(job: db.Job) -> dict:
@@ -312,7 +312,7 @@ def make_app(service: Service) -> bottle.Bottle:
         return {
             "success": True,
             "task_id": job.task_id,
-            "status": "queued" if job.status == db.PENDING else job.status,
+            "status": "queued" if job.status == JobStatus.PENDING else job.status,
             "position": detail["position"],
             "estimated_start": detail["estimated_start"],
         }

@@ -15,7 +15,7 @@ from prometheus_client.core import (
 )
 
 from . import db
-from .db import Job, MediaFile, ProcessorRun
+from .db import FileState, Job, JobStatus, MediaFile, ProcessorRun, RunStatus
 
 if TYPE_CHECKING:
     from .service import Service
@@ -34,10 +34,10 @@ class _Collector:
             by_status.add_metric([status], counts.get(status, 0))
         yield by_status
         yield GaugeMetricFamily(
-            "momentry_queue_depth", "Jobs waiting in line.", value=counts.get(db.PENDING, 0)
+            "momentry_queue_depth", "Jobs waiting in line.", value=counts.get(JobStatus.PENDING, 0)
         )
         yield GaugeMetricFamily(
-            "momentry_active_jobs", "Jobs running.", value=counts.get(db.PROCESSING, 0)
+            "momentry_active_jobs", "Jobs running.", value=counts.get(JobStatus.PROCESSING, 0)
         )
         yield GaugeMetricFamily(
             "momentry_effective_concurrency",
@@ -50,7 +50,7 @@ class _Collector:
             .group_by(MediaFile.state)
             .tuples()
         )
-        for state in (db.PRESENT, db.MISSING, db.REJECTED):
+        for state in (FileState.PRESENT, FileState.MISSING, FileState.REJECTED):
             files.add_metric([state], file_counts.get(state, 0))
         yield files
         yield self._durations()
@@ -64,7 +64,9 @@ class _Collector:
         took = ProcessorRun.completed_at - ProcessorRun.started_at
         rows = (
             ProcessorRun.select(ProcessorRun.processor, took.alias("took"))
-            .where(ProcessorRun.status == db.RUN_COMPLETED, ProcessorRun.started_at.is_null(False))
+            .where(
+                ProcessorRun.status == RunStatus.COMPLETED, ProcessorRun.started_at.is_null(False)
+            )
             .tuples()
         )
         per_processor: dict[str, list[float]] = {}

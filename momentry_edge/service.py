@@ -19,7 +19,7 @@ from .api import make_app
 from .callbacks import CallbackSender
 from .clock import iso
 from .config import Config, ConfigError
-from .db import Job, MediaFile
+from .db import Job, JobStatus, MediaFile
 from .errors import Conflict, Invalid
 from .events import bus
 from .gate import Gate
@@ -274,7 +274,9 @@ class Service:
         self.callbacks.stop()
         # 3. Anything still held (a processor that never reported) goes back too.
         try:
-            held = Job.select().where(Job.lease_owner == self.owner, Job.status == db.PROCESSING)
+            held = Job.select().where(
+                Job.lease_owner == self.owner, Job.status == JobStatus.PROCESSING
+            )
             for job in list(held):
                 jobs.requeue(job, self.owner)
             cluster.leave(self.node, self.owner)

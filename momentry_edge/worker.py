@@ -24,7 +24,7 @@ from huey.storage import MemoryStorage
 from . import cluster, db, ingest, jobs, logs
 from .clock import iso
 from .config import Config
-from .db import Job, ProcessorRun
+from .db import Job, JobStatus, ProcessorRun, RunStatus
 from .gate import Gate
 from .processors import Registry, frames
 from .processors.base import (
@@ -33,6 +33,7 @@ from .processors.base import (
     ProcessorError,
     RunContext,
     Stop,
+    StopReason,
     write_json_atomic,
 )
 from .processors.frames import FrameProcessor
@@ -221,9 +222,9 @@ class Workers:
                 job.task_id,
                 again,
             )
-            return db.PROCESSING
+            return JobStatus.PROCESSING
         log.warning("job %s given back after the worker failed: %s", job.task_id, status)
-        if status == db.PENDING:
+        if status == JobStatus.PENDING:
             self.kick()
         return status
 
@@ -235,7 +236,7 @@ class Workers:
         # the writes below fail with "database is locked".
         runs = list(
             ProcessorRun.select()
-            .where(ProcessorRun.job == job.id, ProcessorRun.status == db.RUN_PENDING)
+            .where(ProcessorRun.job == job.id, ProcessorRun.status == RunStatus.PENDING)
             .order_by(ProcessorRun.position)
         )
         guard = ingest.FileGuard(job.file)  # the file deleted or replaced while we work
@@ -249,16 +250,16 @@ class Workers:
                     break
                 self._run_batch(job, batch, Path(job.file.path), out_dir, deadline, guard)
         except Stop as stop:
-            if stop.reason == "shutdown":
+            if stop.reason == StopReason.SHUTDOWN:
                 status = jobs.requeue(job, self.owner)
                 log.info("job %s at shutdown: %s", job.task_id, status)
                 return status
-            if stop.reason == "lease":
+            if stop.reason == StopReason.LEASE:
                 log.warning("job %s: lease lost, another worker has it", job.task_id)
-                return db.PROCESSING
+                return JobStatus.PROCESSING
         status = jobs.finish(job, self.owner, self.policy)
         log.info("job %s %s", job.task_id, status)
-        if status == db.RETRYING:
+        if status == JobStatus.RETRYING:
             self.kick(delay=Job.get_by_id(job.id).next_attempt_at - time.time())
         if guard.replaced and ingest.requeue_replaced(job, job.file):
             self.kick()  # the new content was registered while this job ran
@@ -369,7 +370,11 @@ class Workers:
         if problem and not isinstance(outcome, BaseException):
             outcome = PermanentError(problem)  # a result for content that is no longer there
         if isinstance(outcome, Stop):
-            if outcome.reason in ("cancelled", "timeout") and tracker.checkpoint and processor:
+            if (
+                outcome.reason in (StopReason.CANCELLED, StopReason.TIMEOUT)
+                and tracker.checkpoint
+                and processor
+            ):
                 try:
                     self._write_output(
                         job,
@@ -384,7 +389,7 @@ class Workers:
                 except OSError as exc:  # the checkpoint in the database is kept all the same
                     log.warning("job %s: partial output not written: %s", job.task_id, exc)
                     self._check_disk()
-            if outcome.reason == "timeout":
+            if outcome.reason == StopReason.TIMEOUT:
                 limit, source = job.task_timeout, "the job's task_timeout"
                 if limit is None:
                     limit, source = self.config.queue.task_timeout, "queue.task_timeout"
@@ -518,7 +523,7 @@ class _Reporter:
                 )
                 self._unsaved = False
             except jobs.LeaseLost:
-                raise Stop("lease") from None
+                raise Stop(StopReason.LEASE) from None
             except db.OUTAGE_ERRORS as exc:
                 # Progress is bookkeeping: the run goes on (its lease kept by the heartbeat)
                 # and the next report past the pause saves the latest checkpoint.
@@ -533,10 +538,10 @@ class _Reporter:
                 self._quiet_until = time.monotonic() + pause
                 cancel = False
             if cancel:
-                raise Stop("cancelled")
+                raise Stop(StopReason.CANCELLED)
             if self.guard is not None and (problem := self.guard.problem()):
                 raise PermanentError(problem)  # stop now rather than at the end of the run
         if stopping:
-            raise Stop("shutdown")
+            raise Stop(StopReason.SHUTDOWN)
         if now > self.deadline:
-            raise Stop("timeout")
+            raise Stop(StopReason.TIMEOUT)

@@ -194,7 +194,6 @@ class Intake:
         settle_seconds: float,
         processors: Sequence[str],
         max_retries: int,
-        on_queued: Callable[[], None] = lambda: None,
     ) -> None:
         self.watch = tuple(watch)
         self.extensions = normalize_extensions(extensions)
@@ -202,7 +201,6 @@ class Intake:
         # An empty [ingest].processors list means: register files, queue nothing.
         self.default_scan = Scan(tuple(processors)) if processors else None
         self.max_retries = max_retries
-        self.on_queued = on_queued  # wakes the workers after a job is committed
         self._warned: set[str] = set()
         self._roots = self.roots()
 
@@ -434,8 +432,6 @@ class Intake:
         else:
             task = admission.job.task_id if admission.job_created else "no new job"
             log.info("registered %s (%s): %s", record.rel_path, outcome.value, task)
-        if admission.job_created:
-            self.on_queued()
 
     def _admit_found(
         self, path: str, roots: list[Path], defer: Callable[[Path], None] | None

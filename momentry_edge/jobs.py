@@ -228,7 +228,10 @@ def submit(
     if added:
         bus.publish("job.extended", task_id=job.task_id, added=added)
         return Job.get_by_id(job.id), False
-    bus.publish("job.queued", task_id=job.task_id, file_uuid=file.file_uuid)
+    # not_before: the workers schedule a wake-up for the job's start time.
+    bus.publish(
+        "job.queued", task_id=job.task_id, file_uuid=file.file_uuid, not_before=job.not_before
+    )
     return job, True
 
 

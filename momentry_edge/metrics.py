@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
 
 import peewee as pw
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -17,15 +16,12 @@ from prometheus_client.core import (
 from . import db
 from .db import FileState, Job, JobStatus, MediaFile, ProcessorRun, RunStatus
 
-if TYPE_CHECKING:
-    from .service import Service
-
 DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200)
 
 
 class _Collector:
-    def __init__(self, service: Service) -> None:
-        self.service = service
+    def __init__(self, effective_limit: Callable[[], int]) -> None:
+        self.effective_limit = effective_limit
 
     def collect(self) -> Iterator[Metric]:
         by_status = GaugeMetricFamily("momentry_jobs", "Jobs by status.", labels=["status"])
@@ -42,7 +38,7 @@ class _Collector:
         yield GaugeMetricFamily(
             "momentry_effective_concurrency",
             "Jobs allowed to run at once now.",
-            value=self.service.workers.effective_limit(),
+            value=self.effective_limit(),
         )
         files = GaugeMetricFamily("momentry_files", "Registered files by state.", labels=["state"])
         file_counts = dict(
@@ -79,7 +75,8 @@ class _Collector:
         return histogram
 
 
-def render_metrics(service: Service) -> tuple[bytes, str]:
+def render_metrics(effective_limit: Callable[[], int]) -> tuple[bytes, str]:
+    """The scrape; ``effective_limit`` gives the jobs this node may run at once now."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(service))
+    registry.register(_Collector(effective_limit))
     return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -5,6 +5,11 @@ wakes workers when a retry falls due. Its queue only carries "drain" wake-ups;
 which job runs next, and whether any may start, is decided by jobs.claim from
 the job table, so a lost wake-up (kill -9) loses no work: the next start-up,
 or the next periodic kick, drains the table again.
+
+The workers wake themselves: on the bus events after which a job may have become
+claimable (``on_event``), at their own scheduled times (a retry or a start time
+falling due) and every ``queue.poll_interval``; another node's notice reaches
+``kick`` through cluster.Notifier. No other module wakes them.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from . import cluster, db, ingest, jobs, logs
 from .clock import iso
 from .config import Config
 from .db import Job, JobStatus, ProcessorRun, RunStatus
+from .events import Event, bus
 from .gate import Gate
 from .processors import Registry, frames
 from .processors.base import (
@@ -42,6 +48,9 @@ from .provision import Provisioner
 log = logging.getLogger(__name__)
 
 REPORT_INTERVAL = 0.5  # seconds between progress writes that carry no checkpoint
+# Local events after which a job may be claimable here: those that may free work for
+# other nodes too, and those that concern this node alone.
+WAKE_EVENTS = cluster.WAKE_EVENTS | {"job.extended", "job.retry_due", "queue.unblocked"}
 
 
 class BlockingMemoryStorage(MemoryStorage):
@@ -124,12 +133,16 @@ class Workers:
         ready = {n for n in self.registry.names if self.registry.create(n).readiness().ready}
         self.coming = (self.provision.coming() if self.provision else set()) - ready
         self.can_run = ready
+        if self.started:
+            self.kick()  # jobs that waited for a model may run now, or fail with its reason
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
         self.consumer.start()
         self.started = True
+        bus.listen(self.on_event)
+        threading.Thread(target=self._poll, name="poll", daemon=True).start()
         self.kick()
 
     def stop(self) -> None:
@@ -143,6 +156,19 @@ class Workers:
             self._drain_task.schedule(delay=max(delay, 0))
         elif self.huey.pending_count() < self.config.queue.worker_threads:
             self._drain_task()
+
+    def on_event(self, event: Event) -> None:
+        """Bus listener: a change after which a job may be claimable here."""
+        if event["type"] in WAKE_EVENTS:
+            self.kick()
+            if event.get("not_before"):
+                self.kick(delay=event["not_before"] - time.time())  # its start time
+
+    def _poll(self) -> None:
+        """Look again every poll interval: a job another process queued on a shared
+        SQLite file, a start time or a retry the scheduler lost with a restart."""
+        while not self.stopping.wait(self.config.queue.poll_interval):
+            self.kick()
 
     def check_health(self) -> None:
         self.consumer.check_worker_health()
@@ -224,9 +250,7 @@ class Workers:
             )
             return JobStatus.PROCESSING
         log.warning("job %s given back after the worker failed: %s", job.task_id, status)
-        if status == JobStatus.PENDING:
-            self.kick()
-        return status
+        return status  # back in line: job.recovered wakes a worker for it
 
     def _run_job(self, job: Job) -> str:
         log.info("job %s started: %s", job.task_id, ", ".join(job.processors))
@@ -261,8 +285,8 @@ class Workers:
         log.info("job %s %s", job.task_id, status)
         if status == JobStatus.RETRYING:
             self.kick(delay=Job.get_by_id(job.id).next_attempt_at - time.time())
-        if guard.replaced and ingest.requeue_replaced(job, job.file):
-            self.kick()  # the new content was registered while this job ran
+        if guard.replaced:
+            ingest.requeue_replaced(job, job.file)  # the new content arrived while this job ran
         return status
 
     def _processor(self, name: str) -> Processor:

@@ -166,7 +166,7 @@ def bench_rescan(cfg: config_module.Config, sample: Path, count: int) -> None:
                 "name": path.name,
                 "size": st.st_size,
                 "mtime": st.st_mtime,
-                "state": db.PRESENT,
+                "state": db.FileState.PRESENT,
                 "fingerprint": f"{st.st_size}:0",
                 "registered_at": now,
                 "updated_at": now,

@@ -228,7 +228,7 @@ def add_files(folder: Path, count: int, prefix: str) -> list[MediaFile]:
                 "watch_root": str(folder),
                 "rel_path": path.name,
                 "name": path.name,
-                "state": db.PRESENT,
+                "state": db.FileState.PRESENT,
                 "registered_at": now,
                 "updated_at": now,
             }
@@ -345,7 +345,7 @@ def drain_edge(cfg: config_module.Config, count: int, server: ServerCpu | None) 
         finished = 0
         while finished < count and time.perf_counter() - start < DRAIN_TIMEOUT:
             time.sleep(0.05)
-            finished = count_jobs(db.COMPLETED, db.PARTIAL, db.FAILED)
+            finished = count_jobs(db.JobStatus.COMPLETED, db.JobStatus.PARTIAL, db.JobStatus.FAILED)
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
         if server:  # while the workers' connections are still open
             server_used = ServerCpu.used(server_before, server.snapshot())
@@ -359,7 +359,7 @@ def drain_edge(cfg: config_module.Config, count: int, server: ServerCpu | None) 
     return Drain(
         rate=Rate(finished / seconds, 1000 * cpu / max(finished, 1)),
         done=finished,
-        failed=count_jobs(db.PARTIAL, db.FAILED),
+        failed=count_jobs(db.JobStatus.PARTIAL, db.JobStatus.FAILED),
         seconds=seconds,
         startup_ms=startup_ms,
         job_ms=1000 * busy / max(len(spans), 1),

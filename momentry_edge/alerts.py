@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from . import db, jobs
+from .db import JobStatus
 from .events import Event
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ class AlertSender:
     def on_event(self, event: Event) -> None:
         """Bus listener: turn the events an operator should hear about into alerts."""
         kind = event["type"]
-        if kind == "job.finished" and event.get("status") in (db.FAILED, db.PARTIAL):
+        if kind == "job.finished" and event.get("status") in (JobStatus.FAILED, JobStatus.PARTIAL):
             status = event["status"]
             self._queue(
                 f"job {status}",

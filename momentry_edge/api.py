@@ -11,23 +11,22 @@ import json
 import logging
 import queue
 import re
+import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import bottle
 import httpx
 from bottle import request, response
 
 from . import __version__, db, hooks, jobs, outputs, views
-from .db import MediaFile
+from .config import Config
+from .db import FileState, Job, JobStatus, MediaFile
 from .errors import ClientError, Invalid, NotFound
 from .events import bus
 from .metrics import render_metrics
 from .openapi import openapi_document
-
-if TYPE_CHECKING:
-    from .service import Service
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +45,44 @@ def _error(status: int, code: str, message: str) -> str:
     return json.dumps({"success": False, "error": {"code": code, "message": message}})
 
 
-def make_app(service: Service) -> bottle.Bottle:
+class Core(Protocol):
+    """What the routes need of the service (service.Service provides it), and no more."""
+
+    config: Config
+    stopping: threading.Event  # set at shutdown: event streams end
+
+    @property
+    def processor_names(self) -> tuple[str, ...]: ...
+
+    def processors(self) -> dict[str, dict[str, Any]]: ...
+
+    def effective_limit(self) -> int: ...
+
+    def queue_status(self) -> dict[str, Any]: ...
+
+    def submit(
+        self,
+        record: MediaFile,
+        processors: Any,
+        priority: Any,
+        options: dict[str, Any] | None = None,
+    ) -> tuple[Job, bool]: ...
+
+    def register(
+        self,
+        raw_path: str,
+        *,
+        upload_ok: bool = True,
+        scan: bool = True,
+        processors: Any = None,
+        priority: Any = "normal",
+        options: dict[str, Any] | None = None,
+    ) -> tuple[MediaFile, Job | None, bool]: ...
+
+    def rescan(self) -> dict[str, int]: ...
+
+
+def make_app(service: Core) -> bottle.Bottle:
     app = bottle.Bottle(catchall=True)
     app.config["json.enable"] = True
 
@@ -104,7 +140,7 @@ def make_app(service: Service) -> bottle.Bottle:
 
     @app.get("/metrics")
     def metrics() -> str:
-        body, content_type = render_metrics(service)
+        body, content_type = render_metrics(service.effective_limit)
         response.content_type = content_type
         return body
 
@@ -127,7 +163,7 @@ def make_app(service: Service) -> bottle.Bottle:
     def deep_scan(file_uuid: str) -> dict:
         body = _body()
         record = _file(file_uuid)
-        if record.state != db.PRESENT:
+        if record.state != FileState.PRESENT:
             raise Invalid(f"file {file_uuid} is {record.state}: {record.reason or 'not on disk'}")
         job, created = service.submit(
             record,
@@ -149,7 +185,6 @@ def make_app(service: Service) -> bottle.Bottle:
     @app.post("/api/v1/queue/resume")
     def resume() -> dict:
         state = jobs.set_paused(False)
-        service.workers.kick()
         return {"success": True, "paused": state.paused}
 
     @app.post("/api/v1/queue/clear")
@@ -159,7 +194,6 @@ def make_app(service: Service) -> bottle.Bottle:
     @app.post("/api/v1/queue/prioritize/<file_uuid>")
     def prioritize(file_uuid: str) -> dict:
         job = jobs.prioritize(jobs.find_job(_file(file_uuid).file_uuid))
-        service.workers.kick()
         return {"success": True, "task_id": job.task_id, "position": jobs.position(job)}
 
     @app.put("/api/v1/queue/task/<task_id>/priority")
@@ -182,12 +216,11 @@ def make_app(service: Service) -> bottle.Bottle:
             body.get("dynamic_concurrency"),
             ceiling=service.config.queue.worker_threads,
         )
-        service.workers.kick()
         return {
             "success": True,
             "max_concurrent": state.max_concurrent,
             "dynamic_concurrency": state.dynamic_concurrency,
-            "effective_concurrency": service.workers.effective_limit(),
+            "effective_concurrency": service.effective_limit(),
         }
 
     @app.get("/api/v1/queue/dead")
@@ -204,12 +237,11 @@ def make_app(service: Service) -> bottle.Bottle:
 
     @app.get("/api/v1/jobs/<job>")
     def job_detail(job: str) -> dict:
-        return views.job_detail(jobs.find_job(job), service.workers.effective_limit())
+        return views.job_detail(jobs.find_job(job), service.effective_limit())
 
     @app.post("/api/v1/jobs/<job>/retry")
     def retry(job: str) -> dict:
         retried = jobs.retry(jobs.find_job(job))
-        service.workers.kick()
         return {
             "success": True,
             "task_id": retried.task_id,
@@ -271,7 +303,7 @@ def make_app(service: Service) -> bottle.Bottle:
 
     @app.get("/api/v1/files")
     def list_files() -> dict:
-        states = _csv_query("state", {db.PRESENT, db.MISSING, db.REJECTED})
+        states = _csv_query("state", {FileState.PRESENT, FileState.MISSING, FileState.REJECTED})
         limit, offset = _paging()
         return views.list_files(states, limit, offset)
 
@@ -282,7 +314,7 @@ def make_app(service: Service) -> bottle.Bottle:
     @app.get("/api/v1/files/<file_uuid>/results/<processor>")
     def results(file_uuid: str, processor: str) -> Any:
         record = _file(file_uuid)
-        if processor not in service.registry.names:
+        if processor not in service.processor_names:
             raise NotFound(f"unknown processor {processor!r}")
         document = outputs.read_result(service.config.data_dir, record.file_uuid, processor)
         if document is None:
@@ -302,16 +334,16 @@ def make_app(service: Service) -> bottle.Bottle:
     def _cancel(ref: str) -> dict:
         was = jobs.cancel(jobs.find_job(ref))
         # A running job stops at its next report; "status" tells the two cases apart.
-        status = "cancelling" if was == db.PROCESSING else db.CANCELLED
+        status = "cancelling" if was == JobStatus.PROCESSING else JobStatus.CANCELLED
         return {"success": True, "message": "Task cancelled", "status": status}
 
     def _queued(job: db.Job) -> dict:
         job = db.Job.get_by_id(job.id)
-        detail = views.job_detail(job, service.workers.effective_limit())
+        detail = views.job_detail(job, service.effective_limit())
         return {
             "success": True,
             "task_id": job.task_id,
-            "status": "queued" if job.status == db.PENDING else job.status,
+            "status": "queued" if job.status == JobStatus.PENDING else job.status,
             "position": detail["position"],
             "estimated_start": detail["estimated_start"],
         }
@@ -502,7 +534,7 @@ def _paging() -> tuple[int, int]:
     return limit, offset
 
 
-def _event_stream(service: Service) -> Iterator[str]:
+def _event_stream(service: Core) -> Iterator[str]:
     with bus.subscribe() as events:
         yield ": connected\n\n"
         while not service.stopping.is_set():

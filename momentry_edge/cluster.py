@@ -23,7 +23,7 @@ import psutil
 
 from . import db
 from .clock import iso
-from .db import Node
+from .db import JobStatus, Node
 from .errors import Conflict
 from .events import Event, bus
 
@@ -104,7 +104,7 @@ def node_rows(within: float) -> list[dict[str, Any]]:
     """The ``nodes`` list of the queue status."""
     active = dict(
         db.Job.select(db.Job.node, pw.fn.COUNT(db.Job.id))
-        .where(db.Job.status == db.PROCESSING)
+        .where(db.Job.status == JobStatus.PROCESSING)
         .group_by(db.Job.node)
         .tuples()
     )

@@ -7,6 +7,7 @@ arithmetic works on SQLite and PostgreSQL; the API renders them as ISO 8601.
 
 from __future__ import annotations
 
+import enum
 import functools
 import json
 import logging
@@ -23,24 +24,43 @@ from playhouse.pool import PooledPostgresqlDatabase
 
 log = logging.getLogger(__name__)
 
-# Job status values; jobs.py is the only module that changes them.
-PENDING, PROCESSING, RETRYING = "pending", "processing", "retrying"
-COMPLETED, PARTIAL, FAILED, CANCELLED = "completed", "partial", "failed", "cancelled"
-FINAL_STATES = (COMPLETED, PARTIAL, FAILED, CANCELLED)
-ACTIVE_STATES = (PENDING, PROCESSING, RETRYING)
 
-# Processor run status values.
-RUN_PENDING, RUN_RUNNING, RUN_COMPLETED, RUN_FAILED, RUN_SKIPPED = (
-    "pending",
-    "running",
-    "completed",
-    "failed",
-    "skipped",
-)
-RUN_DONE = (RUN_COMPLETED, RUN_SKIPPED)
+class JobStatus(enum.StrEnum):
+    """A job's status; jobs.py is the only module that changes it."""
 
-# File states.
-PRESENT, MISSING, REJECTED = "present", "missing", "rejected"
+    PENDING = "pending"
+    PROCESSING = "processing"
+    RETRYING = "retrying"
+    COMPLETED = "completed"
+    PARTIAL = "partial"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+FINAL_STATES = (JobStatus.COMPLETED, JobStatus.PARTIAL, JobStatus.FAILED, JobStatus.CANCELLED)
+ACTIVE_STATES = (JobStatus.PENDING, JobStatus.PROCESSING, JobStatus.RETRYING)
+
+
+class RunStatus(enum.StrEnum):
+    """One processor run's status within its job."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+RUN_DONE = (RunStatus.COMPLETED, RunStatus.SKIPPED)
+
+
+class FileState(enum.StrEnum):
+    """A registered file's state."""
+
+    PRESENT = "present"
+    MISSING = "missing"
+    REJECTED = "rejected"
+
 
 PRIORITIES = {"low": 0, "normal": 1, "high": 2}
 POOL_SIZE = 16  # PostgreSQL connections per service process
@@ -83,7 +103,7 @@ class MediaFile(BaseModel):
     size = pw.BigIntegerField(default=0)
     mtime = pw.DoubleField(default=0)
     fingerprint = pw.CharField(max_length=80, null=True)
-    state = pw.CharField(max_length=16, default=PRESENT, index=True)
+    state = pw.CharField(max_length=16, default=FileState.PRESENT, index=True)
     reason = pw.TextField(null=True)
     # Rejected for a cause that can pass without the file changing (permissions, storage):
     # looked at again at each rescan, register and watcher event instead of recognised.
@@ -104,7 +124,7 @@ class MediaFile(BaseModel):
 class Job(BaseModel):
     task_id = pw.CharField(max_length=20, unique=True)
     file = pw.ForeignKeyField(MediaFile, backref="jobs", on_delete="CASCADE")
-    status = pw.CharField(max_length=16, default=PENDING, index=True)
+    status = pw.CharField(max_length=16, default=JobStatus.PENDING, index=True)
     priority = pw.SmallIntegerField(default=PRIORITIES["normal"])
     seq = pw.BigIntegerField(index=True)  # place in line within a priority (FIFO)
     processors = JSONField()  # list of names, in run order
@@ -140,7 +160,7 @@ class ProcessorRun(BaseModel):
     job = pw.ForeignKeyField(Job, backref="runs", on_delete="CASCADE")
     processor = pw.CharField(max_length=32)
     position = pw.SmallIntegerField()  # run order within the job
-    status = pw.CharField(max_length=16, default=RUN_PENDING)
+    status = pw.CharField(max_length=16, default=RunStatus.PENDING)
     progress_current = pw.BigIntegerField(default=0)
     progress_total = pw.BigIntegerField(default=0)
     last_checkpoint = JSONField(null=True)

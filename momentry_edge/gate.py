@@ -91,10 +91,13 @@ class Gate:
                 f"below queue.min_free_disk_mb = {need_mb:,.0f} MB"
             )
         with self._lock:
-            newly = reason is not None and self._blocked is None
+            was = self._blocked
             self._blocked = reason
-        if newly:  # once per blocking, not at every check
+        # Once per blocking and once when it lifts, not at every check.
+        if reason is not None and was is None:
             bus.publish("queue.blocked", reason=reason)
+        elif reason is None and was is not None:
+            bus.publish("queue.unblocked")  # the jobs it held back may start now
         return reason
 
     @property

@@ -31,7 +31,7 @@ from typing import Any
 import peewee as pw
 
 from . import db, jobs
-from .db import Job, MediaFile
+from .db import FileState, Job, JobStatus, MediaFile
 from .errors import Conflict, Invalid
 from .events import bus
 from .media import MediaError, MediaInfo, MediaNotFoundError, is_transient, probe
@@ -193,7 +193,6 @@ class Intake:
         settle_seconds: float,
         processors: Sequence[str],
         max_retries: int,
-        on_queued: Callable[[], None] = lambda: None,
     ) -> None:
         self.watch = tuple(watch)
         self.extensions = normalize_extensions(extensions)
@@ -201,7 +200,6 @@ class Intake:
         # An empty [ingest].processors list means: register files, queue nothing.
         self.default_scan = Scan(tuple(processors)) if processors else None
         self.max_retries = max_retries
-        self.on_queued = on_queued  # wakes the workers after a job is committed
         self._warned: set[str] = set()
         self._roots = self.roots()
 
@@ -313,7 +311,7 @@ class Intake:
         gone = [
             path
             for path, row in known.items()
-            if path not in seen and row[2] != db.MISSING and not os.path.lexists(path)
+            if path not in seen and row[2] != FileState.MISSING and not os.path.lexists(path)
         ]
         counts["missing"] = self.mark_missing(gone, now)
         return counts
@@ -327,8 +325,8 @@ class Intake:
         marked = 0
         for chunk in pw.chunked(paths, 500):
             marked += (
-                MediaFile.update(state=db.MISSING, reason=GONE, updated_at=now)
-                .where(MediaFile.path.in_(chunk), MediaFile.state != db.MISSING)
+                MediaFile.update(state=FileState.MISSING, reason=GONE, updated_at=now)
+                .where(MediaFile.path.in_(chunk), MediaFile.state != FileState.MISSING)
                 .execute()
             )
         if marked:
@@ -395,14 +393,14 @@ class Intake:
     def _job_for(
         self, record: MediaFile, outcome: Outcome, scan: Scan | None, explicit: bool
     ) -> tuple[Job | None, bool]:
-        if scan is None or record.state != db.PRESENT:
+        if scan is None or record.state != FileState.PRESENT:
             return None, False
         if outcome in (Outcome.NEW, Outcome.CHANGED) or scan.options.get("force"):
             return self._submit(record, scan)
         newest = _newest_job(record, scan.processors if scan.explicit else None)
         if outcome is Outcome.RESTORED:
             # Back with the same content: done already unless its last job did not finish.
-            if newest is not None and newest.status in (db.COMPLETED, *db.ACTIVE_STATES):
+            if newest is not None and newest.status in (JobStatus.COMPLETED, *db.ACTIVE_STATES):
                 return newest, False
             return self._submit(record, scan)
         if not explicit:
@@ -428,13 +426,11 @@ class Intake:
             state=record.state,
             outcome=outcome.value,
         )
-        if record.state == db.REJECTED:
+        if record.state == FileState.REJECTED:
             log.warning("rejected %s: %s", record.rel_path, record.reason)
         else:
             task = admission.job.task_id if admission.job_created else "no new job"
             log.info("registered %s (%s): %s", record.rel_path, outcome.value, task)
-        if admission.job_created:
-            self.on_queued()
 
     def _admit_found(
         self, path: str, roots: list[Path], defer: Callable[[Path], None] | None
@@ -520,7 +516,7 @@ def _recognised(size: int, mtime: float, state: str, transient: bool, st: Any) -
     A file that is missing, or rejected for a cause that can pass without the file
     changing (a chmod does not move mtime), is always looked at again.
     """
-    if state == db.MISSING or (state == db.REJECTED and transient):
+    if state == FileState.MISSING or (state == FileState.REJECTED and transient):
         return False
     return (size, mtime) == (st.st_size, st.st_mtime)
 
@@ -538,28 +534,28 @@ def _recognised_record(
 
 def _observe(path: Path, st: os.stat_result, upload_ok: bool) -> _Observed:
     if not upload_ok:
-        return _Observed(db.REJECTED, ABORTED, None, None)
+        return _Observed(FileState.REJECTED, ABORTED, None, None)
     transient = False
     try:
         info = probe(path)
-        state, reason = db.PRESENT, None
+        state, reason = FileState.PRESENT, None
     except MediaNotFoundError:
         raise Gone(f"no file at {path}") from None
     except MediaError as exc:
-        info, state, reason, transient = None, db.REJECTED, exc.reason, exc.transient
+        info, state, reason, transient = None, FileState.REJECTED, exc.reason, exc.transient
     try:
         digest = fingerprint(path, st.st_size) if st.st_size else None
     except FileNotFoundError:
         raise Gone(f"no file at {path}") from None
     except OSError as exc:
-        digest, state, reason = None, db.REJECTED, f"cannot read file: {exc.strerror or exc}"
+        digest, state, reason = None, FileState.REJECTED, f"cannot read file: {exc.strerror or exc}"
         transient = is_transient(exc)
     return _Observed(state, reason, info, digest, transient)
 
 
 def _maybe_unfinished(observed: _Observed, st: os.stat_result, now: float) -> bool:
     """Rejected for its content while written to only moments ago: maybe not all there yet."""
-    unfinished = observed.state == db.REJECTED and not observed.transient
+    unfinished = observed.state == FileState.REJECTED and not observed.transient
     return unfinished and abs(now - st.st_mtime) < WRITING_GRACE  # abs: clocks of shares drift
 
 
@@ -605,7 +601,7 @@ def _write(
     )
     if (same or still) and observed.state == current.state:
         outcome = Outcome.TOUCHED
-    elif same and observed.state == db.PRESENT:
+    elif same and observed.state == FileState.PRESENT:
         outcome = Outcome.RESTORED
     else:
         outcome = Outcome.CHANGED
@@ -629,14 +625,14 @@ def _upload_failed(record: MediaFile, st: os.stat_result) -> None:
     usual, and the running job notices the replaced file itself (FileGuard)."""
     active = list(Job.select().where(Job.file == record.id, Job.status.in_(db.ACTIVE_STATES)))
     unchanged = _recognised(record.size, record.mtime, record.state, record.transient, st)
-    running = [job for job in active if job.status == db.PROCESSING]
+    running = [job for job in active if job.status == JobStatus.PROCESSING]
     if running and unchanged:
         raise Conflict(
             f"{record.name} has job {running[0].task_id} running on this very content; "
             "cancel it first if the upload really failed"
         )
     for job in active:
-        if job.status != db.PROCESSING:
+        if job.status != JobStatus.PROCESSING:
             jobs.cancel(job, reason=ABORTED)
 
 
@@ -716,7 +712,7 @@ def requeue_replaced(job: Job, snapshot: MediaFile) -> Job | None:
         snapshot.mtime,
         snapshot.fingerprint,
     )
-    if same or record.state != db.PRESENT:
+    if same or record.state != FileState.PRESENT:
         return None
     settings = {"task_timeout": job.task_timeout, "not_before": job.not_before}
     job, created = jobs.submit(

@@ -22,7 +22,7 @@ import peewee as pw
 
 from . import db
 from .clock import iso
-from .db import Job, MediaFile, ProcessorRun, QueueState
+from .db import Job, JobStatus, MediaFile, ProcessorRun, QueueState, RunStatus
 from .errors import Conflict, Invalid, NotFound
 from .events import bus
 
@@ -203,7 +203,7 @@ def submit(
         if not left:
             return Job.get_by_id(sharing[-1].id), False
         for job in active:
-            if job.status == db.PENDING and _clash(job, asked, strict=True) is None:
+            if job.status == JobStatus.PENDING and _clash(job, asked, strict=True) is None:
                 added = _take_on(job, left, priority, now)
                 if added:
                     _carry_over(job, priority, asked, urls, now)
@@ -228,7 +228,10 @@ def submit(
     if added:
         bus.publish("job.extended", task_id=job.task_id, added=added)
         return Job.get_by_id(job.id), False
-    bus.publish("job.queued", task_id=job.task_id, file_uuid=file.file_uuid)
+    # not_before: the workers schedule a wake-up for the job's start time.
+    bus.publish(
+        "job.queued", task_id=job.task_id, file_uuid=file.file_uuid, not_before=job.not_before
+    )
     return job, True
 
 
@@ -289,7 +292,7 @@ def _shown(key: str, value: Any) -> str:
 
 
 def _untouched(job: Job) -> bool:
-    return job.status == db.PENDING and not (
+    return job.status == JobStatus.PENDING and not (
         ProcessorRun.select().where(ProcessorRun.job == job.id, ProcessorRun.attempts > 0).exists()
     )
 
@@ -308,7 +311,7 @@ def _carry_over(
         options["force"] = True
     if options == job.options and priority <= job.priority:
         return
-    condition = Job.status == db.PENDING if forcing else Job.status.in_(db.ACTIVE_STATES)
+    condition = Job.status == JobStatus.PENDING if forcing else Job.status.in_(db.ACTIVE_STATES)
     changed = (
         Job.update(options=options, priority=max(job.priority, priority))
         .where(Job.id == job.id, condition)
@@ -338,7 +341,7 @@ def _take_on(job: Job, missing: list[str], priority: int, now: float) -> list[st
     """Add processors to a waiting job; returns them (none if a worker claimed it)."""
     updated = (
         Job.update(processors=[*job.processors, *missing], priority=max(job.priority, priority))
-        .where(Job.id == job.id, Job.status == db.PENDING)  # claims change the status first
+        .where(Job.id == job.id, Job.status == JobStatus.PENDING)  # claims change the status first
         .execute()
     )
     if not updated:
@@ -361,16 +364,16 @@ def cancel(job: Job, reason: str = "cancelled by user") -> str:
     """Cancel a waiting job now, or ask a running one to stop at its next report."""
     with db.write_transaction(Job._meta.database):
         job = Job.get_by_id(job.id)
-        if job.status in (db.PENDING, db.RETRYING):
-            _finalise(job, db.CANCELLED, reason, time.time())
-        elif job.status == db.PROCESSING:
+        if job.status in (JobStatus.PENDING, JobStatus.RETRYING):
+            _finalise(job, JobStatus.CANCELLED, reason, time.time())
+        elif job.status == JobStatus.PROCESSING:
             Job.update(cancel_requested=True).where(Job.id == job.id).execute()
         else:
             raise Conflict(f"job {job.task_id} is already {job.status}")
-    if job.status == db.PROCESSING:
+    if job.status == JobStatus.PROCESSING:
         bus.publish("job.cancelling", task_id=job.task_id)
     else:
-        bus.publish("job.finished", task_id=job.task_id, status=db.CANCELLED)
+        bus.publish("job.finished", task_id=job.task_id, status=JobStatus.CANCELLED)
     return job.status
 
 
@@ -380,17 +383,17 @@ def clear() -> int:
     with db.write_transaction(Job._meta.database):
         waiting = list(
             Job.select(Job.id, Job.task_id, Job.options).where(
-                Job.status.in_((db.PENDING, db.RETRYING))
+                Job.status.in_((JobStatus.PENDING, JobStatus.RETRYING))
             )
         )
         cleared = [job.task_id for job in waiting]
         Job.update(
-            status=db.CANCELLED, completed_at=now, error_message="cleared from the queue"
+            status=JobStatus.CANCELLED, completed_at=now, error_message="cleared from the queue"
         ).where(Job.task_id.in_(cleared)).execute()
         hooked = [job.id for job in waiting if job.options.get("callback_url")]
         Job.update(callback_due=now, callback_attempts=0).where(Job.id.in_(hooked)).execute()
     for task_id in cleared:
-        bus.publish("job.finished", task_id=task_id, status=db.CANCELLED)
+        bus.publish("job.finished", task_id=task_id, status=JobStatus.CANCELLED)
     bus.publish("queue.cleared", cleared=len(cleared))
     return len(cleared)
 
@@ -399,12 +402,12 @@ def prioritize(job: Job) -> Job:
     """Put a waiting job at position 1."""
     with db.write_transaction(Job._meta.database):
         job = Job.get_by_id(job.id)
-        if job.status not in (db.PENDING, db.RETRYING):
+        if job.status not in (JobStatus.PENDING, JobStatus.RETRYING):
             raise Conflict(f"job {job.task_id} is {job.status}, not waiting in line")
-        first = Job.select(pw.fn.MIN(Job.seq)).where(Job.status == db.PENDING).scalar()
+        first = Job.select(pw.fn.MIN(Job.seq)).where(Job.status == JobStatus.PENDING).scalar()
         seq = min(first if first is not None else job.seq, job.seq) - 1
         Job.update(
-            priority=db.PRIORITIES["high"], seq=seq, status=db.PENDING, next_attempt_at=None
+            priority=db.PRIORITIES["high"], seq=seq, status=JobStatus.PENDING, next_attempt_at=None
         ).where(Job.id == job.id).execute()
     bus.publish("job.prioritized", task_id=job.task_id)
     return Job.get_by_id(job.id)
@@ -425,15 +428,15 @@ def retry(job: Job, now: float | None = None) -> Job:
     now = _now(now)
     with db.write_transaction(Job._meta.database):
         job = Job.get_by_id(job.id)
-        if job.status not in (db.FAILED, db.PARTIAL, db.CANCELLED):
+        if job.status not in (JobStatus.FAILED, JobStatus.PARTIAL, JobStatus.CANCELLED):
             raise Conflict(
                 f"job {job.task_id} is {job.status}; only failed, partial or cancelled jobs retry"
             )
-        ProcessorRun.update(status=db.RUN_PENDING, attempts=0, error=None, updated_at=now).where(
+        ProcessorRun.update(status=RunStatus.PENDING, attempts=0, error=None, updated_at=now).where(
             ProcessorRun.job == job.id, ProcessorRun.status.not_in(db.RUN_DONE)
         ).execute()
         Job.update(
-            status=db.PENDING,
+            status=JobStatus.PENDING,
             seq=_seq(now),
             queued_at=now,
             retry_count=0,
@@ -475,20 +478,20 @@ def claim(
     database = Job._meta.database
     with _claim_lock, db.write_transaction(database):
         promoted = (
-            Job.update(status=db.PENDING, next_attempt_at=None)
-            .where(Job.status == db.RETRYING, Job.next_attempt_at <= now)
+            Job.update(status=JobStatus.PENDING, next_attempt_at=None)
+            .where(Job.status == JobStatus.RETRYING, Job.next_attempt_at <= now)
             .execute()
         )
         if limit <= 0:
             return None
-        running = Job.select().where(Job.status == db.PROCESSING, Job.node == node).count()
+        running = Job.select().where(Job.status == JobStatus.PROCESSING, Job.node == node).count()
         if running >= limit:
             return None
         row = _next_claimable(database, can_run, cluster_can_run or set(), now)
         if row is None:
             return None
         Job.update(
-            status=db.PROCESSING,
+            status=JobStatus.PROCESSING,
             lease_owner=owner,
             node=node,
             lease_until=now + lease_seconds,
@@ -508,7 +511,7 @@ def _next_claimable(
     query = (
         Job.select(Job.id, Job.processors)
         # A job asked to start later keeps its place in line but is passed over until then.
-        .where(Job.status == db.PENDING, Job.not_before.is_null() | (Job.not_before <= now))
+        .where(Job.status == JobStatus.PENDING, Job.not_before.is_null() | (Job.not_before <= now))
         .order_by(Job.priority.desc(), Job.seq, Job.id)
     )
     if db.is_postgres(database):
@@ -536,7 +539,9 @@ def heartbeat(
     now = _now(now)
     return (
         Job.update(lease_until=now + lease_seconds)
-        .where(Job.id.in_(list(job_ids)), Job.status == db.PROCESSING, Job.lease_owner == owner)
+        .where(
+            Job.id.in_(list(job_ids)), Job.status == JobStatus.PROCESSING, Job.lease_owner == owner
+        )
         .execute()
     )
 
@@ -545,7 +550,7 @@ def heartbeat(
 def start_run(run: ProcessorRun, backend: str | None, model: str | None) -> None:
     now = time.time()
     ProcessorRun.update(
-        status=db.RUN_RUNNING,
+        status=RunStatus.RUNNING,
         attempts=ProcessorRun.attempts + 1,
         started_at=now,
         completed_at=None,
@@ -583,7 +588,7 @@ def report(
         ProcessorRun.update(run_changes).where(ProcessorRun.id == run_id).execute()
         progress = job_progress(job_id)
         query = Job.update(progress=progress, lease_until=now + lease_seconds).where(
-            Job.id == job_id, Job.lease_owner == owner, Job.status == db.PROCESSING
+            Job.id == job_id, Job.lease_owner == owner, Job.status == JobStatus.PROCESSING
         )
         if started_at is not None:
             query = query.where(Job.started_at == started_at)
@@ -624,7 +629,7 @@ def job_progress(job_id: int) -> int:
 def complete_run(run: ProcessorRun, output_path: str) -> None:
     now = time.time()
     ProcessorRun.update(
-        status=db.RUN_COMPLETED,
+        status=RunStatus.COMPLETED,
         output_path=output_path,
         completed_at=now,
         error=None,
@@ -642,7 +647,7 @@ def complete_run(run: ProcessorRun, output_path: str) -> None:
 def skip_run(run: ProcessorRun, reason: str, output_path: str | None = None) -> None:
     now = time.time()
     ProcessorRun.update(
-        status=db.RUN_SKIPPED,
+        status=RunStatus.SKIPPED,
         reason=reason,
         output_path=output_path,
         completed_at=now,
@@ -654,14 +659,14 @@ def skip_run(run: ProcessorRun, reason: str, output_path: str | None = None) -> 
 def fail_run(run: ProcessorRun, error: str, *, transient: bool) -> None:
     now = time.time()
     ProcessorRun.update(
-        status=db.RUN_FAILED, error=error, transient=transient, completed_at=now, updated_at=now
+        status=RunStatus.FAILED, error=error, transient=transient, completed_at=now, updated_at=now
     ).where(ProcessorRun.id == run.id).execute()
 
 
 @db.retried
 def release_run(run: ProcessorRun) -> None:
     """Back to pending, keeping the checkpoint (shutdown or cancel mid-run)."""
-    ProcessorRun.update(status=db.RUN_PENDING, updated_at=time.time()).where(
+    ProcessorRun.update(status=RunStatus.PENDING, updated_at=time.time()).where(
         ProcessorRun.id == run.id
     ).execute()
 
@@ -675,7 +680,7 @@ def requeue(job: Job, owner: str) -> str:
         if not _still_held(job, claimed, owner):
             return job.status
         status = _release(job, time.time())
-    if status == db.CANCELLED:
+    if status == JobStatus.CANCELLED:
         bus.publish("job.finished", task_id=job.task_id, status=status)
     else:
         bus.publish("job.requeued", task_id=job.task_id)
@@ -700,7 +705,7 @@ def _still_held(current: Job, claimed: Job, owner: str) -> bool:
     """Whether the job is still in the hands of the claim ``claimed`` came from: not
     recovered meanwhile (and perhaps claimed again by another thread of this process)."""
     return (
-        current.status == db.PROCESSING
+        current.status == JobStatus.PROCESSING
         and current.lease_owner == owner
         and current.started_at == claimed.started_at
     )
@@ -710,27 +715,27 @@ def _release(job: Job, now: float) -> str:
     """A running job out of its worker's hands: cancelled if asked, else back in line."""
     if job.cancel_requested:
         # Runs keep their checkpoints and stay to do, as after a cancel mid-run.
-        ProcessorRun.update(status=db.RUN_PENDING).where(
-            ProcessorRun.job == job.id, ProcessorRun.status == db.RUN_RUNNING
+        ProcessorRun.update(status=RunStatus.PENDING).where(
+            ProcessorRun.job == job.id, ProcessorRun.status == RunStatus.RUNNING
         ).execute()
-        return _finalise(job, db.CANCELLED, "cancelled by user", now)
+        return _finalise(job, JobStatus.CANCELLED, "cancelled by user", now)
     _requeue(job.id)
-    return db.PENDING
+    return JobStatus.PENDING
 
 
 def _requeue(job_id: int, error: str | None = None) -> None:
-    ProcessorRun.update(status=db.RUN_PENDING).where(
-        ProcessorRun.job == job_id, ProcessorRun.status == db.RUN_RUNNING
+    ProcessorRun.update(status=RunStatus.PENDING).where(
+        ProcessorRun.job == job_id, ProcessorRun.status == RunStatus.RUNNING
     ).execute()
     changes: dict[Any, Any] = {
-        Job.status: db.PENDING,
+        Job.status: JobStatus.PENDING,
         Job.lease_owner: None,
         Job.lease_until: None,
         Job.node: None,
     }
     if error is not None:
         changes[Job.error_message] = error  # why it is back in line
-    Job.update(changes).where(Job.id == job_id, Job.status == db.PROCESSING).execute()
+    Job.update(changes).where(Job.id == job_id, Job.status == JobStatus.PROCESSING).execute()
 
 
 def _recover(
@@ -743,19 +748,19 @@ def _recover(
     if job.cancel_requested:
         return _release(job, now)
     if crashes >= policy.max_crashes:
-        running = [r.processor for r in job.runs if r.status == db.RUN_RUNNING]
+        running = [r.processor for r in job.runs if r.status == RunStatus.RUNNING]
         reason = (
             f"{failure} {crashes} times while running this job"
             f" (during {', '.join(running) or 'start-up'}); parked for inspection"
         )
         if error:
             reason += f"; last: {error}"
-        ProcessorRun.update(status=db.RUN_FAILED, error=reason, transient=False).where(
-            ProcessorRun.job == job.id, ProcessorRun.status == db.RUN_RUNNING
+        ProcessorRun.update(status=RunStatus.FAILED, error=reason, transient=False).where(
+            ProcessorRun.job == job.id, ProcessorRun.status == RunStatus.RUNNING
         ).execute()
-        return _finalise(job, db.FAILED, reason, now)
+        return _finalise(job, JobStatus.FAILED, reason, now)
     _requeue(job.id, error)
-    return db.PENDING
+    return JobStatus.PENDING
 
 
 def _announce_recovered(task_id: str, status: str) -> None:
@@ -775,9 +780,9 @@ def finish(job: Job, owner: str, policy: RetryPolicy, now: float | None = None) 
             return job.status  # the reaper or a user took it meanwhile
         runs = list(job.runs)
         if job.cancel_requested:
-            status = _finalise(job, db.CANCELLED, "cancelled by user", now)
+            status = _finalise(job, JobStatus.CANCELLED, "cancelled by user", now)
         else:
-            failed = [r for r in runs if r.status == db.RUN_FAILED]
+            failed = [r for r in runs if r.status == RunStatus.FAILED]
             retryable = [
                 r
                 for r in failed
@@ -789,7 +794,13 @@ def finish(job: Job, owner: str, policy: RetryPolicy, now: float | None = None) 
                 status = _schedule_retry(job, retryable, policy, now)
             else:
                 done = sum(r.status in db.RUN_DONE for r in runs)
-                status = db.COMPLETED if not failed else db.PARTIAL if done else db.FAILED
+                status = (
+                    JobStatus.COMPLETED
+                    if not failed
+                    else JobStatus.PARTIAL
+                    if done
+                    else JobStatus.FAILED
+                )
                 error = "; ".join(f"{r.processor}: {r.error}" for r in failed) or None
                 status = _finalise(job, status, error, now)
     bus.publish(
@@ -803,11 +814,11 @@ def finish(job: Job, owner: str, policy: RetryPolicy, now: float | None = None) 
 def _schedule_retry(job: Job, runs: list[ProcessorRun], policy: RetryPolicy, now: float) -> str:
     # Doubling backoff with jitter that never lets a later delay be shorter than an earlier one.
     delay = policy.retry_delay * (2**job.retry_count) * random.uniform(1.0, 1.25)
-    ProcessorRun.update(status=db.RUN_PENDING).where(
+    ProcessorRun.update(status=RunStatus.PENDING).where(
         ProcessorRun.id.in_([r.id for r in runs])
     ).execute()
     Job.update(
-        status=db.RETRYING,
+        status=JobStatus.RETRYING,
         retry_count=Job.retry_count + 1,
         next_attempt_at=now + delay,
         lease_owner=None,
@@ -815,7 +826,7 @@ def _schedule_retry(job: Job, runs: list[ProcessorRun], policy: RetryPolicy, now
         node=None,
         error_message="; ".join(f"{r.processor}: {r.error}" for r in runs),
     ).where(Job.id == job.id).execute()
-    return db.RETRYING
+    return JobStatus.RETRYING
 
 
 def _finalise(job: Job, status: str, error: str | None, now: float) -> str:
@@ -908,7 +919,7 @@ def reap(
         if not db.holds_cluster_lock(database, "reaper"):
             return []  # another node is reaping right now
         stale = Job.select().where(
-            Job.status == db.PROCESSING,
+            Job.status == JobStatus.PROCESSING,
             (Job.lease_until < now) | ((Job.node == node) & (Job.lease_owner != owner)),
             ~(Job.id.in_(list(in_hand)) & (Job.lease_owner == owner)),
         )
@@ -924,18 +935,20 @@ def reap(
 
 def pending_in_order() -> pw.ModelSelect:
     return (
-        Job.select().where(Job.status == db.PENDING).order_by(Job.priority.desc(), Job.seq, Job.id)
+        Job.select()
+        .where(Job.status == JobStatus.PENDING)
+        .order_by(Job.priority.desc(), Job.seq, Job.id)
     )
 
 
 def position(job: Job) -> int | None:
     """1-based place in line, exact at the moment of the call; None when not pending."""
-    if job.status != db.PENDING:
+    if job.status != JobStatus.PENDING:
         return None
     ahead = (
         Job.select()
         .where(
-            Job.status == db.PENDING,
+            Job.status == JobStatus.PENDING,
             (Job.priority > job.priority)
             | (
                 (Job.priority == job.priority)

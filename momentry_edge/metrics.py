@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
 
 import peewee as pw
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -15,17 +14,14 @@ from prometheus_client.core import (
 )
 
 from . import db
-from .db import Job, MediaFile, ProcessorRun
-
-if TYPE_CHECKING:
-    from .service import Service
+from .db import FileState, Job, JobStatus, MediaFile, ProcessorRun, RunStatus
 
 DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200)
 
 
 class _Collector:
-    def __init__(self, service: Service) -> None:
-        self.service = service
+    def __init__(self, effective_limit: Callable[[], int]) -> None:
+        self.effective_limit = effective_limit
 
     def collect(self) -> Iterator[Metric]:
         by_status = GaugeMetricFamily("momentry_jobs", "Jobs by status.", labels=["status"])
@@ -34,15 +30,15 @@ class _Collector:
             by_status.add_metric([status], counts.get(status, 0))
         yield by_status
         yield GaugeMetricFamily(
-            "momentry_queue_depth", "Jobs waiting in line.", value=counts.get(db.PENDING, 0)
+            "momentry_queue_depth", "Jobs waiting in line.", value=counts.get(JobStatus.PENDING, 0)
         )
         yield GaugeMetricFamily(
-            "momentry_active_jobs", "Jobs running.", value=counts.get(db.PROCESSING, 0)
+            "momentry_active_jobs", "Jobs running.", value=counts.get(JobStatus.PROCESSING, 0)
         )
         yield GaugeMetricFamily(
             "momentry_effective_concurrency",
             "Jobs allowed to run at once now.",
-            value=self.service.workers.effective_limit(),
+            value=self.effective_limit(),
         )
         files = GaugeMetricFamily("momentry_files", "Registered files by state.", labels=["state"])
         file_counts = dict(
@@ -50,7 +46,7 @@ class _Collector:
             .group_by(MediaFile.state)
             .tuples()
         )
-        for state in (db.PRESENT, db.MISSING, db.REJECTED):
+        for state in (FileState.PRESENT, FileState.MISSING, FileState.REJECTED):
             files.add_metric([state], file_counts.get(state, 0))
         yield files
         yield self._durations()
@@ -64,7 +60,9 @@ class _Collector:
         took = ProcessorRun.completed_at - ProcessorRun.started_at
         rows = (
             ProcessorRun.select(ProcessorRun.processor, took.alias("took"))
-            .where(ProcessorRun.status == db.RUN_COMPLETED, ProcessorRun.started_at.is_null(False))
+            .where(
+                ProcessorRun.status == RunStatus.COMPLETED, ProcessorRun.started_at.is_null(False)
+            )
             .tuples()
         )
         per_processor: dict[str, list[float]] = {}
@@ -77,7 +75,8 @@ class _Collector:
         return histogram
 
 
-def render_metrics(service: Service) -> tuple[bytes, str]:
+def render_metrics(effective_limit: Callable[[], int]) -> tuple[bytes, str]:
+    """The scrape; ``effective_limit`` gives the jobs this node may run at once now."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(service))
+    registry.register(_Collector(effective_limit))
     return generate_latest(registry), CONTENT_TYPE_LATEST

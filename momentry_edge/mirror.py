@@ -28,7 +28,7 @@ from redis.retry import Retry
 
 from . import db, views
 from .clock import iso
-from .db import Job, MediaFile, ProcessorRun
+from .db import Job, JobStatus, MediaFile, ProcessorRun, RunStatus
 from .events import Event
 
 log = logging.getLogger(__name__)
@@ -36,10 +36,10 @@ log = logging.getLogger(__name__)
 PREFIX = "momentry:"
 # Which set a job status belongs to; other statuses (pending, retrying, cancelled) are in none.
 SET_OF_STATUS = {
-    db.PROCESSING: "active",
-    db.COMPLETED: "completed",
-    db.PARTIAL: "failed",  # some processors failed after their retries
-    db.FAILED: "failed",
+    JobStatus.PROCESSING: "active",
+    JobStatus.COMPLETED: "completed",
+    JobStatus.PARTIAL: "failed",  # some processors failed after their retries
+    JobStatus.FAILED: "failed",
 }
 SETS = ("active", "completed", "failed")
 PROGRESS_EVERY = 1.0  # seconds: at most one progress write per job (plan §8.2)
@@ -211,7 +211,7 @@ class RedisMirror:
             pipe.publish(progress_channel(task_id), json.dumps(_progress_message(job, runs)))
         pipe.execute()
         with self._cond:
-            if job.status == db.PROCESSING:
+            if job.status == JobStatus.PROCESSING:
                 self._watching.add(task_id)
             else:
                 self._watching.discard(task_id)
@@ -247,7 +247,7 @@ class RedisMirror:
                 runs = sorted(runs_of[job.id], key=lambda r: r.position)
                 _write(pipe, job, runs, sets=False)
                 known.add(job.task_id)
-                if job.status == db.PROCESSING:
+                if job.status == JobStatus.PROCESSING:
                     watching.add(job.task_id)
                 if job.status in SET_OF_STATUS:
                     members[SET_OF_STATUS[job.status]].append(job.task_id)
@@ -312,7 +312,7 @@ def _job_fields(job: Job, runs: list[ProcessorRun]) -> dict[str, Any]:
         "priority": db.PRIORITY_NAMES[job.priority],
         "processors": [r.processor for r in runs],
         "completed": [r.processor for r in runs if r.status in db.RUN_DONE],
-        "failed": [r.processor for r in runs if r.status == db.RUN_FAILED],
+        "failed": [r.processor for r in runs if r.status == RunStatus.FAILED],
         "retry_count": job.retry_count,
         "max_retries": job.max_retries,
         "node": job.node,

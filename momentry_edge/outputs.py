@@ -228,7 +228,7 @@ def duplicate_output(
         .where(
             MediaFile.fingerprint == record.fingerprint,
             ProcessorRun.processor == processor,
-            ProcessorRun.status == db.RUN_COMPLETED,
+            ProcessorRun.status == db.RunStatus.COMPLETED,
             ProcessorRun.model.is_null() if model is None else ProcessorRun.model == model,
         )
         .order_by(ProcessorRun.completed_at.desc())

@@ -19,7 +19,7 @@ from .api import make_app
 from .callbacks import CallbackSender
 from .clock import iso
 from .config import Config, ConfigError
-from .db import Job, MediaFile
+from .db import Job, JobStatus, MediaFile
 from .errors import Conflict, Invalid
 from .events import bus
 from .gate import Gate
@@ -65,7 +65,6 @@ class Service:
             config.ingest.settle_seconds,
             _default_processors(self.registry, config),
             config.queue.max_retries,
-            on_queued=self.workers.kick,
         )
         self.watcher = Watcher(self.intake, config.ingest.settle_seconds)
         self.server: BaseWSGIServer | None = None
@@ -78,7 +77,15 @@ class Service:
         self.url = ""
         self._threads: list[threading.Thread] = []
 
-    # -- what the API calls ---------------------------------------------------------------------
+    # -- what the API calls (api.Core) ----------------------------------------------------------
+
+    @property
+    def processor_names(self) -> tuple[str, ...]:
+        return tuple(self.registry.names)
+
+    def effective_limit(self) -> int:
+        """Jobs this node may run at once now."""
+        return self.workers.effective_limit()
 
     def submit(
         self,
@@ -88,18 +95,13 @@ class Service:
         options: dict[str, Any] | None = None,
     ) -> tuple[Job, bool]:
         names = self.registry.validate(processors)
-        job, created = jobs.submit(
+        return jobs.submit(
             record,
             names,
             priority=jobs.parse_priority(priority),
             max_retries=self.config.queue.max_retries,
             options=options,
         )
-        if created:
-            self.workers.kick()
-            if job.not_before is not None:
-                self.workers.kick(delay=job.not_before - time.time())  # its start time
-        return job, created
 
     def register(
         self,
@@ -153,13 +155,11 @@ class Service:
 
     def _models_changed(self) -> None:
         """A pulled model is in place (or a pull failed): run what can run now."""
-        self.workers.update_processors()
+        self.workers.update_processors()  # wakes the workers, if they run
         try:  # the node row other nodes read (provision starts after register_node)
             cluster.set_processors(self.node, self.owner, sorted(self.workers.can_run))
         finally:
             db.release_connection()
-        if self.config.queue.worker_enabled:
-            self.workers.kick()
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -227,8 +227,7 @@ class Service:
         try:
             if task == "sample":
                 # The disk first: it needs no database, which may be what is failing.
-                if self.gate.check_disk(self.config.data_dir) is None:
-                    self.workers.kick()  # in case a full disk had held jobs back
+                self.gate.check_disk(self.config.data_dir)  # queue.unblocked wakes the workers
                 self.gate.sample(jobs.queue_state().max_concurrent)
             elif task == "heartbeat":
                 lease = self.config.queue.lease_seconds
@@ -239,8 +238,6 @@ class Service:
                 jobs.reap(
                     self.node, self.owner, self.workers.policy, in_hand=self.workers.in_hand()
                 )
-                if self.config.queue.worker_enabled:
-                    self.workers.kick()
             elif task == "health" and self.config.queue.worker_enabled:
                 self.workers.check_health()
             elif task == "sweep" and self.config.service.retention_days:
@@ -274,7 +271,9 @@ class Service:
         self.callbacks.stop()
         # 3. Anything still held (a processor that never reported) goes back too.
         try:
-            held = Job.select().where(Job.lease_owner == self.owner, Job.status == db.PROCESSING)
+            held = Job.select().where(
+                Job.lease_owner == self.owner, Job.status == JobStatus.PROCESSING
+            )
             for job in list(held):
                 jobs.requeue(job, self.owner)
             cluster.leave(self.node, self.owner)

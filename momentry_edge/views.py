@@ -10,7 +10,7 @@ import peewee as pw
 
 from . import db, jobs
 from .clock import iso
-from .db import Job, MediaFile, ProcessorRun
+from .db import Job, JobStatus, MediaFile, ProcessorRun, RunStatus
 
 HISTORY = 100  # finished jobs that estimate how long the next one takes
 
@@ -18,7 +18,10 @@ HISTORY = 100  # finished jobs that estimate how long the next one takes
 def average_job_seconds() -> float | None:
     recent = (
         Job.select((Job.completed_at - Job.started_at).alias("took"))
-        .where(Job.status.in_((db.COMPLETED, db.PARTIAL, db.FAILED)), Job.started_at.is_null(False))
+        .where(
+            Job.status.in_((JobStatus.COMPLETED, JobStatus.PARTIAL, JobStatus.FAILED)),
+            Job.started_at.is_null(False),
+        )
         .order_by(Job.completed_at.desc())
         .limit(HISTORY)
     )
@@ -67,14 +70,14 @@ def _queue_status(effective_limit: int, load: Any, extra: dict[str, Any] | None)
     running = list(
         Job.select(Job, MediaFile)
         .join(MediaFile)
-        .where(Job.status == db.PROCESSING)
+        .where(Job.status == JobStatus.PROCESSING)
         .order_by(Job.started_at)
     )
     pending = list(jobs.pending_in_order().select_extend(MediaFile).join(MediaFile))
     retrying = list(
         Job.select(Job, MediaFile)
         .join(MediaFile)
-        .where(Job.status == db.RETRYING)
+        .where(Job.status == JobStatus.RETRYING)
         .order_by(Job.next_attempt_at)
     )
     starts = estimated_starts(len(pending), running, effective_limit, now)
@@ -114,10 +117,12 @@ def _queue_status(effective_limit: int, load: Any, extra: dict[str, Any] | None)
         "paused": state.paused,
         "queue": queue,
         "statistics": {
-            "total_processed": sum(counts.get(s, 0) for s in (db.COMPLETED, db.PARTIAL, db.FAILED)),
-            "total_failed": counts.get(db.FAILED, 0),
-            "total_partial": counts.get(db.PARTIAL, 0),
-            "total_cancelled": counts.get(db.CANCELLED, 0),
+            "total_processed": sum(
+                counts.get(s, 0) for s in (JobStatus.COMPLETED, JobStatus.PARTIAL, JobStatus.FAILED)
+            ),
+            "total_failed": counts.get(JobStatus.FAILED, 0),
+            "total_partial": counts.get(JobStatus.PARTIAL, 0),
+            "total_cancelled": counts.get(JobStatus.CANCELLED, 0),
             "average_time": _round(average_job_seconds()),
         },
         "resources": {
@@ -159,7 +164,7 @@ def job_summary(job: Job) -> dict[str, Any]:
     return _queue_entry(job) | {
         "progress": job.progress,
         "completed": [r.processor for r in runs if r.status in db.RUN_DONE],
-        "failed": [r.processor for r in runs if r.status == db.RUN_FAILED],
+        "failed": [r.processor for r in runs if r.status == RunStatus.FAILED],
         "created_at": iso(job.created_at),
     }
 
@@ -174,7 +179,7 @@ def _job_detail(job: Job, effective_limit: int) -> dict[str, Any]:
     estimated = None
     if position is not None:
         now = time.time()
-        running = list(Job.select().where(Job.status == db.PROCESSING))
+        running = list(Job.select().where(Job.status == JobStatus.PROCESSING))
         estimated = iso(_held(estimated_starts(position, running, effective_limit, now)[-1], job))
     return _queue_entry(job) | {
         "position": position,
@@ -237,7 +242,7 @@ def dead_jobs() -> dict[str, Any]:
     query = (
         Job.select(Job, MediaFile)
         .join(MediaFile)
-        .where(Job.status.in_((db.FAILED, db.PARTIAL)))
+        .where(Job.status.in_((JobStatus.FAILED, JobStatus.PARTIAL)))
         .order_by(Job.completed_at.desc())
     )
     dead = []
@@ -245,7 +250,7 @@ def dead_jobs() -> dict[str, Any]:
         failed = {
             r.processor: {"error": r.error, "attempts": r.attempts}
             for r in _runs(job)
-            if r.status == db.RUN_FAILED
+            if r.status == RunStatus.FAILED
         }
         dead.append(
             _queue_entry(job)

@@ -5,6 +5,11 @@ wakes workers when a retry falls due. Its queue only carries "drain" wake-ups;
 which job runs next, and whether any may start, is decided by jobs.claim from
 the job table, so a lost wake-up (kill -9) loses no work: the next start-up,
 or the next periodic kick, drains the table again.
+
+The workers wake themselves: on the bus events after which a job may have become
+claimable (``on_event``), at their own scheduled times (a retry or a start time
+falling due) and every ``queue.poll_interval``; another node's notice reaches
+``kick`` through cluster.Notifier. No other module wakes them.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from huey.storage import MemoryStorage
 
 from . import cluster, db, ingest, jobs, logs, outputs
 from .config import Config
-from .db import Job, ProcessorRun
+from .db import Job, JobStatus, ProcessorRun, RunStatus
+from .events import Event, bus
 from .gate import Gate
 from .processors import Registry, asr, frames
 from .processors.base import (
@@ -31,6 +37,7 @@ from .processors.base import (
     ProcessorError,
     RunContext,
     Stop,
+    StopReason,
 )
 from .processors.frames import FrameProcessor
 from .provision import Provisioner
@@ -38,6 +45,9 @@ from .provision import Provisioner
 log = logging.getLogger(__name__)
 
 REPORT_INTERVAL = 0.5  # seconds between progress writes that carry no checkpoint
+# Local events after which a job may be claimable here: those that may free work for
+# other nodes too, and those that concern this node alone.
+WAKE_EVENTS = cluster.WAKE_EVENTS | {"job.extended", "job.retry_due", "queue.unblocked"}
 
 
 class BlockingMemoryStorage(MemoryStorage):
@@ -120,12 +130,16 @@ class Workers:
         ready = {n for n in self.registry.names if self.registry.create(n).readiness().ready}
         self.coming = (self.provision.coming() if self.provision else set()) - ready
         self.can_run = ready
+        if self.started:
+            self.kick()  # jobs that waited for a model may run now, or fail with its reason
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
         self.consumer.start()
         self.started = True
+        bus.listen(self.on_event)
+        threading.Thread(target=self._poll, name="poll", daemon=True).start()
         self.kick()
 
     def stop(self) -> None:
@@ -139,6 +153,19 @@ class Workers:
             self._drain_task.schedule(delay=max(delay, 0))
         elif self.huey.pending_count() < self.config.queue.worker_threads:
             self._drain_task()
+
+    def on_event(self, event: Event) -> None:
+        """Bus listener: a change after which a job may be claimable here."""
+        if event["type"] in WAKE_EVENTS:
+            self.kick()
+            if event.get("not_before"):
+                self.kick(delay=event["not_before"] - time.time())  # its start time
+
+    def _poll(self) -> None:
+        """Look again every poll interval: a job another process queued on a shared
+        SQLite file, a start time or a retry the scheduler lost with a restart."""
+        while not self.stopping.wait(self.config.queue.poll_interval):
+            self.kick()
 
     def check_health(self) -> None:
         self.consumer.check_worker_health()
@@ -218,11 +245,9 @@ class Workers:
                 job.task_id,
                 again,
             )
-            return db.PROCESSING
+            return JobStatus.PROCESSING
         log.warning("job %s given back after the worker failed: %s", job.task_id, status)
-        if status == db.PENDING:
-            self.kick()
-        return status
+        return status  # back in line: job.recovered wakes a worker for it
 
     def _run_job(self, job: Job) -> str:
         log.info("job %s started: %s", job.task_id, ", ".join(job.processors))
@@ -232,7 +257,7 @@ class Workers:
         # the writes below fail with "database is locked".
         runs = list(
             ProcessorRun.select()
-            .where(ProcessorRun.job == job.id, ProcessorRun.status == db.RUN_PENDING)
+            .where(ProcessorRun.job == job.id, ProcessorRun.status == RunStatus.PENDING)
             .order_by(ProcessorRun.position)
         )
         guard = ingest.FileGuard(job.file)  # the file deleted or replaced while we work
@@ -246,19 +271,19 @@ class Workers:
                     break
                 self._run_batch(job, batch, Path(job.file.path), out_dir, deadline, guard)
         except Stop as stop:
-            if stop.reason == "shutdown":
+            if stop.reason == StopReason.SHUTDOWN:
                 status = jobs.requeue(job, self.owner)
                 log.info("job %s at shutdown: %s", job.task_id, status)
                 return status
-            if stop.reason == "lease":
+            if stop.reason == StopReason.LEASE:
                 log.warning("job %s: lease lost, another worker has it", job.task_id)
-                return db.PROCESSING
+                return JobStatus.PROCESSING
         status = jobs.finish(job, self.owner, self.policy)
         log.info("job %s %s", job.task_id, status)
-        if status == db.RETRYING:
+        if status == JobStatus.RETRYING:
             self.kick(delay=Job.get_by_id(job.id).next_attempt_at - time.time())
-        if guard.replaced and ingest.requeue_replaced(job, job.file):
-            self.kick()  # the new content was registered while this job ran
+        if guard.replaced:
+            ingest.requeue_replaced(job, job.file)  # the new content arrived while this job ran
         return status
 
     def _processor(self, name: str) -> Processor:
@@ -381,14 +406,14 @@ class Workers:
         if problem and not isinstance(outcome, BaseException):
             outcome = PermanentError(problem)  # a result for content that is no longer there
         if isinstance(outcome, Stop):
-            if outcome.reason == "timeout":
+            if outcome.reason == StopReason.TIMEOUT:
                 limit, source = job.task_timeout, "the job's task_timeout"
                 if limit is None:
                     limit, source = self.config.queue.task_timeout, "queue.task_timeout"
                 error = f"timed out after {limit:g} s ({source})"
                 self._fail(job, run, processor, tracker.checkpoint, error, True, out_dir)
                 return outcome
-            if outcome.reason == "cancelled" and tracker.checkpoint and processor:
+            if outcome.reason == StopReason.CANCELLED and tracker.checkpoint and processor:
                 try:
                     self._write_output(
                         job,
@@ -549,7 +574,7 @@ class _Reporter:
                 )
                 self._unsaved = False
             except jobs.LeaseLost:
-                raise Stop("lease") from None
+                raise Stop(StopReason.LEASE) from None
             except db.OUTAGE_ERRORS as exc:
                 # Progress is bookkeeping: the run goes on (its lease kept by the heartbeat)
                 # and the next report past the pause saves the latest checkpoint.
@@ -564,10 +589,10 @@ class _Reporter:
                 self._quiet_until = time.monotonic() + pause
                 cancel = False
             if cancel:
-                raise Stop("cancelled")
+                raise Stop(StopReason.CANCELLED)
             if self.guard is not None and (problem := self.guard.problem()):
                 raise PermanentError(problem)  # stop now rather than at the end of the run
         if stopping:
-            raise Stop("shutdown")
+            raise Stop(StopReason.SHUTDOWN)
         if now > self.deadline:
-            raise Stop("timeout")
+            raise Stop(StopReason.TIMEOUT)

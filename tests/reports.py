@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from momentry_edge.processors.base import Stop
+from momentry_edge.processors.base import Stop, StopReason
 
 
 class Reports:
@@ -34,4 +34,4 @@ class Reports:
         if self.stop_after_checkpoints is not None:
             stopping = stopping or len(self.checkpoints) >= self.stop_after_checkpoints
         if stopping:
-            raise Stop("cancelled")
+            raise Stop(StopReason.CANCELLED)

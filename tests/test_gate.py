@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
+import pytest
+
 from momentry_edge.config import QueueConfig
+from momentry_edge.events import bus
 from momentry_edge.gate import Gate, Load, parse_ioreg_utilisation
 
 HOT = Load(cpu_percent=95.0, memory_percent=40.0, gpu_percent=None)
@@ -73,4 +79,20 @@ def test_disk_guard_blocks_admission_and_says_why(tmp_path):
     assert gate.effective_limit(4, dynamic=False) == 0
     gate = Gate(QueueConfig(min_free_disk_mb=0))
     assert gate.check_disk(tmp_path) is None
+    assert gate.effective_limit(4, dynamic=False) == 4
+
+
+def test_disk_guard_says_when_it_lifts(tmp_path):
+    """queue.blocked once when a full disk holds jobs back, queue.unblocked once when it
+    no longer does (the workers wake on it). Two disks stand in for one filling and emptying."""
+    small, large = sorted((Path("/dev/shm"), tmp_path), key=lambda p: shutil.disk_usage(p).free)
+    free = [shutil.disk_usage(p).free / 2**20 for p in (small, large)]
+    if not small.is_dir() or free[1] - free[0] < 100:
+        pytest.skip("needs two filesystems with different free space")
+    gate = Gate(QueueConfig(min_free_disk_mb=(free[0] + free[1]) / 2))
+    with bus.subscribe() as events:
+        assert gate.check_disk(small) and gate.check_disk(small)
+        assert gate.check_disk(large) is None and gate.check_disk(large) is None
+        seen = [events.get_nowait()["type"] for _ in range(events.qsize())]
+    assert seen == ["queue.blocked", "queue.unblocked"]
     assert gate.effective_limit(4, dynamic=False) == 4

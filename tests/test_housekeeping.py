@@ -6,7 +6,7 @@ import os
 import time
 
 from momentry_edge import db, housekeeping, jobs
-from momentry_edge.db import Job, MediaFile
+from momentry_edge.db import Job, JobStatus, MediaFile
 
 DAY = 86400.0
 
@@ -42,7 +42,7 @@ def test_sweep_keeps_recent_and_active_work(tmp_path, database_url):
     counts = housekeeping.sweep(data, retention_seconds=30 * DAY, now=time.time() + 31 * DAY)
     assert counts == {"jobs": 1, "results": 1, "logs": 1}
     assert Job.get_or_none(Job.id == finished.id) is None
-    assert Job.get_by_id(waiting.id).status == db.PENDING, "active jobs are never swept"
+    assert Job.get_by_id(waiting.id).status == JobStatus.PENDING, "active jobs are never swept"
     assert not (data / "results" / done_file.file_uuid).exists()
     assert (data / "results" / waiting_file.file_uuid / "noop.json").exists()
     assert (data / "logs" / "momentry-edge.log").exists(), "the live log stays"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from momentry_edge import db, jobs
-from momentry_edge.db import Job, MediaFile, SchemaVersion
+from momentry_edge.db import FileState, Job, MediaFile, SchemaVersion
 
 
 def test_a_version_4_database_gains_the_new_columns_and_keeps_its_jobs(tmp_path, database_url):
@@ -50,7 +50,7 @@ def test_a_version_6_database_gains_the_file_recheck_columns_and_keeps_its_files
         watch_root="/drop",
         rel_path="b.mp4",
         name="b.mp4",
-        state=db.REJECTED,
+        state=FileState.REJECTED,
         reason="truncated or corrupt",
     )
     for column in ("transient", "content_hash"):
@@ -65,7 +65,11 @@ def test_a_version_6_database_gains_the_file_recheck_columns_and_keeps_its_files
     assert {"transient", "content_hash"} <= columns
     assert SchemaVersion.select().count() == len(db.MIGRATIONS)
     record = MediaFile.get(MediaFile.path == "/drop/b.mp4")
-    assert (record.state, record.transient, record.content_hash) == (db.REJECTED, False, None)
+    assert (record.state, record.transient, record.content_hash) == (
+        FileState.REJECTED,
+        False,
+        None,
+    )
     # Run again (another node starting): nothing to do, nothing breaks.
     assert db.migrate(database) == len(db.MIGRATIONS)
     database.close()

@@ -9,6 +9,7 @@ ran out of time. The worker writes the output file.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,12 +20,21 @@ from ..outputs import write_atomic
 PROCESSOR_NAMES = ("asr", "asrx", "cut", "yolo", "ocr", "face", "pose")
 
 
+class StopReason(enum.StrEnum):
+    """Why a run ends early: every reason ``Stop`` can carry."""
+
+    CANCELLED = "cancelled"  # a user cancelled the job
+    SHUTDOWN = "shutdown"  # the service is stopping; the job goes back in line
+    TIMEOUT = "timeout"  # the run outlived its task_timeout
+    LEASE = "lease"  # the job's lease was lost: another worker has it
+
+
 class Stop(Exception):  # a signal to end early, not an error
     """Raised by ``RunContext.report`` to end a run early; ``reason`` says why."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: StopReason) -> None:
         super().__init__(reason)
-        self.reason = reason  # "cancelled" | "shutdown" | "timeout"
+        self.reason = reason
 
 
 class ProcessorError(Exception):

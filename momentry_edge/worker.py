@@ -357,6 +357,8 @@ class Workers:
         for (run, processor, _ctx, tracker), outcome in zip(started, outcomes, strict=True):
             try:
                 stop = self._settle(job, run, processor, tracker, outcome, out_dir, guard) or stop
+            except db.OUTAGE_ERRORS:
+                raise  # the database away past every retry: the whole job is given back
             except Exception as exc:  # e.g. its output cannot be written: the others still settle
                 log.error("job %s: %s not recorded", job.task_id, run.processor, exc_info=exc)
                 jobs.fail_run(run, f"{type(exc).__name__}: {exc}", transient=True)

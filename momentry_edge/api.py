@@ -104,6 +104,12 @@ def make_app(service: Core) -> bottle.Bottle:
                 return callback(*args, **kwargs)
             except ClientError as exc:
                 return _error(exc.status, exc.code, exc.message)
+            except db.OUTAGE_ERRORS as exc:
+                # The database busy past its timeout, or unreachable: not the client's
+                # mistake, and worth asking again shortly.
+                log.warning("%s %s: database unavailable: %s", request.method, request.path, exc)
+                response.set_header("Retry-After", "5")
+                return _error(503, "unavailable", f"the queue database is unavailable: {exc}")
             finally:
                 db.release_connection()
 

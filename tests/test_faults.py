@@ -237,3 +237,15 @@ def test_postgres_connections_cut_mid_job_leave_no_job_stuck(start_service, data
     for task in tasks:
         svc.wait_status(task, "completed", timeout=60)
     assert_nothing_lost_or_doubled(svc, tasks)
+
+
+@on_sqlite
+def test_a_request_during_a_long_lock_is_503_and_changes_nothing(start_service):
+    svc = start_service(service={"database_timeout": BUSY_TIMEOUT})
+    with exclusive_lock(svc):
+        reply = svc.client.post("/api/v1/queue/pause", timeout=60)
+    assert reply.status_code == 503, reply.text
+    assert reply.json()["error"]["code"] == "unavailable" and reply.headers["Retry-After"]
+    assert svc.status()["paused"] is False  # nothing half done
+    svc.call("POST", "/api/v1/queue/pause")  # and it is carried out once the lock is gone
+    assert svc.status()["paused"] is True

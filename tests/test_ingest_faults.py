@@ -336,7 +336,7 @@ def test_register_refuses_paths_that_cannot_name_a_file(start_service) -> None:
     svc = start_service(ingest=INGEST | {"settle_seconds": 60})
     for path, words in (
         ("clip\0.mp4", "NUL"),
-        ("\ud800.mp4", "UTF-8"),
+        ("\ud800.mp4", "not valid Unicode"),
         ("x" * 5000 + ".mp4", "too long"),
         ("sub/" + "y" * 300 + ".mp4", "too long"),
         ("/".join(["d" * 200] * 25) + ".mp4", "too long"),

@@ -112,12 +112,10 @@ def test_restore_refuses_while_another_data_dir_s_service_uses_the_database(
     assert task_ids(svc) == submitted
 
 
+# The file check is SQLite's; PostgreSQL guards its own files.
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 @pytest.mark.parametrize("damage", ["middle", "header"])
-def test_a_damaged_database_stops_the_start_with_the_restore_command(
-    start_service, database_url, damage
-):
-    if database_url:
-        pytest.skip("the file check is SQLite's; PostgreSQL guards its own files")
+def test_a_damaged_database_stops_the_start_with_the_restore_command(start_service, damage):
     svc = start_service()
     submitted = sorted(svc.submit(name, ["noop"])["task_id"] for name in svc.add_copies(60))
     for task_id in submitted:
@@ -147,9 +145,8 @@ def test_a_damaged_database_stops_the_start_with_the_restore_command(
     assert task_ids(svc) == submitted
 
 
-def test_a_damaged_database_without_a_backup_says_how_to_take_one(start_service, database_url):
-    if database_url:
-        pytest.skip("the file check is SQLite's")
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_damaged_database_without_a_backup_says_how_to_take_one(start_service):
     svc = start_service()
     svc.stop()
     database = svc.data_dir / "momentry.db"

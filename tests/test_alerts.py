@@ -3,44 +3,26 @@
 from __future__ import annotations
 
 import shutil
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import ClassVar
 
 import pytest
 from conftest import ServiceProcess, wait_for
 from databases import scratch_postgres
-
-
-class Receiver(BaseHTTPRequestHandler):
-    """Answers 500 to the first ``failures`` POSTs, then 200; keeps every alert it got."""
-
-    received: ClassVar[list[dict]] = []
-    failures: ClassVar[int] = 0
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"])).decode()
-        self.received.append({"headers": dict(self.headers), "body": body})
-        self.send_response(500 if len(self.received) <= self.failures else 200)
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
+from receiver import Receiver, receiving
 
 
 @pytest.fixture
 def receiver():
-    Receiver.received = []
-    Receiver.failures = 0
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/momentry-alerts", Receiver
-    server.shutdown()
+    with receiving() as rx:
+        yield f"{rx.url}/momentry-alerts", rx
 
 
-def titled(received: list[dict], text: str) -> list[dict]:
-    return [a for a in received if text in a["headers"].get("Title", "")]
+def alerts(rx: Receiver) -> list[dict]:
+    return [{"headers": post.headers, "body": post.body.decode()} for post in rx.posts]
+
+
+def titled(rx: Receiver, text: str) -> list[dict]:
+    return [a for a in alerts(rx) if text in a["headers"].get("Title", "")]
 
 
 def test_a_failed_job_and_a_dead_partial_job_each_alert_once(start_service, receiver):
@@ -56,18 +38,18 @@ def test_a_failed_job_and_a_dead_partial_job_each_alert_once(start_service, rece
     dead = {j["task_id"] for j in svc.get("/api/v1/queue/dead")["jobs"]}
     assert dead == {failed, partial}
 
-    wait_for(lambda: len(titled(rx.received, "job failed")) == 2)  # one 500, one delivered
-    wait_for(lambda: titled(rx.received, "job partial"))
-    first, again = titled(rx.received, "job failed")
+    wait_for(lambda: len(titled(rx, "job failed")) == 2)  # one 500, one delivered
+    wait_for(lambda: titled(rx, "job partial"))
+    first, again = titled(rx, "job failed")
     assert first["body"] == again["body"]
     alert = again
     assert alert["headers"]["Content-Type"].startswith("text/plain")
     assert alert["headers"]["Priority"] == "high" and alert["headers"]["Tags"] == "warning"
     assert failed in alert["body"] and "broken.mp4" in alert["body"]
     assert "upstream storage unavailable" in alert["body"]
-    (partial_alert,) = titled(rx.received, "job partial")
+    (partial_alert,) = titled(rx, "job partial")
     assert partial in partial_alert["body"] and "half.mp4" in partial_alert["body"]
-    assert not [a for a in rx.received if fine in a["body"]], "a completed job is no news"
+    assert not [a for a in alerts(rx) if fine in a["body"]], "a completed job is no news"
 
 
 def test_the_disk_guard_alerts_once_per_blocking(start_service, receiver, tmp_path):
@@ -76,12 +58,12 @@ def test_the_disk_guard_alerts_once_per_blocking(start_service, receiver, tmp_pa
     svc = start_service(alerts={"url": url}, queue={"min_free_disk_mb": free_mb + 10**6})
     task = svc.submit("held.mp4", ["noop"])["task_id"]
     wait_for(lambda: svc.status()["blocked_reason"])
-    wait_for(lambda: titled(rx.received, "jobs held back"))
-    (alert,) = titled(rx.received, "jobs held back")
+    wait_for(lambda: titled(rx, "jobs held back"))
+    (alert,) = titled(rx, "jobs held back")
     assert "low disk space" in alert["body"] and "min_free_disk_mb" in alert["body"]
     # The guard is checked every couple of seconds; it stays one alert while it holds.
     time.sleep(6)
-    assert len(titled(rx.received, "jobs held back")) == 1
+    assert len(titled(rx, "jobs held back")) == 1
     assert svc.job(task)["status"] == "pending"
 
 
@@ -100,8 +82,8 @@ def test_a_node_that_stops_its_heartbeat_is_reported_by_the_survivor(tmp_path, r
             a, b = nodes
             wait_for(lambda: len(b.status()["nodes"]) == 2)
             a.kill()  # kill -9: no clean leave, its heartbeat just stops
-            wait_for(lambda: titled(rx.received, "node lost"), timeout=30)
-            (alert,) = titled(rx.received, "node lost")
+            wait_for(lambda: titled(rx, "node lost"), timeout=30)
+            (alert,) = titled(rx, "node lost")
             assert "node-a" in alert["body"] and "node-b" in alert["headers"]["Title"]
             assert alert["headers"]["Priority"] == "urgent"
         finally:

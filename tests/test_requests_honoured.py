@@ -4,43 +4,23 @@ per-job max_retries, task_timeout and not_before."""
 
 from __future__ import annotations
 
-import json
-import threading
 import time
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import ClassVar
 
 import pytest
 from conftest import wait_for
-
-
-class Receiver(BaseHTTPRequestHandler):
-    """A client's callback endpoint: keeps (path, body) of every POST, answers 200."""
-
-    received: ClassVar[list[tuple[str, dict]]] = []
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.received.append((self.path, body))
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
+from receiver import Post, receiving
 
 
 @pytest.fixture
 def receiver():
-    Receiver.received = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", Receiver.received
-    server.shutdown()
+    with receiving() as rx:
+        yield rx.url, rx.posts
 
 
-def _delivered(received: list, path: str, task_id: str) -> list[dict]:
-    return [body for where, body in received if where == path and body["job"]["task_id"] == task_id]
+def _delivered(received: list[Post], path: str, task_id: str) -> list[dict]:
+    bodies = [post.json() for post in received if post.path == path]
+    return [body for body in bodies if body["job"]["task_id"] == task_id]
 
 
 def _file(svc, name: str) -> dict:
@@ -78,7 +58,7 @@ def test_a_deduplicated_request_carries_its_priority_and_callbacks_over(start_se
     assert dropped["started_at"] < other["started_at"], "high priority runs first"
     for path in ("/first", "/second"):
         wait_for(lambda path=path: _delivered(received, path, first["task_id"]))
-    assert not [b for _, b in received if b["job"]["task_id"] == earlier]
+    assert not [p for p in received if p.json()["job"]["task_id"] == earlier]
 
 
 def test_an_unchanged_file_registered_again_sends_its_callback(start_service, receiver):

@@ -1,0 +1,58 @@
+"""A real HTTP endpoint on a loopback port that keeps what the service POSTs to it
+(job callbacks, operator alerts)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Post:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class Receiver:
+    """Answers 500 to the first ``failures`` POSTs, then 200; keeps every POST in ``posts``."""
+
+    def __init__(self, failures: int = 0) -> None:
+        self.posts: list[Post] = []
+        self.failures = failures
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                receiver.posts.append(Post(self.path, dict(self.headers), body))
+                self.send_response(500 if len(receiver.posts) <= receiver.failures else 200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@contextlib.contextmanager
+def receiving(failures: int = 0) -> Iterator[Receiver]:
+    receiver = Receiver(failures)
+    try:
+        yield receiver
+    finally:
+        receiver.close()

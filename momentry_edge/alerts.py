@@ -1,10 +1,11 @@
 """Operator alerts: a short plain-text POST to ``[alerts] url`` when something needs a person.
 
 Sent for: a job that ends failed or partial (it is then on the dead list), the disk
-guard starting to hold jobs back, and a node of a shared queue whose heartbeat
-stopped. The body is plain text with ntfy's optional ``Title``, ``Priority`` and
-``Tags`` headers, so an ntfy topic URL works as is. The bus listener only queues;
-one thread posts, retrying with doubling delays, so no job ever waits on it.
+guard starting to hold jobs back, a scheduled backup skipped (no room, no pg_dump),
+and a node of a shared queue whose heartbeat stopped. The body is plain text with
+ntfy's optional ``Title``, ``Priority`` and ``Tags`` headers, so an ntfy topic URL
+works as is. The bus listener only queues; one thread posts, retrying with doubling
+delays, so no job ever waits on it.
 """
 
 from __future__ import annotations
@@ -85,6 +86,8 @@ class AlertSender:
             )
         elif kind == "queue.blocked":
             self._queue("jobs held back", event["reason"], priority="high", tags="floppy_disk")
+        elif kind == "backup.skipped":
+            self._queue("backup skipped", event["reason"], priority="high", tags="floppy_disk")
         elif kind == "node.lost":
             self._queue(
                 "node lost",

@@ -656,10 +656,18 @@ def skip_run(run: ProcessorRun, reason: str, output_path: str | None = None) -> 
 
 
 @db.retried
-def fail_run(run: ProcessorRun, error: str, *, transient: bool) -> None:
+def fail_run(
+    run: ProcessorRun, error: str, *, transient: bool, output_path: str | None = None
+) -> None:
+    """``output_path``: the failed document written for it, when one could be."""
     now = time.time()
     ProcessorRun.update(
-        status=RunStatus.FAILED, error=error, transient=transient, completed_at=now, updated_at=now
+        status=RunStatus.FAILED,
+        error=error,
+        transient=transient,
+        output_path=output_path,
+        completed_at=now,
+        updated_at=now,
     ).where(ProcessorRun.id == run.id).execute()
 
 

@@ -481,9 +481,22 @@ class Workers:
     ) -> None:
         """Record a failed run, and write its document (with the result so far) so the
         results folder tells a failed processor from one that has not run."""
+        path = self._write_failed(job, run, processor, checkpoint, error, out_dir)
+        jobs.fail_run(run, error, transient=transient, output_path=path)
+
+    def _write_failed(
+        self,
+        job: Job,
+        run: ProcessorRun,
+        processor: Processor | None,
+        checkpoint: dict[str, Any] | None,
+        error: str,
+        out_dir: Path,
+    ) -> str | None:
+        """The failed document's path; None when it could not be written."""
         try:
             partial = (checkpoint or {}).get("partial")
-            self._write_output(
+            path = self._write_output(
                 job, run, processor, outputs.FAILED, partial, error, checkpoint, out_dir
             )
         except OSError as exc:  # the failure is recorded in the database all the same
@@ -491,7 +504,8 @@ class Workers:
                 "job %s: %s's failed document not written: %s", job.task_id, run.processor, exc
             )
             self._check_disk()
-        jobs.fail_run(run, error, transient=transient)
+            return None
+        return str(path)
 
     def _check_disk(self) -> None:
         """A write failed: if the disk is full, stop admitting jobs now, not at the next sample."""

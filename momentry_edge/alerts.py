@@ -13,13 +13,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 
 import httpx
 
 from . import db, jobs
+from .background import Background
 from .db import JobStatus
 from .events import Event
 
@@ -41,7 +41,7 @@ class Alert:
     attempt: int = field(compare=False, default=0)
 
 
-class AlertSender:
+class AlertSender(Background):
     def __init__(
         self,
         url: str,
@@ -51,6 +51,7 @@ class AlertSender:
         first_delay: float = 1.0,
         timeout: float = 10.0,
     ) -> None:
+        super().__init__("alerts")
         self._url = url
         self._node = node
         self._attempts = attempts
@@ -58,19 +59,6 @@ class AlertSender:
         self._timeout = timeout
         self._heap: list[Alert] = []
         self._seq = itertools.count()
-        self._cond = threading.Condition()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name="alerts", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
-        if self._thread.is_alive():
-            self._thread.join(timeout=2.0)
 
     def on_event(self, event: Event) -> None:
         """Bus listener: turn the events an operator should hear about into alerts."""
@@ -112,12 +100,12 @@ class AlertSender:
         with httpx.Client(timeout=self._timeout, follow_redirects=False) as client:
             while True:
                 with self._cond:
-                    while not self._stopping and (
+                    while not self._stopping.is_set() and (
                         not self._heap or self._heap[0].due > time.time()
                     ):
                         wait = self._heap[0].due - time.time() if self._heap else None
                         self._cond.wait(wait)
-                    if self._stopping:
+                    if self._stopping.is_set():
                         return
                     alert = heapq.heappop(self._heap)
                 self._send(client, alert)

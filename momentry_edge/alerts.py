@@ -1,10 +1,11 @@
 """Operator alerts: a short plain-text POST to ``[alerts] url`` when something needs a person.
 
 Sent for: a job that ends failed or partial (it is then on the dead list), the disk
-guard starting to hold jobs back, and a node of a shared queue whose heartbeat
-stopped. The body is plain text with ntfy's optional ``Title``, ``Priority`` and
-``Tags`` headers, so an ntfy topic URL works as is. The bus listener only queues;
-one thread posts, retrying with doubling delays, so no job ever waits on it.
+guard starting to hold jobs back, a scheduled backup skipped (no room, no pg_dump),
+and a node of a shared queue whose heartbeat stopped. The body is plain text with
+ntfy's optional ``Title``, ``Priority`` and ``Tags`` headers, so an ntfy topic URL
+works as is. The bus listener only queues; one thread posts, retrying with doubling
+delays, so no job ever waits on it.
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 
 import httpx
 
 from . import db, jobs
+from .background import Background
 from .db import JobStatus
 from .events import Event
 
@@ -40,7 +41,7 @@ class Alert:
     attempt: int = field(compare=False, default=0)
 
 
-class AlertSender:
+class AlertSender(Background):
     def __init__(
         self,
         url: str,
@@ -50,6 +51,7 @@ class AlertSender:
         first_delay: float = 1.0,
         timeout: float = 10.0,
     ) -> None:
+        super().__init__("alerts")
         self._url = url
         self._node = node
         self._attempts = attempts
@@ -57,19 +59,6 @@ class AlertSender:
         self._timeout = timeout
         self._heap: list[Alert] = []
         self._seq = itertools.count()
-        self._cond = threading.Condition()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name="alerts", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
-        if self._thread.is_alive():
-            self._thread.join(timeout=2.0)
 
     def on_event(self, event: Event) -> None:
         """Bus listener: turn the events an operator should hear about into alerts."""
@@ -85,6 +74,8 @@ class AlertSender:
             )
         elif kind == "queue.blocked":
             self._queue("jobs held back", event["reason"], priority="high", tags="floppy_disk")
+        elif kind == "backup.skipped":
+            self._queue("backup skipped", event["reason"], priority="high", tags="floppy_disk")
         elif kind == "node.lost":
             self._queue(
                 "node lost",
@@ -109,12 +100,12 @@ class AlertSender:
         with httpx.Client(timeout=self._timeout, follow_redirects=False) as client:
             while True:
                 with self._cond:
-                    while not self._stopping and (
+                    while not self._stopping.is_set() and (
                         not self._heap or self._heap[0].due > time.time()
                     ):
                         wait = self._heap[0].due - time.time() if self._heap else None
                         self._cond.wait(wait)
-                    if self._stopping:
+                    if self._stopping.is_set():
                         return
                     alert = heapq.heappop(self._heap)
                 self._send(client, alert)

@@ -29,6 +29,7 @@ import psutil
 
 from . import __version__, db
 from .config import Config
+from .events import bus
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ SETTINGS_NAME = "momentry.toml"
 SQLITE_HEADER = b"SQLite format 3\x00"
 # Pages copied per backup step (4 MiB at SQLite's default page size).
 STEP_PAGES = 1024
+MB = 2**20
 
 
 class BackupError(Exception):
@@ -88,6 +90,8 @@ def take(
     folder = dest.expanduser().absolute() if dest else _new_folder(backups_dir(cfg.data_dir))
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise BackupError(f"{folder} exists and is not an empty folder; give a new one")
+    # A scheduled backup also leaves the room the queue keeps free for results.
+    _check_room(cfg, folder, results, cfg.queue.min_free_disk_mb * MB if scheduled else 0)
     work = folder.with_name(folder.name + ".partial")
     shutil.rmtree(work, ignore_errors=True)  # what an interrupted backup left
     work.mkdir(parents=True)
@@ -135,6 +139,7 @@ def scheduled(cfg: Config) -> Backup | None:
         backup = take(cfg, scheduled=True)
     except BackupError as exc:
         log.warning("scheduled backup skipped: %s", exc)
+        bus.publish("backup.skipped", reason=str(exc))  # an operator alert
         return None
     removed = prune(backups_dir(cfg.data_dir), cfg.service.backup_keep)
     log.info(
@@ -145,6 +150,56 @@ def scheduled(cfg: Config) -> Backup | None:
         f"; removed {len(removed)} older" if removed else "",
     )
     return backup
+
+
+def estimate(cfg: Config, results: bool = False) -> int:
+    """Bytes a backup takes, at most: the database (with its WAL; on PostgreSQL its size on
+    the server, which the compressed dump does not exceed), the settings, the results."""
+    sqlite_file = sqlite_path(cfg)
+    if sqlite_file is None:
+        size = _postgres_size(cfg)
+    else:
+        size = sum(
+            _size(p) for p in (sqlite_file, sqlite_file.with_name(sqlite_file.name + "-wal"))
+        )
+    if cfg.source is not None:
+        size += _size(cfg.source)
+    if results:
+        size += sum(_size(p) for p in (cfg.data_dir / "results").rglob("*"))
+    return size
+
+
+def _check_room(cfg: Config, folder: Path, results: bool, keep_free: float) -> None:
+    need = estimate(cfg, results)
+    where = next(p for p in folder.parents if p.exists())
+    free = shutil.disk_usage(where).free
+    if free - need >= keep_free:
+        return
+    said = f"a backup needs up to {need / MB:,.1f} MB and {where} has {free / MB:,.1f} MB free"
+    if keep_free:
+        raise BackupError(
+            f"{said}; it would leave less than queue.min_free_disk_mb = {keep_free / MB:,.0f} MB"
+        )
+    raise BackupError(f"{said}; free some space or give another DEST")
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size if path.is_file() else 0
+    except OSError:  # gone meanwhile
+        return 0
+
+
+def _postgres_size(cfg: Config) -> int:
+    database = db.open_database(cfg.service.database_url, cfg.data_dir)
+    try:
+        with database.connection_context():
+            row = database.execute_sql("SELECT pg_database_size(current_database())").fetchone()
+        return int(row[0])
+    except pw.DatabaseError as exc:
+        raise BackupError(f"cannot reach the database: {exc}") from None
+    finally:
+        database.close_all()
 
 
 def prune(folder: Path, keep: int) -> list[Path]:

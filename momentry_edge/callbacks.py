@@ -9,7 +9,6 @@ never waits on a client's server.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import httpx
 
 from . import db, jobs
+from .background import Background
 from .events import Event
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 Summarize = Callable[[str], tuple[list[str], dict[str, Any]]]
 
 
-class CallbackSender:
+class CallbackSender(Background):
     def __init__(
         self,
         summarize: Summarize,
@@ -35,39 +35,27 @@ class CallbackSender:
         timeout: float = 10.0,
         idle_check: float = 30.0,  # how often to look for callbacks other nodes left
     ) -> None:
+        # Not the whole POST timeout: a delivery cut short at stop stays owed and is sent
+        # again once its hold runs out, by this node after a restart or by another.
+        super().__init__("callbacks", join_timeout=2.0)
         self._summarize = summarize
         self._attempts = attempts
         self._first_delay = first_delay
         self._timeout = timeout
         self._idle_check = idle_check
-        self._wake = threading.Condition()
         self._poked = False
-        self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name="callbacks", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        with self._wake:
-            self._stopping = True
-            self._wake.notify()
-        if self._thread.is_alive():
-            # Not the whole POST timeout: a delivery cut short here stays owed and is
-            # sent again once its hold runs out, by this node after a restart or another.
-            self._thread.join(timeout=2.0)
 
     def on_event(self, event: Event) -> None:
         """Bus listener: a job ended (or a finished one was given a callback URL), so a
         callback may be owed now."""
         if event["type"] in ("job.finished", "job.callback_owed"):
-            with self._wake:
+            with self._cond:
                 self._poked = True
-                self._wake.notify()
+                self._cond.notify()
 
     def _loop(self) -> None:
         with httpx.Client(timeout=self._timeout, follow_redirects=False) as client:
-            while not self._stopping:
+            while not self._stopping.is_set():
                 try:
                     # A read first: most jobs that end owe no callback.
                     next_due = jobs.next_callback_due()
@@ -85,9 +73,9 @@ class CallbackSender:
 
     def _sleep(self, next_due: float | None) -> None:
         wait = self._idle_check if next_due is None else next_due - time.time()
-        with self._wake:
-            if not (self._poked or self._stopping):
-                self._wake.wait(min(max(wait, 0.0), self._idle_check))
+        with self._cond:
+            if not (self._poked or self._stopping.is_set()):
+                self._cond.wait(min(max(wait, 0.0), self._idle_check))
             self._poked = False
 
     def _deliver(self, client: httpx.Client, task_id: str, attempt: int) -> None:

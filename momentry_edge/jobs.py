@@ -656,11 +656,44 @@ def skip_run(run: ProcessorRun, reason: str, output_path: str | None = None) -> 
 
 
 @db.retried
-def fail_run(run: ProcessorRun, error: str, *, transient: bool) -> None:
+def fail_run(
+    run: ProcessorRun, error: str, *, transient: bool, output_path: str | None = None
+) -> None:
+    """``output_path``: the failed document written for it, when one could be."""
     now = time.time()
     ProcessorRun.update(
-        status=RunStatus.FAILED, error=error, transient=transient, completed_at=now, updated_at=now
+        status=RunStatus.FAILED,
+        error=error,
+        transient=transient,
+        output_path=output_path,
+        completed_at=now,
+        updated_at=now,
     ).where(ProcessorRun.id == run.id).execute()
+
+
+def undocumented_failures(task_ids: Collection[str]) -> list[ProcessorRun]:
+    """Failed runs of these jobs with no document written: those a crash loop parked
+    (``_recover``), whose worker was gone, and those whose document could not be written."""
+    if not task_ids:
+        return []
+    return list(
+        ProcessorRun.select(ProcessorRun, Job, MediaFile)
+        .join(Job)
+        .join(MediaFile)
+        .where(
+            Job.task_id.in_(list(task_ids)),
+            ProcessorRun.status == RunStatus.FAILED,
+            ProcessorRun.output_path.is_null(),
+        )
+    )
+
+
+@db.retried
+def documented(run: ProcessorRun, output_path: str) -> None:
+    """Record the failed document written after the run was failed."""
+    ProcessorRun.update(output_path=output_path).where(
+        ProcessorRun.id == run.id, ProcessorRun.status == RunStatus.FAILED
+    ).execute()
 
 
 @db.retried

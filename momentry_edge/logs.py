@@ -6,7 +6,6 @@ once per job through a context variable, so processors need not pass it along.
 
 from __future__ import annotations
 
-import json
 import logging
 import logging.handlers
 import sys
@@ -14,7 +13,7 @@ from contextvars import ContextVar
 from pathlib import Path
 
 from .clock import iso
-from .terminal import printable
+from .terminal import json_line, printable
 
 current_task: ContextVar[str | None] = ContextVar("current_task", default=None)
 
@@ -35,7 +34,7 @@ class JsonLines(logging.Formatter):
             line["task_id"] = task_id
         if record.exc_info:
             line["error"] = self.formatException(record.exc_info)
-        return json.dumps(line, ensure_ascii=False)
+        return json_line(line)  # file names in messages must not drive a tailing terminal
 
 
 class Readable(logging.Formatter):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -27,6 +26,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from . import db, views
+from .background import Background
 from .clock import iso
 from .db import Job, JobStatus, MediaFile, ProcessorRun, RunStatus
 from .events import Event
@@ -76,28 +76,17 @@ def connect(url: str, timeout: float = 1.0) -> redis.Redis:
     )
 
 
-class RedisMirror:
+class RedisMirror(Background):
     def __init__(self, url: str, *, timeout: float = 1.0) -> None:
         self._client = connect(url, timeout)  # raises ValueError for a malformed URL
+        super().__init__("redis-mirror", join_timeout=3.0)
         self._url = url
-        self._cond = threading.Condition()
         self._due: dict[str, float] = {}  # task_id -> when to write it next
         self._last_write: dict[str, float] = {}
         self._watching: set[str] = set()  # running jobs, re-read every WATCH_EVERY
-        self._stopping = False
-        self._stopped = threading.Event()  # for the pauses events must not cut short
-        self._thread = threading.Thread(target=self._loop, name="redis-mirror", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
 
     def stop(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
-        self._stopped.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=3.0)
+        super().stop()
         self._client.close()
 
     def on_event(self, event: Event) -> None:
@@ -123,9 +112,7 @@ class RedisMirror:
         backoff = 0.5
         next_check = next_full = next_watch = 0.0
         while True:
-            with self._cond:
-                stopping = self._stopping
-            if stopping:
+            if self._stopping.is_set():
                 if run_id is not None:
                     self._flush()  # what changed while the service stopped (jobs requeued)
                 return
@@ -154,13 +141,13 @@ class RedisMirror:
                 if backoff == 0.5:
                     log.warning("redis unreachable (%s); jobs go on, the mirror catches up", exc)
                 run_id = None
-                self._stopped.wait(backoff)  # not woken by job events: no busy retrying
+                self._stopping.wait(backoff)  # not woken by job events: no busy retrying
                 backoff = min(backoff * 2, 5.0)
                 continue
             except Exception:  # the database away for a moment: try again shortly
                 log.exception("redis mirror: cannot read the job table")
                 run_id = None
-                self._stopped.wait(2.0)
+                self._stopping.wait(2.0)
                 continue
             finally:
                 db.release_connection()
@@ -190,7 +177,7 @@ class RedisMirror:
 
     def _wait(self, seconds: float) -> None:
         with self._cond:
-            if not self._stopping and not self._any_due():
+            if not self._stopping.is_set() and not self._any_due():
                 self._cond.wait(max(min(seconds, CHECK_EVERY), 0.0))
 
     def _any_due(self) -> bool:

@@ -186,6 +186,7 @@ class Service:
             self.mirror.start()  # its first act is a full resync from the job table
         self.gate.check_disk(self.config.data_dir)
         recovered = jobs.reap(self.node, self.owner, self.workers.policy)
+        self.workers.document_failures(recovered)
         if recovered:
             log.warning(
                 "recovered %d job(s) a previous run left unfinished: %s",
@@ -235,9 +236,10 @@ class Service:
                 cluster.heartbeat(self.node, self.owner, self.workers.effective_limit())
                 self.node_watch.check()  # a node whose heartbeat stopped: node.lost
             elif task == "reap":
-                jobs.reap(
+                reaped = jobs.reap(
                     self.node, self.owner, self.workers.policy, in_hand=self.workers.in_hand()
                 )
+                self.workers.document_failures(reaped)
             elif task == "health" and self.config.queue.worker_enabled:
                 self.workers.check_health()
             elif task == "sweep" and self.config.service.retention_days:

@@ -3,12 +3,13 @@
 A file may be named ``"\\x1b[2Jclip.mp4"``: printed raw, it clears the screen, retitles
 the window or fakes output. Every CLI and TUI line built from such text goes through
 ``printable`` (or ``scrub`` for a whole API reply), which shows control characters as
-escapes instead. Rich markup is a separate matter: pass such text as ``rich.text.Text``,
-never as a markup string.
+escapes instead; the JSON log lines go through ``json_line``. Rich markup is a separate
+matter: pass such text as ``rich.text.Text``, never as a markup string.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -18,6 +19,7 @@ from typing import Any
 _OTHERS = "\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff"
 _UNSAFE = re.compile(f"[\x00-\x1f{_OTHERS}]")
 _UNSAFE_BUT_NEWLINE = re.compile(f"[\x00-\x09\x0b-\x1f{_OTHERS}]")
+_UNSAFE_IN_JSON = re.compile(f"[{_OTHERS}]")  # json.dumps escapes C0 itself
 
 
 def _escape(match: re.Match[str]) -> str:
@@ -29,6 +31,14 @@ def printable(value: object, multiline: bool = False) -> str:
     """``value`` as text that changes nothing on the terminal it is shown on: one line,
     unless ``multiline`` keeps its line breaks (for a report, never for a name)."""
     return (_UNSAFE_BUT_NEWLINE if multiline else _UNSAFE).sub(_escape, str(value))
+
+
+def json_line(value: Any) -> str:
+    """``value`` as one line of JSON that changes nothing on a terminal (a log file someone
+    tails): the unsafe characters as ``\\uXXXX``, other text readable (not ASCII-escaped)."""
+    # Raw, those characters can only be inside JSON strings, where \uXXXX means the same.
+    text = json.dumps(value, ensure_ascii=False)
+    return _UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def scrub(value: Any) -> Any:

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -247,6 +248,11 @@ class Workers:
             )
             return JobStatus.PROCESSING
         log.warning("job %s given back after the worker failed: %s", job.task_id, status)
+        if status == JobStatus.FAILED:  # parked: no _fail wrote its runs' documents
+            try:
+                self.document_failures([job.task_id])
+            except Exception as again:  # the database away again: the record stands
+                log.warning("job %s: failed documents not written: %s", job.task_id, again)
         return status  # back in line: job.recovered wakes a worker for it
 
     def _run_job(self, job: Job) -> str:
@@ -481,9 +487,32 @@ class Workers:
     ) -> None:
         """Record a failed run, and write its document (with the result so far) so the
         results folder tells a failed processor from one that has not run."""
+        path = self._write_failed(job, run, processor, checkpoint, error, out_dir)
+        jobs.fail_run(run, error, transient=transient, output_path=path)
+
+    def document_failures(self, task_ids: Collection[str]) -> None:
+        """Write the failed documents of these jobs' runs that have none: a run parked
+        after a crash loop (jobs.give_back, jobs.reap) had no worker left to write it."""
+        for run in jobs.undocumented_failures(task_ids):
+            job = run.job
+            out_dir = outputs.results_dir(self.config.data_dir, job.file.file_uuid)
+            path = self._write_failed(job, run, None, run.last_checkpoint, run.error, out_dir)
+            if path is not None:
+                jobs.documented(run, path)
+
+    def _write_failed(
+        self,
+        job: Job,
+        run: ProcessorRun,
+        processor: Processor | None,
+        checkpoint: dict[str, Any] | None,
+        error: str,
+        out_dir: Path,
+    ) -> str | None:
+        """The failed document's path; None when it could not be written."""
         try:
             partial = (checkpoint or {}).get("partial")
-            self._write_output(
+            path = self._write_output(
                 job, run, processor, outputs.FAILED, partial, error, checkpoint, out_dir
             )
         except OSError as exc:  # the failure is recorded in the database all the same
@@ -491,7 +520,8 @@ class Workers:
                 "job %s: %s's failed document not written: %s", job.task_id, run.processor, exc
             )
             self._check_disk()
-        jobs.fail_run(run, error, transient=transient)
+            return None
+        return str(path)
 
     def _check_disk(self) -> None:
         """A write failed: if the disk is full, stop admitting jobs now, not at the next sample."""

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import ServiceProcess, wait_for
 from databases import scratch_postgres
+from disks import fill, small_filesystem
+from receiver import receiving
 
 
 def momentry(svc: ServiceProcess, *args: str, expect: int = 0) -> subprocess.CompletedProcess[str]:
@@ -188,6 +190,39 @@ def test_scheduled_backups_keep_the_newest(start_service, database_url):
     for name in kept:
         manifest = json.loads((folder / name / "manifest.json").read_text())
         assert manifest["scheduled"] is True and manifest["size"] > 0
+
+
+def test_a_scheduled_backup_that_would_leave_too_little_room_is_skipped_with_an_alert(
+    start_service, tmp_path
+):
+    free_mb = shutil.disk_usage(tmp_path).free / 2**20
+    with receiving() as rx:
+        svc = start_service(
+            service={"backup_interval": 0.5},
+            queue={"min_free_disk_mb": free_mb + 10**6},
+            alerts={"url": rx.url},
+        )
+        skipped = wait_for(
+            lambda: [p for p in rx.posts if "backup skipped" in p.headers.get("Title", "")]
+        )
+        svc.stop()
+    reason = skipped[0].body.decode()
+    assert "queue.min_free_disk_mb" in reason and "MB free" in reason
+    assert "scheduled backup skipped" in svc.log() and "queue.min_free_disk_mb" in svc.log()
+    assert not list((svc.data_dir / "backups").glob("*")), "nothing written, not even .partial"
+
+
+def test_a_backup_refuses_a_destination_with_less_room_than_it_needs(start_service, tmp_path):
+    svc = start_service()
+    submit_steps(svc, 1)
+    with small_filesystem(tmp_path / "small") as small:
+        fill(small)
+        said = momentry(svc, "backup", str(small / "backup"), expect=2).stderr
+        assert "needs up to" in said and "MB free" in said and "give another DEST" in said
+        assert sorted(p.name for p in small.iterdir()) == ["filler"]  # no folder left behind
+        (small / "filler").unlink()  # room again: the same backup is taken
+        momentry(svc, "backup", str(small / "backup"))
+        assert (small / "backup" / "manifest.json").is_file()
 
 
 def _has(tool: str) -> bool:

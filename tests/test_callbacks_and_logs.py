@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
+import re
 
 import pytest
 from conftest import wait_for
 from receiver import receiving
+
+from momentry_edge import logs
 
 
 @pytest.fixture
@@ -62,3 +67,34 @@ def test_log_lines_are_json_with_the_task_id(start_service):
     messages = " | ".join(line["message"] for line in mine)
     assert "started" in messages and "cut completed" in messages, messages
     assert all({"time", "level", "logger", "message"} <= set(line) for line in lines)
+
+
+def test_hostile_file_names_are_escaped_in_the_log_file(start_service):
+    # A terminal that tails the log must not obey a name: C1 controls (U+009B is CSI), DEL
+    # and bidi overrides become \\uXXXX; readable text stays raw.
+    svc = start_service(ingest={"processors": [], "settle_seconds": 0.2})
+    hostile = "caf\u00e9 \u65e5\u672c \x9b2J\x7f\u202egnp.mp4"
+    (svc.drop / hostile).write_bytes(b"not a video")
+    log_file = svc.data_dir / "logs" / "momentry-edge.log"
+
+    def logged() -> list[str]:
+        lines = log_file.read_text(encoding="utf-8").splitlines() if log_file.exists() else []
+        return [json.loads(line)["message"] for line in lines if "rejected" in line]
+
+    (message,) = wait_for(logged, timeout=30)
+    assert hostile in message  # the log says exactly what the name is
+    text = log_file.read_text(encoding="utf-8")
+    assert not re.search("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]", text)
+    assert "\\u009b2J\\u007f\\u202egnp" in text
+    assert "caf\u00e9 \u65e5\u672c" in text  # not \\u00e9: the log stays readable
+
+
+def test_a_log_line_with_an_undecodable_name_is_written_not_lost(tmp_path):
+    # os.fsdecode turns undecodable bytes into lone surrogates, which UTF-8 cannot encode.
+    name = os.fsdecode(b"bad\xffname") + "\x9b.mp4"
+    record = logging.LogRecord("momentry_edge.ingest", logging.INFO, "", 0, "saw %s", (name,), None)
+    line = logs.JsonLines().format(record)
+    log_file = tmp_path / "momentry-edge.log"
+    log_file.write_text(line + "\n", encoding="utf-8")  # strict, as the log handler writes
+    assert "bad\\udcffname\\u009b.mp4" in log_file.read_text(encoding="utf-8")
+    assert json.loads(line)["message"] == f"saw {name}"

@@ -7,10 +7,7 @@ lost or run as a second job, and a cancel asked meanwhile is honoured.
 from __future__ import annotations
 
 import contextlib
-import errno
-import os
 import sqlite3
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -21,6 +18,7 @@ import httpx
 import psycopg
 import pytest
 from conftest import ServiceProcess, wait_for
+from disks import fill, small_filesystem
 
 from momentry_edge import db
 
@@ -157,36 +155,8 @@ def test_a_cancel_asked_before_a_kill_9_ends_the_job_cancelled(start_service):
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A real 16 MiB filesystem (tmpfs) as the data dir of the service named "node"."""
-    data = tmp_path / "node" / "data"
-    data.mkdir(parents=True)
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(data)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if mounted.returncode:
-        pytest.skip(f"cannot mount a small filesystem here: {mounted.stderr.strip()}")
-    yield data
-    subprocess.run(["umount", "--lazy", str(data)], check=False)
-
-
-def fill(folder: Path) -> Path:
-    """Write a file until the filesystem says ENOSPC, down to the last byte."""
-    filler = folder / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        for size in (1 << 20, 4096, 1):
-            chunk = b"\0" * size
-            with contextlib.suppress(OSError):
-                while True:
-                    os.write(fd, chunk)
-        with pytest.raises(OSError) as full:
-            os.write(fd, b"\0")
-        assert full.value.errno == errno.ENOSPC
-    finally:
-        os.close(fd)
-    return filler
+    with small_filesystem(tmp_path / "node" / "data") as data:
+        yield data
 
 
 def test_a_full_disk_holds_jobs_back_and_loses_none(small_disk, start_service):

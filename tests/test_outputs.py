@@ -28,14 +28,16 @@ def test_a_failed_processor_writes_its_document_and_a_successful_retry_replaces_
     assert failed["error"] == job["processors"]["flaky"]["error"]
     assert failed["result"] is None and failed["last_checkpoint"] is None
     assert svc.get(url) == failed, "the API returns the failure, not 404"
+    assert job["processors"]["flaky"]["output_path"] == str(folder / "flaky.json")
     # Readable by the service's group (a web server, the studio's tools), by no one else.
     assert (mode(folder / "flaky.json"), mode(folder)) == (0o640, 0o750)
 
     svc.marker.unlink()  # the cause is fixed; the job is retried
     svc.call("POST", f"/api/v1/jobs/{task['task_id']}/retry")
-    svc.wait_status(task["task_id"], "completed")
+    job = svc.wait_status(task["task_id"], "completed")
     done = svc.get(url)
     assert done["status"] == "completed" and done["error"] is None and "attempt" in done["result"]
+    assert job["processors"]["flaky"]["output_path"] == str(folder / "flaky.json")
     assert json.loads((folder / "flaky.json").read_text()) == done
     assert sorted(p.name for p in folder.iterdir()) == ["flaky.json"]
 
@@ -55,8 +57,9 @@ def test_a_failure_never_replaces_a_complete_result(start_service):
         expect=202,
         json={"processors": ["flaky"], "force": True, "max_retries": 0},
     )
-    svc.wait_status(again["task_id"], "failed")
+    job = svc.wait_status(again["task_id"], "failed")
     assert json.loads((folder / "flaky.json").read_text()) == complete, "the result is kept"
+    assert job["processors"]["flaky"]["output_path"] == str(folder / "flaky.failed.json")
     failed = json.loads((folder / "flaky.failed.json").read_text())
     assert failed["status"] == "failed" and failed["task_id"] == again["task_id"]
     assert "storage unavailable" in failed["error"]

@@ -22,6 +22,16 @@ def test_a_job_that_keeps_killing_the_service_is_parked(start_service):
     assert "stopped 3 times" in job["error_message"] and "crash" in job["error_message"]
     assert job["processors"]["crash"]["status"] == "failed"
     assert job["processors"]["steps"]["status"] == "completed"
+    # No worker was left to write the parked run's document: it is written all the same.
+    out = svc.data_dir / "results" / job["file_uuid"] / "crash.json"
+    assert job["processors"]["crash"]["output_path"] == str(out)
+    document = json.loads(out.read_text())
+    assert document["status"] == "failed" and document["task_id"] == task
+    assert document["error"] == job["processors"]["crash"]["error"]
+    assert "stopped 3 times" in document["error"]
+    assert document["last_checkpoint"] == {"frame": 1, "timestamp": 0.5}
+    assert document["result"] == {"seen": 1}  # what the run had so far
+    assert svc.get(f"/api/v1/files/{job['file_uuid']}/results/crash") == document
     assert [d["task_id"] for d in svc.get("/api/v1/queue/dead")["jobs"]] == [task]
     svc.wait_status(good, "completed")  # the rest of the line was not lost
     assert svc.get("/healthz")["status"] == "ok"

@@ -71,6 +71,6 @@ class Crash(Processor):
     name = "crash"
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
-        ctx.report(0, 1, {"frame": 0})
+        ctx.report(1, 2, {"frame": 1, "timestamp": 0.5, "partial": {"seen": 1}})
         os.kill(os.getpid(), signal.SIGKILL)
         return {}

@@ -1,13 +1,17 @@
-"""What the benchmarks share: the tests' helpers (media, scratch databases) and an
-in-process service."""
+"""What the benchmarks share: the tests' helpers (media, scratch databases), an
+in-process service and a real `momentry-edge run` process."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
+import signal
+import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +23,9 @@ from momentry_edge import config as config_module
 from momentry_edge.events import bus
 from momentry_edge.service import Service
 
-__all__ = ["PG_ADMIN_URL", "running_service", "scratch_postgres"]
+ROOT = Path(__file__).resolve().parent.parent  # this checkout
+
+__all__ = ["PG_ADMIN_URL", "ROOT", "running_service", "scratch_postgres", "service_process"]
 
 
 @contextlib.contextmanager
@@ -50,3 +56,43 @@ def running_service(cfg: config_module.Config) -> Iterator[Service]:
                 if handler not in handlers:
                     handler.close()
             root.handlers[:] = handlers
+
+
+@contextlib.contextmanager
+def service_process(root: Path, extra_config: str = "") -> Iterator[tuple[str, subprocess.Popen]]:
+    """A real `momentry-edge run` of this checkout on a free loopback port, with its data
+    in ``root``/data and watching ``root``/drop; yields its URL and process.
+
+    ``extra_config`` is TOML appended to the config file (after its [service] table).
+    The process gets SIGTERM at the end.
+    """
+    (root / "drop").mkdir(parents=True, exist_ok=True)
+    config = root / "momentry.toml"
+    config.write_text(
+        f'[service]\ndata_dir = "{root / "data"}"\nwatch = ["{root / "drop"}"]\nport = 0\n'
+        + extra_config,
+        encoding="utf-8",
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MOMENTRY_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "momentry_edge.cli", "--config", str(config), "run"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        run_file = root / "data" / "run.json"
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(OSError, ValueError):
+                info = json.loads(run_file.read_text())
+                if info["pid"] == proc.pid:
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the service did not start")
+            time.sleep(0.1)
+        yield info["url"], proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import platform
-import signal
 import socket
 import statistics
 import subprocess
@@ -24,52 +22,16 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+from common import ROOT, service_process
 
-ROOT = Path(__file__).resolve().parent.parent
 ENDPOINTS = ("/healthz", "/api/v1/queue/status")
 SAMPLES = 40
 TIMEOUT = 10.0  # a request slower than this counts as timed out
 GIVE_UP = 3  # timeouts after which an endpoint counts as frozen
 SLOW_REQUEST = b"GET /healthz HTTP/1.1\r\nHost: slow\r\nX-Pad: " + b"a" * 600 + b"\r\n"
-
-
-@contextlib.contextmanager
-def service(root: Path) -> Iterator[str]:
-    """A real `momentry-edge run` on a free loopback port; yields its URL."""
-    (root / "drop").mkdir()
-    config = root / "momentry.toml"
-    config.write_text(
-        f'[service]\ndata_dir = "{root / "data"}"\nwatch = ["{root / "drop"}"]\nport = 0\n'
-        "[ingest]\nprocessors = []\n",
-        encoding="utf-8",
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MOMENTRY_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "momentry_edge.cli", "--config", str(config), "run"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        run_file = root / "data" / "run.json"
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(OSError, ValueError):
-                info = json.loads(run_file.read_text())
-                if info["pid"] == proc.pid:
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the service did not start")
-            time.sleep(0.1)
-        yield info["url"]
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
 
 
 def latencies(url: str) -> dict[str, tuple[list[float], int]]:
@@ -163,7 +125,10 @@ def main() -> None:
         f"# {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"load {os.getloadavg()[0]:.2f}; {SAMPLES} requests per endpoint, new connection each"
     )
-    with tempfile.TemporaryDirectory() as tmp, service(Path(tmp)) as url:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        service_process(Path(tmp), "[ingest]\nprocessors = []\n") as (url, _),
+    ):
         idle = latencies(url)
         hostile = Hostile(url, args.slow, args.streams)
         try:

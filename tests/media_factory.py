@@ -3,13 +3,14 @@
 ``make_video`` draws ``segments`` flat colours, each with a slowly moving bar
 so there is motion inside a segment, and hard cuts exactly at
 ``k * segment_seconds``. Colours differ in hue and brightness so PySceneDetect's
-ContentDetector sees each boundary clearly and never the bar.
+ContentDetector sees each boundary clearly and never the bar. A caller can draw
+the pictures itself instead (``picture``) and keep the audio and muxing.
 """
 
 from __future__ import annotations
 
 import colorsys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from fractions import Fraction
 from pathlib import Path
 
@@ -39,12 +40,14 @@ def make_video(
     speech_wav: Path | str | None = None,
     speech_start: float = 0.0,
     faststart: bool = False,
+    picture: Callable[[int], np.ndarray] | None = None,
 ) -> Path:
     """Write a clip of ``segments * segment_seconds`` seconds and return its path.
 
     Audio is a quiet 440 Hz tone, or ``speech_wav`` placed at ``speech_start``
     seconds over silence (AAC, or Opus for ``.webm``). ``faststart`` puts the mp4
-    index first, as web-optimised files have it.
+    index first, as web-optimised files have it. ``picture(i)``, if given, is frame
+    ``i`` (HxWx3 RGB of ``size``) in place of the colours and bar.
     """
     path = Path(path)
     width, height = size
@@ -75,12 +78,16 @@ def make_video(
         audio_frames = _audio_frames(pcm, sound)
 
         bar = max(4, width // 16)
-        bases = [np.full((height, width, 3), segment_colour(k), np.uint8) for k in range(segments)]
+        colours = range(segments) if picture is None else ()
+        bases = [np.full((height, width, 3), segment_colour(k), np.uint8) for k in colours]
         for i in range(total_frames):
-            k = i // per_segment
-            image = bases[k].copy()
-            x = (i * 2) % (width - bar)  # 2 px per frame: motion, far below a cut
-            image[:, x : x + bar] = (255, 255, 255) if k % 2 else (20, 20, 20)
+            if picture is not None:
+                image = picture(i)
+            else:
+                k = i // per_segment
+                image = bases[k].copy()
+                x = (i * 2) % (width - bar)  # 2 px per frame: motion, far below a cut
+                image[:, x : x + bar] = (255, 255, 255) if k % 2 else (20, 20, 20)
             frame = av.VideoFrame.from_ndarray(image, "rgb24")
             frame.pts = i
             frame.time_base = Fraction(1, fps)

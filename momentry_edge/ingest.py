@@ -12,10 +12,20 @@ lock; then the record and, when the content is new, its job are written in one
 transaction holding a per-path lock (SQLite: the write lock; PostgreSQL: an advisory
 lock). So the hook, the watcher, a rescan and other nodes racing on one file give one
 record and one job, and a crash never leaves a registered file without its job.
+
+Files whose writer closed them (inotify's close event) come from the watcher together,
+to ``Intake.settled_closed``: they are fingerprinted but not probed, and recorded with
+their jobs ``BATCH`` to a transaction. The probe (about 10 ms of a file, holding the
+GIL) would cap a bulk drop at ~50 files/s; it runs instead when the job starts
+(``unusable``), which fills in the file's metadata or marks it ``rejected`` and
+fails the job with the reason before any processor runs. A file not known to be
+closed still goes through ``admit`` and its probe, which tells an upload still under
+way (``Settling``) from a broken file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import hashlib
 import logging
@@ -34,7 +44,7 @@ from . import db, jobs
 from .db import FileState, Job, JobStatus, MediaFile
 from .errors import Conflict, Invalid
 from .events import bus
-from .media import MediaError, MediaInfo, MediaNotFoundError, is_transient, probe
+from .media import EMPTY, MediaError, MediaInfo, MediaNotFoundError, is_transient, probe
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +55,9 @@ PATH_MAX, NAME_MAX = 4096, 255
 # A file that does not probe yet and was written to less than this many seconds ago,
 # by a writer not known to have closed it, is taken to be still arriving, not broken.
 WRITING_GRACE = 60.0
+# Closed files recorded (with their jobs) per transaction: few commits, and the write
+# lock is never held long (~0.1 s on SQLite).
+BATCH = 200
 
 # Names upload clients give a file while it is still being written.
 TEMP_SUFFIXES = (".part", ".filepart", ".tmp", ".crdownload", ".partial")
@@ -264,6 +277,91 @@ class Intake:
         except (Gone, Invalid):
             return None
 
+    def settled_closed(self, paths: Sequence[str], now: float | None = None) -> list[str]:
+        """The watcher's way in for files whose writers closed them, taken together.
+
+        Each is stat'ed and fingerprinted (not probed: see the module docstring); the
+        records and their jobs are written ``BATCH`` to a transaction, and their events
+        published after each commit. Returns the paths written to again meanwhile, for
+        the watcher to wait for again.
+        """
+        now = time.time() if now is None else now
+        found = []
+        for path in paths:
+            located = self.locate(path)
+            if located is None or os.path.realpath(path) != path:
+                continue  # a symlinked folder on the way: not followed
+            try:
+                found.append((*located, _stat_file(located[0])))
+            except (Gone, Invalid):
+                continue
+        again: list[str] = []
+        for chunk in pw.chunked(found, BATCH):
+            again += self._admit_closed(chunk, now)
+        return again
+
+    def _admit_closed(
+        self, chunk: Sequence[tuple[Path, Path, os.stat_result]], now: float
+    ) -> list[str]:
+        """``settled_closed`` for one transaction's worth of files."""
+        database = MediaFile._meta.database
+        names = [str(path) for path, _, _ in chunk]
+        known = {r.path: r for r in MediaFile.select().where(MediaFile.path.in_(names))}
+        looked = {}  # what the slow part (reading the samples) saw, outside the lock
+        for path, root, st in chunk:
+            if not _recognised_record(known.get(str(path)), st, True, False):
+                with contextlib.suppress(Gone):
+                    looked[str(path)] = (path, root, st, _glance(path, st))
+        again, admissions, new = [], [], []
+        with bus.held(), db.write_transaction(database):
+            for name in sorted(looked):  # one order, so two batches never wait on each other
+                _lock_path(database, name)
+            current = {r.path: r for r in MediaFile.select().where(MediaFile.path.in_(names))}
+            for name, (path, root, st, observed) in looked.items():
+                fresh = _lstat(path)
+                if fresh is None:
+                    continue  # gone meanwhile
+                if (fresh.st_size, fresh.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
+                    again.append(name)  # written to while we looked
+                    continue
+                record = current.get(name)
+                if record is None:
+                    new.append(_fields(path, root, st, observed, now))
+                    continue
+                if _recognised_record(record, st, True, False):
+                    continue  # taken by another way in meanwhile
+                record, outcome = _write(record, path, root, st, _judged(record, observed), now)
+                job, job_created = self._job_for(record, outcome, self.default_scan, False)
+                admissions.append(Admission(record, outcome, job, job_created))
+            admissions += self._insert_new(new)
+            for admission in admissions:
+                self._announce(admission)
+        for admission in admissions:
+            if admission.job is None and needs_probe(admission.record):
+                probe_pending(admission.record)  # no job to do it (e.g. restored, done before)
+        return again
+
+    def _insert_new(self, rows: list[dict[str, Any]]) -> list[Admission]:
+        """Record files seen for the first time, and queue the default scan of those
+        present: a few statements for all of them (inside the caller's transaction)."""
+        if not rows:
+            return []
+        MediaFile.insert_many(rows).execute()
+        by_path = {
+            r.path: r
+            for r in MediaFile.select().where(MediaFile.path.in_([r["path"] for r in rows]))
+        }
+        records = [by_path[row["path"]] for row in rows]
+        queued: dict[int, Job] = {}
+        scan = self.default_scan
+        if scan is not None:
+            present = [r for r in records if r.state == FileState.PRESENT]
+            jobs_made = jobs.submit_new(
+                present, scan.processors, priority=scan.priority, max_retries=self.max_retries
+            )
+            queued = {job.file_id: job for job in jobs_made}
+        return [Admission(r, Outcome.NEW, queued.get(r.id), r.id in queued) for r in records]
+
     def reconcile(
         self, defer: Callable[[Path], None] | None = None, now: float | None = None
     ) -> dict[str, int]:
@@ -365,7 +463,7 @@ class Intake:
                 observed = _observe(path, st, upload_ok)
                 if wait_if_young and _maybe_unfinished(observed, st, now):
                     raise Settling(f"{path} does not probe yet: {observed.reason}")
-            with db.write_transaction(database):
+            with bus.held(), db.write_transaction(database):
                 _lock_path(database, str(path))
                 fresh = _stat_file(path)
                 moved = (fresh.st_size, fresh.st_mtime_ns) != (st.st_size, st.st_mtime_ns)
@@ -553,6 +651,34 @@ def _observe(path: Path, st: os.stat_result, upload_ok: bool) -> _Observed:
     return _Observed(state, reason, info, digest, transient)
 
 
+def _glance(path: Path, st: os.stat_result) -> _Observed:
+    """What is known without the probe: empty, unreadable, or there with its fingerprint."""
+    if st.st_size == 0:
+        return _Observed(FileState.REJECTED, EMPTY, None, None)
+    try:
+        digest = fingerprint(path, st.st_size)
+    except FileNotFoundError:
+        raise Gone(f"no file at {path}") from None
+    except OSError as exc:
+        reason = f"cannot read file: {exc.strerror or exc}"
+        return _Observed(FileState.REJECTED, reason, None, None, is_transient(exc))
+    return _Observed(FileState.PRESENT, None, None, digest)
+
+
+def _judged(record: MediaFile | None, observed: _Observed) -> _Observed:
+    """A glance at content whose probe rejected it before (touched since) keeps that verdict."""
+    if (
+        record is not None
+        and record.state == FileState.REJECTED
+        and not record.transient
+        and record.reason != ABORTED
+        and observed.state == FileState.PRESENT
+        and observed.fingerprint == record.fingerprint
+    ):
+        return _Observed(FileState.REJECTED, record.reason, None, observed.fingerprint)
+    return observed
+
+
 def _maybe_unfinished(observed: _Observed, st: os.stat_result, now: float) -> bool:
     """Rejected for its content while written to only moments ago: maybe not all there yet."""
     unfinished = observed.state == FileState.REJECTED and not observed.transient
@@ -567,7 +693,6 @@ def _write(
     observed: _Observed,
     now: float,
 ) -> tuple[MediaFile, Outcome]:
-    info = observed.info
     fields: dict[str, Any] = {
         "watch_root": str(root),
         "rel_path": str(path.relative_to(root)),
@@ -580,19 +705,14 @@ def _write(
         "fingerprint": observed.fingerprint,
         "transient": observed.transient,
         "content_hash": None,  # of what was there before; computed again when needed
-        "duration": info.duration if info else None,
-        "width": info.width if info else None,
-        "height": info.height if info else None,
-        "fps": info.fps if info else None,
-        "video_codec": info.video_codec if info else None,
-        "audio_codec": info.audio_codec if info else None,
     }
     if current is None:
-        record = MediaFile.create(
-            file_uuid=file_uuid_for(path), path=str(path), registered_at=now, **fields
-        )
+        record = MediaFile.create(**_fields(path, root, st, observed, now))
         return record, Outcome.NEW
     same = observed.fingerprint is not None and observed.fingerprint == current.fingerprint
+    # Not probed (settled_closed): the same content keeps what its probe found.
+    if observed.info is not None or observed.state != FileState.PRESENT or not same:
+        fields |= _metadata(observed.info)
     # Looked at again (a transient rejection) and no different: nothing new to tell.
     still = (observed.state, observed.reason, observed.fingerprint) == (
         current.state,
@@ -607,6 +727,40 @@ def _write(
         outcome = Outcome.CHANGED
     MediaFile.update(fields).where(MediaFile.id == current.id).execute()
     return MediaFile.get_by_id(current.id), outcome
+
+
+def _fields(
+    path: Path, root: Path, st: os.stat_result, observed: _Observed, now: float
+) -> dict[str, Any]:
+    """A new file's record."""
+    return {
+        "file_uuid": file_uuid_for(path),
+        "path": str(path),
+        "watch_root": str(root),
+        "rel_path": str(path.relative_to(root)),
+        "name": path.name,
+        "size": st.st_size,
+        "mtime": st.st_mtime,
+        "state": observed.state,
+        "reason": observed.reason,
+        "fingerprint": observed.fingerprint,
+        "transient": observed.transient,
+        "registered_at": now,
+        "updated_at": now,
+        **_metadata(observed.info),
+    }
+
+
+def _metadata(info: MediaInfo | None) -> dict[str, Any]:
+    """The probe's findings as MediaFile fields; all None when there are none (yet)."""
+    return {
+        "duration": info.duration if info else None,
+        "width": info.width if info else None,
+        "height": info.height if info else None,
+        "fps": info.fps if info else None,
+        "video_codec": info.video_codec if info else None,
+        "audio_codec": info.audio_codec if info else None,
+    }
 
 
 def _lock_path(database: pw.Database, path: str) -> None:
@@ -644,6 +798,57 @@ def _newest_job(record: MediaFile, processors: Sequence[str] | None) -> Job | No
 
 
 # -- what the worker asks ----------------------------------------------------------------------
+
+
+def needs_probe(record: MediaFile) -> bool:
+    """Present but not probed yet (taken by ``settled_closed``): a probed file always has
+    a video codec."""
+    return record.state == FileState.PRESENT and record.video_codec is None
+
+
+def unusable(record: MediaFile, now: float | None = None) -> str | None:
+    """At a job's start: why its file cannot be processed, else None.
+
+    A ``rejected`` file gives its reason. One recorded without its probe (see
+    ``settled_closed``) is probed now: what the API shows (duration, size, codecs) is
+    filled in, or the file is marked ``rejected`` and the reason returned. A file not
+    there is left alone (the job's processors meet it, and FileGuard says so); one that
+    cannot be read for a cause that may pass is rejected as transient, so the rescan,
+    the watcher and the hook look at it again. The record is only changed while it
+    still holds the content that was probed.
+    """
+    if record.state == FileState.REJECTED:
+        return record.reason
+    return probe_pending(record, now)
+
+
+def probe_pending(record: MediaFile, now: float | None = None) -> str | None:
+    """Probe a file recorded without its probe; see ``unusable``."""
+    if not needs_probe(record):
+        return None
+    now = time.time() if now is None else now
+    unchanged = (
+        (MediaFile.id == record.id)
+        & (MediaFile.fingerprint == record.fingerprint)
+        & (MediaFile.state == FileState.PRESENT)
+    )
+    try:
+        info = probe(record.path)
+    except MediaNotFoundError:
+        return None
+    except MediaError as exc:
+        fields = {"state": FileState.REJECTED, "reason": exc.reason, "transient": exc.transient}
+        if MediaFile.update(fields, updated_at=now).where(unchanged).execute():
+            bus.publish(
+                "file.registered",
+                file_uuid=record.file_uuid,
+                state=FileState.REJECTED,
+                outcome=Outcome.CHANGED.value,
+            )
+            log.warning("rejected %s: %s", record.rel_path, exc.reason)
+        return exc.reason
+    MediaFile.update(_metadata(info), updated_at=now).where(unchanged).execute()
+    return None
 
 
 class FileGuard:

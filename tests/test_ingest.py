@@ -312,6 +312,33 @@ def test_files_dropped_while_stopped_are_queued_at_next_start_and_once(
         assert set(jobs_per_file(svc).values()) == {1}
 
 
+def test_old_files_found_by_a_rescan_are_queued_and_the_bad_ones_rejected(
+    start_service, videos, tmp_path
+) -> None:
+    # Written long ago and found by the start-up rescan (e.g. a drop while the service
+    # was stopped): known to be whole, so taken in batches like closed files.
+    svc = drop_service(start_service)
+    svc.stop()
+    old = time.time() - 3600
+    reasons = bad_files(tmp_path / "bad")
+    for i in range(5):
+        move_in(videos[30 + i], svc.drop / "archive" / f"take {i}.mp4", mtime=old)
+    for name in reasons:
+        move_in(tmp_path / "bad" / name, svc.drop / "archive" / name, mtime=old)
+    svc.start()
+
+    wait_for(lambda: len(files(svc)) == 5 + len(reasons))
+    wait_for(lambda: svc.status()["pending_count"] == 0 and svc.status()["active_count"] == 0)
+    known = files(svc)
+    for i in range(5):
+        record = known[f"archive/take {i}.mp4"]
+        assert record["state"] == "present" and record["status"] == "completed", record
+        assert svc.get(f"/api/v1/files/{record['file_uuid']}")["video_codec"] == "h264"
+    for name, words in reasons.items():
+        assert_rejected_and_not_processed(svc, known[f"archive/{name}"], words)
+    assert rescan(svc)["unchanged"] == 5 + len(reasons)
+
+
 def test_reconcile_new_changed_missing_and_unchanged(start_service, videos) -> None:
     # A long settle time, and files moved in rather than written there (a file written and
     # closed is taken at once), keep the watcher out of the way: the rescan does the work.
@@ -456,6 +483,34 @@ def test_register_refuses_escapes_and_temp_names_and_is_idempotent(start_service
     assert done["file_uuid"] == aborted["file_uuid"]
     assert done["state"] == "present" and done["task_id"]
     assert svc.get("/api/v1/jobs")["total"] == 2
+
+
+def test_register_answers_with_the_probe_for_a_file_the_watcher_queued_unprobed(
+    start_service, videos, tmp_path
+) -> None:
+    svc = drop_service(start_service)
+    svc.call("POST", "/api/v1/queue/pause")  # the jobs wait: their files stay unprobed
+    reasons = bad_files(tmp_path / "bad")
+    copy_in(videos[5], svc.drop / "good.mp4")
+    copy_in(tmp_path / "bad" / "notes.mp4", svc.drop / "notes.mp4")
+    known = wait_for(lambda: len(f := files(svc)) == 2 and f)
+    for record in known.values():
+        assert record["state"] == "present" and record["status"] == "pending", record
+        assert svc.get(f"/api/v1/files/{record['file_uuid']}")["duration"] is None
+
+    body = {"path": "good.mp4"}
+    good = svc.call("POST", "/api/v1/files/register", expect=200, json=body)
+    (queued,) = jobs_of(svc, good["file_uuid"])
+    assert good["state"] == "present" and good["task_id"] == queued["task_id"]
+    detail = svc.get(f"/api/v1/files/{good['file_uuid']}")
+    assert detail["duration"] == pytest.approx(9 / 25, abs=0.05), "probed for the answer"
+    bad = svc.call("POST", "/api/v1/files/register", expect=201, json={"path": "notes.mp4"})
+    assert bad["state"] == "rejected" and bad["task_id"] is None
+    assert reasons["notes.mp4"] in bad["reason"]
+
+    svc.call("POST", "/api/v1/queue/resume")
+    svc.wait_status(good["task_id"], "completed")
+    assert_rejected_and_not_processed(svc, files(svc)["notes.mp4"], reasons["notes.mp4"])
 
 
 # -- identity and dedup ------------------------------------------------------------------------

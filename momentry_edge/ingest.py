@@ -327,8 +327,7 @@ class Intake:
                     looked[str(path)] = (path, root, st, _glance(path, st))
         again, admissions, new = [], [], []
         with bus.held(), db.write_transaction(database):
-            for name in sorted(looked):  # one order, so two batches never wait on each other
-                _lock_path(database, name)
+            _lock_paths(database, list(looked))
             current = {r.path: r for r in MediaFile.select().where(MediaFile.path.in_(names))}
             for name, (path, root, st, observed) in looked.items():
                 fresh = _lstat(path)
@@ -796,10 +795,18 @@ def _metadata(info: MediaInfo | None) -> dict[str, Any]:
 
 def _lock_path(database: pw.Database, path: str) -> None:
     """Serialise admissions of one path across threads and nodes, until the commit."""
-    if db.is_postgres(database):
-        digest = hashlib.blake2b(path.encode(), digest_size=8).digest()
-        key = int.from_bytes(digest, "big", signed=True)
-        database.execute_sql("SELECT pg_advisory_xact_lock(%s)", (key,))
+    _lock_paths(database, [path])
+
+
+def _lock_paths(database: pw.Database, paths: Sequence[str]) -> None:
+    """``_lock_path`` for many paths in one statement; in one order (the keys sorted),
+    so two batches never wait on each other."""
+    if db.is_postgres(database) and paths:
+        keys = sorted(
+            int.from_bytes(hashlib.blake2b(p.encode(), digest_size=8).digest(), "big", signed=True)
+            for p in paths
+        )
+        database.execute_sql("SELECT pg_advisory_xact_lock(k) FROM unnest(%s::bigint[]) k", (keys,))
     # SQLite: write_transaction already holds the database's write lock.
 
 

@@ -244,8 +244,8 @@ def submit_new(
     now: float | None = None,
 ) -> list[Job]:
     """Queue a deep scan of each of ``files``, just recorded (so none has a job yet to
-    join), with one INSERT for the jobs and one for their runs; in line in the order
-    given. For a batch of new files (ingest.settled_closed): ``submit`` costs a few
+    join), with one INSERT for the jobs and one for their runs, in line in the order
+    given: for ingest's batches of new files, where ``submit`` would cost a few
     queries a file."""
     now = _now(now)
     names = list(dict.fromkeys(processors))

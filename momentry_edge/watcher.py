@@ -308,6 +308,8 @@ class Watcher:
         while True:
             with self._closed_lock:
                 paths, self._closed = self._closed, []
+                if self._stopping.is_set():
+                    paths = []  # found again by the next start-up rescan
                 self._closing = bool(paths)
                 if not paths:
                     return

@@ -740,7 +740,7 @@ def _write(
         record = MediaFile.create(**_fields(path, root, st, observed, now))
         return record, Outcome.NEW
     same = observed.fingerprint is not None and observed.fingerprint == current.fingerprint
-    # Not probed (settled_closed): the same content keeps what its probe found.
+    # Taken without the probe (_admit_whole): the same content keeps what its probe found.
     if observed.info is not None or observed.state != FileState.PRESENT or not same:
         fields |= _metadata(observed.info)
     # Looked at again (a transient rejection) and no different: nothing new to tell.
@@ -839,16 +839,16 @@ def _newest_job(record: MediaFile, processors: Sequence[str] | None) -> Job | No
 
 
 def needs_probe(record: MediaFile) -> bool:
-    """Present but not probed yet (taken by ``settled_closed``): a probed file always has
-    a video codec."""
+    """Present but not probed yet (taken whole, see ``_admit_whole``): a probed file
+    always has a video codec."""
     return record.state == FileState.PRESENT and record.video_codec is None
 
 
 def unusable(record: MediaFile, now: float | None = None) -> str | None:
     """At a job's start: why its file cannot be processed, else None.
 
-    A ``rejected`` file gives its reason. One recorded without its probe (see
-    ``settled_closed``) is probed now: what the API shows (duration, size, codecs) is
+    A ``rejected`` file gives its reason. One recorded without its probe (see the
+    module docstring) is probed now: what the API shows (duration, size, codecs) is
     filled in, or the file is marked ``rejected`` and the reason returned. A file not
     there is left alone (the job's processors meet it, and FileGuard says so); one that
     cannot be read for a cause that may pass is rejected as transient, so the rescan,

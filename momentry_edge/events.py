@@ -24,9 +24,33 @@ class EventBus:
         self._queues: list[queue.Queue[Event]] = []
         self._listeners: list[Callable[[Event], None]] = []
         self._backlog = backlog
+        self._local = threading.local()
 
     def publish(self, event_type: str, **data: Any) -> None:
         event = {"type": event_type, "at": time.time(), **data}
+        held = getattr(self._local, "held", None)
+        if held is not None:
+            held.append(event)
+            return
+        self._deliver(event)
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Hold this thread's events until the block ends, then publish them; drop them if
+        it raises. Around a transaction that makes many changes (a batch of files), so
+        no one hears of a job before it is committed."""
+        if getattr(self._local, "held", None) is not None:
+            yield  # already held further out: published when that block ends
+            return
+        self._local.held = held = []
+        try:
+            yield
+        finally:
+            self._local.held = None
+        for event in held:
+            self._deliver(event)
+
+    def _deliver(self, event: Event) -> None:
         with self._lock:
             queues, listeners = list(self._queues), list(self._listeners)
         for q in queues:

@@ -31,6 +31,8 @@ from av.video.stream import VideoStream
 # What PyAV raises for unreadable, odd or vanished input.
 _AV_ERRORS = (av.FFmpegError, OSError, ValueError, EOFError)
 
+EMPTY = "file is empty (0 bytes)"
+
 # Packets to try before concluding that no frame decodes (keeps probe cheap on garbage).
 _PROBE_PACKETS = 300
 # Damaged packets in a row that iter_frames skips before it gives up on the file.
@@ -114,7 +116,7 @@ def probe(path: Path | str) -> MediaInfo:
     if not path.is_file():
         raise MediaError(f"not a regular file: {path}")
     if size == 0:
-        raise MediaError("file is empty (0 bytes)")
+        raise MediaError(EMPTY)
     try:
         with _open(path) as container:
             return _probe_open(container, size)

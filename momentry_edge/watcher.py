@@ -1,10 +1,13 @@
 """The drop-folder watcher: watchdog events feed a settle tracker; settled paths are registered.
 
 The watchdog handler only puts ``(event type, path, destination, is_directory)`` on
-a queue. One "ingest" thread drains it into the ``SettleTracker``, hands every path
-that has settled to ``Intake.settled`` on a small pool of "register" threads, and
-runs the periodic rescans; nothing is ever registered on the observer's thread.
-Two registrations of one path may overlap; ``Intake.admit`` serialises them.
+a queue. One "ingest" thread drains it into the ``SettleTracker``, hands the paths
+that have settled to a small pool of "register" threads, and runs the periodic
+rescans; nothing is ever registered on the observer's thread. Files whose writers
+closed them go together to ``Intake.settled_closed`` (not probed; recorded and queued
+in batches) by one task at a time, which takes all that are waiting, so the batches
+grow under a flood; each other file goes to ``Intake.settled``. Two registrations of
+one path may overlap; the intake serialises them.
 
 Events only say "look at this path": the tracker decides from ``stat()``, so a
 coalesced or lost event costs nothing, and the periodic rescan (``Intake.reconcile``)
@@ -76,9 +79,9 @@ log = logging.getLogger(__name__)
 _CHANGES = {"created", "modified", "closed", "attrib"}
 # The observers that report a writer closing a file (inotify's IN_CLOSE_WRITE).
 _REPORTS_CLOSE = {"InotifyObserver"}
-# Settled files are registered (probed, hashed, recorded) this many at a time. Probing
-# holds the GIL, so more threads only overlap database commits: 2 measured ~1.2x over 1,
-# and 4 no better than 2 (each thread holds a database connection).
+# Settled files are registered this many tasks at a time. Reading and probing hold the
+# GIL, so more threads only overlap database commits: 2 measured ~1.2x over 1, and 4
+# no better than 2 (each thread holds a database connection).
 REGISTER_THREADS = 2
 
 
@@ -208,6 +211,9 @@ class Watcher:
         self._thread = threading.Thread(target=self._run, name="ingest", daemon=True)
         self._register = ThreadPoolExecutor(REGISTER_THREADS, thread_name_prefix="register")
         self._rescan_lock = threading.Lock()
+        self._closed: list[str] = []  # closed files waiting for _take_closed
+        self._closing = False  # a _take_closed task is on its way or running
+        self._closed_lock = threading.Lock()
         self._stopping = threading.Event()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -261,8 +267,12 @@ class Watcher:
             try:
                 # Block without a timeout while nothing is settling: no wake-ups when idle.
                 self._take(self.tick if len(self.tracker) else None)
-                for path, closed in self.tracker.due():
-                    self._register.submit(self._guarded, self._settled, path, closed)
+                due = self.tracker.due()
+                if closed := [path for path, was_closed in due if was_closed]:
+                    self._hand_closed(closed)
+                for path, was_closed in due:
+                    if not was_closed:
+                        self._register.submit(self._guarded, self._settled, path, False)
             except Exception:
                 # Whatever one odd file or event does, the drop folder stays watched.
                 log.exception("ingest: unexpected error; carrying on")
@@ -282,6 +292,38 @@ class Watcher:
             db.release_connection()
             if not self._stopping.is_set():
                 self.found(Path(path))
+
+    def _hand_closed(self, paths: list[str]) -> None:
+        """Closed files wait for the one task that takes them; started if none runs."""
+        with self._closed_lock:
+            self._closed += paths
+            if self._closing:
+                return
+            self._closing = True
+        self._register.submit(self._take_closed)
+
+    def _take_closed(self) -> None:
+        """On a register thread: take the closed files waiting, then those that arrived
+        meanwhile, each time together."""
+        while True:
+            with self._closed_lock:
+                paths, self._closed = self._closed, []
+                if self._stopping.is_set():
+                    paths = []  # found again by the next start-up rescan
+                self._closing = bool(paths)
+                if not paths:
+                    return
+            self._guarded(self._settled_closed, paths)
+
+    def _settled_closed(self, paths: list[str]) -> None:
+        try:
+            again = self.intake.settled_closed(paths)
+        except db.OUTAGE_ERRORS as exc:
+            log.warning("could not register %d file(s) (%s); trying again", len(paths), exc)
+            db.release_connection()
+            again = [] if self._stopping.is_set() else paths
+        for path in again:
+            self.found(Path(path))
 
     def _take(self, timeout: float | None) -> None:
         """Feed queued events to the tracker: the first within ``timeout``, then all waiting."""

@@ -267,6 +267,8 @@ class Workers:
             .order_by(ProcessorRun.position)
         )
         guard = ingest.FileGuard(job.file)  # the file deleted or replaced while we work
+        if guard.problem() is None and (reason := ingest.unusable(job.file)):
+            return self._reject(job, runs, reason)
         batches = self._batches(runs)
         try:
             for i, batch in enumerate(batches):
@@ -290,6 +292,18 @@ class Workers:
             self.kick(delay=Job.get_by_id(job.id).next_attempt_at - time.time())
         if guard.replaced:
             ingest.requeue_replaced(job, job.file)  # the new content arrived while this job ran
+        return status
+
+    def _reject(self, job: Job, runs: list[ProcessorRun], reason: str) -> str:
+        """The file is rejected, e.g. by the probe it was queued without (ingest.unusable):
+        the job fails with the reason, no processor runs and no result is written. Not
+        retried: a file rejected for a cause that may pass is looked at again by ingest,
+        which queues it anew once it reads."""
+        error = f"file rejected: {reason}"
+        for run in runs:
+            jobs.fail_run(run, error, transient=False)
+        status = jobs.finish(job, self.owner, self.policy)
+        log.warning("job %s %s: %s", job.task_id, status, error)
         return status
 
     def _processor(self, name: str) -> Processor:

@@ -212,23 +212,72 @@ def test_a_part_file_renamed_to_mp4_is_queued_once_and_temp_names_never(
     assert svc.get("/api/v1/jobs")["total"] == 1
 
 
-def test_200_files_copied_at_once_are_each_queued_exactly_once(start_service, videos) -> None:
-    svc = drop_service(start_service)
-    for i, video in enumerate(videos):
-        copy_in(video, svc.drop / f"batch {i // 50}" / f"clip {i:03d}.mp4")
+def bad_files(folder: Path) -> dict[str, str]:
+    """Files named like videos that are not usable ones, made in ``folder``, each with
+    words of the reason it is rejected for."""
+    folder.mkdir(parents=True, exist_ok=True)
+    make_corrupt_video(folder / "cut short.mp4")
+    make_text_file(folder / "notes.mp4")
+    make_audio_file(folder / "only sound.mp4")
+    (folder / "empty.mp4").write_bytes(b"")
+    return {
+        "cut short.mp4": "truncated or corrupt",
+        "notes.mp4": "not a readable media file",
+        "only sound.mp4": "no video stream",
+        "empty.mp4": "empty (0 bytes)",
+    }
 
-    wait_for(lambda: svc.get("/api/v1/jobs")["total"] >= 200, timeout=120, interval=0.5)
-    known = files(svc)
-    assert len(known) == 200 and {f["state"] for f in known.values()} == {"present"}
-    per_file = jobs_per_file(svc)
-    assert sorted(per_file) == sorted(f["file_uuid"] for f in known.values())
-    assert set(per_file.values()) == {1}
+
+def assert_rejected_and_not_processed(svc: ServiceProcess, record: dict, words: str) -> None:
+    """Rejected with its reason; no processor ran on it and no result was written.
+
+    A file whose writer closed it is queued before it is probed (a bulk drop is not held
+    up by the probe); its job then fails at its start with the reason. An empty file is
+    rejected at once, without a job.
+    """
+    assert record["state"] == "rejected", record
+    assert words in record["reason"], record
+    found = jobs_of(svc, record["file_uuid"])
+    assert len(found) <= 1, found
+    if record["reason"].endswith("empty (0 bytes)"):
+        assert found == [] and record["status"] is None
+    for job in found:
+        job = svc.wait_status(job["task_id"], "failed")
+        for name, run in job["processors"].items():
+            assert run["status"] == "failed" and run["attempts"] == 0, run
+            assert run["error"] == f"file rejected: {record['reason']}", run
+            reply = svc.client.get(f"/api/v1/files/{record['file_uuid']}/results/{name}")
+            assert reply.status_code == 404, reply.text
+
+
+def test_200_videos_and_bad_files_copied_at_once_are_queued_once_and_the_bad_rejected(
+    start_service, videos, tmp_path
+) -> None:
+    svc = drop_service(start_service)
+    bad = bad_files(tmp_path / "bad")
+    drops = {f"batch {i // 50}/clip {i:03d}.mp4": video for i, video in enumerate(videos)}
+    drops |= {f"batch {i}/{name}": tmp_path / "bad" / name for i, name in enumerate(bad)}
+    for name, source in drops.items():
+        copy_in(source, svc.drop / name)
+
+    wait_for(lambda: len(files(svc)) == len(drops), timeout=120, interval=0.5)
     wait_for(lambda: svc.status()["pending_count"] == 0 and svc.status()["active_count"] == 0)
-    assert rescan(svc)["unchanged"] == 200
+    known = files(svc)
+    good = {name: known[name] for name in drops if drops[name] in videos}
+    assert {f["state"] for f in good.values()} == {"present"}
+    assert {f["status"] for f in good.values()} == {"completed"}
+    per_file = jobs_per_file(svc)
+    assert all(per_file[f["file_uuid"]] == 1 for f in good.values()), "each queued once"
+    detail = svc.get(f"/api/v1/files/{good['batch 3/clip 199.mp4']['file_uuid']}")
+    assert (detail["width"], detail["height"], detail["fps"]) == (64, 48, 25.0)
+    assert detail["duration"] == pytest.approx(203 / 25, abs=0.05), "probed at its job's start"
+    for i, (name, words) in enumerate(bad.items()):
+        assert_rejected_and_not_processed(svc, known[f"batch {i}/{name}"], words)
+    assert rescan(svc)["unchanged"] == len(drops)
 
     svc.restart()
-    assert rescan(svc)["unchanged"] == 200
-    assert svc.get("/api/v1/jobs")["total"] == 200, "a restart queues nothing again"
+    assert rescan(svc)["unchanged"] == len(drops)
+    assert svc.get("/api/v1/jobs")["total"] == 200 + 3, "a restart queues nothing again"
 
 
 def test_files_dropped_while_stopped_are_queued_at_next_start_and_once(
@@ -261,6 +310,33 @@ def test_files_dropped_while_stopped_are_queued_at_next_start_and_once(
         svc.restart()
         assert rescan(svc)["unchanged"] == 5
         assert set(jobs_per_file(svc).values()) == {1}
+
+
+def test_old_files_found_by_a_rescan_are_queued_and_the_bad_ones_rejected(
+    start_service, videos, tmp_path
+) -> None:
+    # Written long ago and found by the start-up rescan (e.g. a drop while the service
+    # was stopped): known to be whole, so taken in batches like closed files.
+    svc = drop_service(start_service)
+    svc.stop()
+    old = time.time() - 3600
+    reasons = bad_files(tmp_path / "bad")
+    for i in range(5):
+        move_in(videos[30 + i], svc.drop / "archive" / f"take {i}.mp4", mtime=old)
+    for name in reasons:
+        move_in(tmp_path / "bad" / name, svc.drop / "archive" / name, mtime=old)
+    svc.start()
+
+    wait_for(lambda: len(files(svc)) == 5 + len(reasons))
+    wait_for(lambda: svc.status()["pending_count"] == 0 and svc.status()["active_count"] == 0)
+    known = files(svc)
+    for i in range(5):
+        record = known[f"archive/take {i}.mp4"]
+        assert record["state"] == "present" and record["status"] == "completed", record
+        assert svc.get(f"/api/v1/files/{record['file_uuid']}")["video_codec"] == "h264"
+    for name, words in reasons.items():
+        assert_rejected_and_not_processed(svc, known[f"archive/{name}"], words)
+    assert rescan(svc)["unchanged"] == 5 + len(reasons)
 
 
 def test_reconcile_new_changed_missing_and_unchanged(start_service, videos) -> None:
@@ -313,34 +389,30 @@ def test_bad_files_are_rejected_with_reasons_and_a_good_file_after_them_is_proce
 ) -> None:
     svc = drop_service(start_service)
     # Made elsewhere, then copied in one go, as an upload would arrive.
-    staging = svc.root / "staging"
-    staging.mkdir()
-    bad = [
-        make_corrupt_video(staging / "cut short.mp4"),
-        make_text_file(staging / "notes.mp4"),
-        make_audio_file(staging / "only sound.mp4"),
-    ]
-    (svc.drop / "empty.mp4").write_bytes(b"")
-    for path in bad:
-        copy_in(path, svc.drop / path.name)
+    reasons = bad_files(svc.root / "staging")
+    for name in reasons:
+        copy_in(svc.root / "staging" / name, svc.drop / name)
     copy_in(videos[0], svc.drop / "good.mp4")
 
     good = wait_for(lambda: files(svc).get("good.mp4"))
     (job,) = jobs_of(svc, good["file_uuid"])
     svc.wait_status(job["task_id"], "completed")
-    known = wait_for(lambda: len(f := files(svc)) == 5 and f)
-    reasons = {
-        "cut short.mp4": "truncated or corrupt",
-        "empty.mp4": "empty (0 bytes)",
-        "notes.mp4": "not a readable media file",
-        "only sound.mp4": "no video stream",
-    }
+    wait_for(lambda: len(files(svc)) == 5)
     for name, words in reasons.items():
-        assert known[name]["state"] == "rejected", known[name]
-        assert words in known[name]["reason"], known[name]
-        assert known[name]["status"] is None, "no job for a rejected file"
-    assert svc.get("/api/v1/jobs")["total"] == 1
+        assert_rejected_and_not_processed(svc, wait_for(lambda n=name: _rejected(svc, n)), words)
     assert svc.get("/healthz")["status"] == "ok"
+
+    # Moved in (no close seen) and old: probed before it is queued, as before; no job.
+    move_in(svc.root / "staging" / "notes.mp4", svc.drop / "moved.mp4", mtime=time.time() - 3600)
+    moved = wait_for(lambda: files(svc).get("moved.mp4"))
+    assert moved["state"] == "rejected" and moved["status"] is None, moved
+    # Written again with the same content: its verdict stands, nothing is queued again.
+    before = svc.get("/api/v1/jobs")["total"]
+    copy_in(svc.root / "staging" / "notes.mp4", svc.drop / "notes.mp4")
+    copy_in(videos[1], svc.drop / "after.mp4")  # taken after it: the watcher got that far
+    wait_for(lambda: files(svc).get("after.mp4"))
+    assert files(svc)["notes.mp4"]["state"] == "rejected"
+    assert svc.get("/api/v1/jobs")["total"] == before + 1
     detail = svc.get(f"/api/v1/files/{good['file_uuid']}")
     assert (detail["width"], detail["height"], detail["fps"]) == (64, 48, 25.0)
     assert detail["video_codec"] == "h264" and detail["audio_codec"] is None
@@ -411,6 +483,34 @@ def test_register_refuses_escapes_and_temp_names_and_is_idempotent(start_service
     assert done["file_uuid"] == aborted["file_uuid"]
     assert done["state"] == "present" and done["task_id"]
     assert svc.get("/api/v1/jobs")["total"] == 2
+
+
+def test_register_answers_with_the_probe_for_a_file_the_watcher_queued_unprobed(
+    start_service, videos, tmp_path
+) -> None:
+    svc = drop_service(start_service)
+    svc.call("POST", "/api/v1/queue/pause")  # the jobs wait: their files stay unprobed
+    reasons = bad_files(tmp_path / "bad")
+    copy_in(videos[5], svc.drop / "good.mp4")
+    copy_in(tmp_path / "bad" / "notes.mp4", svc.drop / "notes.mp4")
+    known = wait_for(lambda: len(f := files(svc)) == 2 and f)
+    for record in known.values():
+        assert record["state"] == "present" and record["status"] == "pending", record
+        assert svc.get(f"/api/v1/files/{record['file_uuid']}")["duration"] is None
+
+    body = {"path": "good.mp4"}
+    good = svc.call("POST", "/api/v1/files/register", expect=200, json=body)
+    (queued,) = jobs_of(svc, good["file_uuid"])
+    assert good["state"] == "present" and good["task_id"] == queued["task_id"]
+    detail = svc.get(f"/api/v1/files/{good['file_uuid']}")
+    assert detail["duration"] == pytest.approx(9 / 25, abs=0.05), "probed for the answer"
+    bad = svc.call("POST", "/api/v1/files/register", expect=201, json={"path": "notes.mp4"})
+    assert bad["state"] == "rejected" and bad["task_id"] is None
+    assert reasons["notes.mp4"] in bad["reason"]
+
+    svc.call("POST", "/api/v1/queue/resume")
+    svc.wait_status(good["task_id"], "completed")
+    assert_rejected_and_not_processed(svc, files(svc)["notes.mp4"], reasons["notes.mp4"])
 
 
 # -- identity and dedup ------------------------------------------------------------------------
@@ -486,6 +586,11 @@ def test_a_file_deleted_or_replaced_during_processing_fails_its_job_and_nothing_
         "completed"
     ]
     assert files(svc)["doomed.mp4"]["state"] == "missing"
+
+
+def _rejected(svc: ServiceProcess, name: str) -> dict | None:
+    record = files(svc).get(name)
+    return record if record and record["state"] == "rejected" else None
 
 
 def _ts(iso: str) -> float:

@@ -159,6 +159,35 @@ def test_an_unreadable_file_is_taken_by_the_watcher_when_its_permissions_change(
     svc.wait_status(job["task_id"], "completed")
 
 
+def test_a_file_unreadable_when_its_job_starts_is_rejected_then_taken_once_readable(
+    start_service, unprivileged, tmp_path
+) -> None:
+    # Written and closed, the file is queued before it is probed; the probe at its job's
+    # start finds it unreadable. That can pass: it is looked at again, not rejected for good.
+    svc = start_service(wrapper=unprivileged, ingest=INGEST)
+    svc.call("POST", "/api/v1/queue/pause")
+    copy_in(noise_video(tmp_path / "v.mp4", 7), svc.drop / "later locked.mp4")
+    record = wait_for(lambda: files(svc).get("later locked.mp4"))
+    detail = svc.get(f"/api/v1/files/{record['file_uuid']}")
+    assert detail["state"] == "present" and detail["duration"] is None, "not probed yet"
+    (first,) = jobs_of(svc, record["file_uuid"])
+    (svc.drop / "later locked.mp4").chmod(0)  # no new content: an attribute event only
+    svc.call("POST", "/api/v1/queue/resume")
+
+    first = svc.wait_status(first["task_id"], "failed")
+    (run,) = first["processors"].values()
+    assert run["attempts"] == 0 and "permission denied" in run["error"].lower(), run
+    record = files(svc)["later locked.mp4"]
+    assert record["state"] == "rejected" and "permission denied" in record["reason"].lower()
+
+    (svc.drop / "later locked.mp4").chmod(0o644)
+    record = wait_for(lambda: (r := files(svc)["later locked.mp4"])["state"] == "present" and r)
+    old, new = jobs_of(svc, record["file_uuid"])
+    assert old["task_id"] == first["task_id"]
+    svc.wait_status(new["task_id"], "completed")
+    assert svc.get(f"/api/v1/files/{record['file_uuid']}")["duration"] == pytest.approx(0.7)
+
+
 # -- defect: a file still being uploaded is shown as rejected ----------------------------------
 
 

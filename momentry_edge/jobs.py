@@ -557,6 +557,16 @@ def heartbeat(
     )
 
 
+def pending_runs(job_id: int) -> list[ProcessorRun]:
+    """The job's runs still to do, in run order."""
+    return db.fetch(
+        ProcessorRun,
+        "SELECT * FROM processor_run WHERE job_id = ? AND status = ? ORDER BY position",
+        job_id,
+        RunStatus.PENDING,
+    )
+
+
 @db.retried
 def start_run(run: ProcessorRun, backend: str | None, model: str | None) -> None:
     now = time.time()

@@ -27,7 +27,7 @@ from huey.storage import MemoryStorage
 
 from . import cluster, db, ingest, jobs, logs, outputs
 from .config import Config
-from .db import Job, JobStatus, ProcessorRun, RunStatus
+from .db import Job, JobStatus, ProcessorRun
 from .events import Event, bus
 from .gate import Gate
 from .processors import Registry, asr, frames
@@ -198,17 +198,22 @@ class Workers:
             if job is None:
                 db.release_connection()
                 return
-            self.kick()  # another worker may take the next job while this one runs
+            with self._hand_lock:
+                busy = len(self._in_hand) + 1  # this job among them
+            if busy < self._local.limit:
+                self.kick()  # another worker may take the next job while this one runs
             self.run_job(job)
 
     def _claim(self) -> Job | None:
         lease = self.config.queue.lease_seconds
         # A coming processor counts as runnable elsewhere: its jobs are skipped, not failed.
         others = (cluster.cluster_processors(within=lease) - self.can_run) | self.coming
+        # At the limit, no other worker is woken: the next claim comes when a job ends.
+        self._local.limit = self.effective_limit()
         return jobs.claim(
             self.owner,
             self.node,
-            self.effective_limit(),
+            self._local.limit,
             lease,
             # Only when another node can run something this one cannot must it look
             # past the head of the line.
@@ -255,11 +260,7 @@ class Workers:
         deadline = time.monotonic() + (job.task_timeout or self.config.queue.task_timeout)
         # Read all rows first: an open SQLite cursor would pin an old snapshot and make
         # the writes below fail with "database is locked".
-        runs = list(
-            ProcessorRun.select()
-            .where(ProcessorRun.job == job.id, ProcessorRun.status == RunStatus.PENDING)
-            .order_by(ProcessorRun.position)
-        )
+        runs = jobs.pending_runs(job.id)
         guard = ingest.FileGuard(job.file)  # the file deleted or replaced while we work
         batches = self._batches(runs)
         try:

@@ -190,8 +190,11 @@ def submit(
     with db.write_transaction(database):
         if db.is_postgres(database):  # one submit per file at a time (SQLite: the write lock)
             MediaFile.select(MediaFile.id).where(MediaFile.id == file.id).for_update().execute()
-        active = list(
-            Job.select().where(Job.file == file, Job.status.in_(db.ACTIVE_STATES)).order_by(Job.id)
+        active = db.fetch(
+            Job,
+            "SELECT * FROM job WHERE file_id = ? AND status IN (?, ?, ?) ORDER BY id",
+            file.id,
+            *db.ACTIVE_STATES,
         )
         covering = [job for job in active if set(wanted) <= set(job.processors)]
         sharing = covering[:1] or [job for job in active if set(wanted) & set(job.processors)]
@@ -829,7 +832,7 @@ def finish(job: Job, owner: str, policy: RetryPolicy, now: float | None = None) 
     """Decide a run's outcome from its processors: done, retry later, or final."""
     now = _now(now)
     with db.write_transaction(Job._meta.database):
-        claimed, job = job, _job(job.id)
+        claimed, job = job, get(job.id)
         if not _still_held(job, claimed, owner):
             return job.status  # the reaper or a user took it meanwhile
         runs = db.fetch(ProcessorRun, "SELECT * FROM processor_run WHERE job_id = ?", job.id)
@@ -906,7 +909,7 @@ def _finalise(
     return status
 
 
-def _job(job_id: int) -> Job:
+def get(job_id: int) -> Job:
     """The job's row as it is now (Job.get_by_id, without peewee's query building)."""
     found = db.fetch(Job, "SELECT * FROM job WHERE id = ?", job_id)
     if not found:
@@ -1014,16 +1017,14 @@ def position(job: Job) -> int | None:
     """1-based place in line, exact at the moment of the call; None when not pending."""
     if job.status != JobStatus.PENDING:
         return None
-    ahead = (
-        Job.select()
-        .where(
-            Job.status == JobStatus.PENDING,
-            (Job.priority > job.priority)
-            | (
-                (Job.priority == job.priority)
-                & ((Job.seq < job.seq) | ((Job.seq == job.seq) & (Job.id < job.id)))
-            ),
-        )
-        .count()
-    )
+    (ahead,) = db.execute(
+        "SELECT COUNT(*) FROM job WHERE status = ?"
+        " AND (priority > ? OR (priority = ? AND (seq < ? OR (seq = ? AND id < ?))))",
+        JobStatus.PENDING,
+        job.priority,
+        job.priority,
+        job.seq,
+        job.seq,
+        job.id,
+    ).fetchone()
     return ahead + 1

@@ -392,6 +392,20 @@ def fetch(model: type[M], sql: str, *params: Any) -> list[M]:
     return found
 
 
+def insert(instance: pw.Model) -> None:
+    """INSERT ``instance`` (its defaults filled in, as peewee fills them) and set its id."""
+    meta = instance._meta
+    key = meta.primary_key
+    fields = [meta.fields[name] for name in instance.__data__ if name != key.name]
+    columns = ", ".join(field.column_name for field in fields)
+    marks = ", ".join("?" * len(fields))
+    values = [field.db_value(instance.__data__[field.name]) for field in fields]
+    sql = f"INSERT INTO {meta.table_name} ({columns}) VALUES ({marks}) RETURNING {key.column_name}"
+    (new_id,) = execute(sql, *values).fetchone()
+    setattr(instance, key.name, new_id)
+    instance._dirty.clear()
+
+
 def is_postgres(db: pw.Database) -> bool:
     return isinstance(db, pw.PostgresqlDatabase)
 

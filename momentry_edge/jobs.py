@@ -213,7 +213,7 @@ def submit(
                     _carry_over(job, priority, asked, urls, now)
                     break
         if not added:
-            job = Job.create(
+            job = Job(
                 task_id="task_" + secrets.token_hex(6),
                 file=file,
                 priority=priority,
@@ -228,6 +228,7 @@ def submit(
                 created_at=now,
                 queued_at=now,
             )
+            db.insert(job)
             _add_runs(job, left, 0, now)
     if added:
         bus.publish("job.extended", task_id=job.task_id, added=added)
@@ -355,12 +356,10 @@ def _take_on(job: Job, missing: list[str], priority: int, now: float) -> list[st
 
 
 def _add_runs(job: Job, names: list[str], first_position: int, now: float) -> None:
-    ProcessorRun.insert_many(
-        [
-            {"job": job.id, "processor": name, "position": first_position + i, "updated_at": now}
-            for i, name in enumerate(names)
-        ]
-    ).execute()
+    for i, name in enumerate(names):
+        db.insert(
+            ProcessorRun(job=job.id, processor=name, position=first_position + i, updated_at=now)
+        )
 
 
 @db.retried

@@ -859,10 +859,11 @@ def finish(job: Job, owner: str, policy: RetryPolicy, now: float | None = None) 
                 )
                 error = "; ".join(f"{r.processor}: {r.error}" for r in failed) or None
                 status = _finalise(job, status, error, now, runs)
+    final = status in db.FINAL_STATES
+    # callback: whether this ending owes one, so the callback sender wakes only then.
+    extra = {"callback": bool(job.options.get("callback_url"))} if final else {}
     bus.publish(
-        "job.finished" if status in db.FINAL_STATES else "job.retrying",
-        task_id=job.task_id,
-        status=status,
+        "job.finished" if final else "job.retrying", task_id=job.task_id, status=status, **extra
     )
     return status
 

@@ -344,14 +344,13 @@ def make_app(service: Core) -> bottle.Bottle:
         return {"success": True, "message": "Task cancelled", "status": status}
 
     def _queued(job: db.Job) -> dict:
-        job = db.Job.get_by_id(job.id)
-        detail = views.job_detail(job, service.effective_limit())
+        job, position, estimated_start = views.queue_place(job.id, service.effective_limit())
         return {
             "success": True,
             "task_id": job.task_id,
             "status": "queued" if job.status == JobStatus.PENDING else job.status,
-            "position": detail["position"],
-            "estimated_start": detail["estimated_start"],
+            "position": position,
+            "estimated_start": estimated_start,
         }
 
     return app
@@ -515,7 +514,10 @@ def _register_fields(body: dict[str, Any]) -> dict[str, Any]:
 def _file(file_uuid: str) -> MediaFile:
     record = None
     if FILE_UUID.fullmatch(file_uuid):
-        record = MediaFile.get_or_none(MediaFile.file_uuid == file_uuid.lower())
+        found = db.fetch(
+            MediaFile, "SELECT * FROM media_file WHERE file_uuid = ?", file_uuid.lower()
+        )
+        record = found[0] if found else None
     if record is None:
         raise NotFound(f"no file {file_uuid!r}")
     return record

@@ -48,6 +48,8 @@ class CallbackSender(Background):
     def on_event(self, event: Event) -> None:
         """Bus listener: a job ended (or a finished one was given a callback URL), so a
         callback may be owed now."""
+        if event["type"] == "job.finished" and event.get("callback") is False:
+            return  # this ending owes none (the event says so when it knows)
         if event["type"] in ("job.finished", "job.callback_owed"):
             with self._cond:
                 self._poked = True

@@ -10,6 +10,7 @@ in-process wake-up and the periodic kick.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -96,8 +97,9 @@ def live_nodes(within: float, now: float | None = None) -> list[Node]:
 
 
 def cluster_processors(within: float) -> set[str]:
-    """Every processor some live node can run."""
-    return {name for node in live_nodes(within) for name in node.processors}
+    """Every processor some live node can run (read before every claim: written out)."""
+    rows = db.execute("SELECT processors FROM node WHERE last_seen >= ?", time.time() - within)
+    return {name for (processors,) in rows.fetchall() for name in json.loads(processors)}
 
 
 def node_rows(within: float) -> list[dict[str, Any]]:

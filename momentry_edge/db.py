@@ -361,6 +361,51 @@ def retried(action: Callable[P, R]) -> Callable[P, R]:
     return attempt
 
 
+# -- hand-written statements for the queue's hot path ---------------------------------------
+#
+# peewee builds every query anew and maps rows through its cursor wrappers: 0.1-0.8 ms
+# of CPU a statement, far more than SQLite takes to run it. The statements each job
+# runs through (claim, progress, finish) are written out instead; the rest use peewee.
+
+
+def execute(sql: str, *params: Any) -> Any:
+    """Run ``sql`` (``?`` placeholders, as on SQLite) on the models' database; its cursor."""
+    database = Job._meta.database
+    if database.param != "?":
+        sql = sql.replace("?", database.param)
+    return database.execute_sql(sql, params)
+
+
+M = TypeVar("M", bound=pw.Model)
+
+
+def fetch(model: type[M], sql: str, *params: Any) -> list[M]:
+    """The rows ``sql`` returns (``SELECT *`` or ``RETURNING *`` of ``model``'s table) as
+    model instances, as peewee would give them."""
+    cursor = execute(sql, *params)
+    fields = [model._meta.columns[column[0]] for column in cursor.description]
+    found = []
+    for row in cursor.fetchall():
+        instance = model(__no_default__=True)
+        instance.__data__ = {f.name: f.python_value(v) for f, v in zip(fields, row, strict=True)}
+        found.append(instance)
+    return found
+
+
+def insert(instance: pw.Model) -> None:
+    """INSERT ``instance`` (its defaults filled in, as peewee fills them) and set its id."""
+    meta = instance._meta
+    key = meta.primary_key
+    fields = [meta.fields[name] for name in instance.__data__ if name != key.name]
+    columns = ", ".join(field.column_name for field in fields)
+    marks = ", ".join("?" * len(fields))
+    values = [field.db_value(instance.__data__[field.name]) for field in fields]
+    sql = f"INSERT INTO {meta.table_name} ({columns}) VALUES ({marks}) RETURNING {key.column_name}"
+    (new_id,) = execute(sql, *values).fetchone()
+    setattr(instance, key.name, new_id)
+    instance._dirty.clear()
+
+
 def is_postgres(db: pw.Database) -> bool:
     return isinstance(db, pw.PostgresqlDatabase)
 

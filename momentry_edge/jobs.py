@@ -101,7 +101,8 @@ def init_queue_state(max_concurrent: int, dynamic: bool) -> QueueState:
 
 
 def queue_state() -> QueueState:
-    return QueueState.get_by_id(1)
+    # Read before every claim: written out (see db.fetch) rather than built by peewee.
+    return db.fetch(QueueState, "SELECT * FROM queue_state WHERE id = 1")[0]
 
 
 def set_paused(paused: bool) -> QueueState:
@@ -189,8 +190,11 @@ def submit(
     with db.write_transaction(database):
         if db.is_postgres(database):  # one submit per file at a time (SQLite: the write lock)
             MediaFile.select(MediaFile.id).where(MediaFile.id == file.id).for_update().execute()
-        active = list(
-            Job.select().where(Job.file == file, Job.status.in_(db.ACTIVE_STATES)).order_by(Job.id)
+        active = db.fetch(
+            Job,
+            "SELECT * FROM job WHERE file_id = ? AND status IN (?, ?, ?) ORDER BY id",
+            file.id,
+            *db.ACTIVE_STATES,
         )
         covering = [job for job in active if set(wanted) <= set(job.processors)]
         sharing = covering[:1] or [job for job in active if set(wanted) & set(job.processors)]
@@ -209,7 +213,7 @@ def submit(
                     _carry_over(job, priority, asked, urls, now)
                     break
         if not added:
-            job = Job.create(
+            job = Job(
                 task_id="task_" + secrets.token_hex(6),
                 file=file,
                 priority=priority,
@@ -224,6 +228,7 @@ def submit(
                 created_at=now,
                 queued_at=now,
             )
+            db.insert(job)
             _add_runs(job, left, 0, now)
     if added:
         bus.publish("job.extended", task_id=job.task_id, added=added)
@@ -399,12 +404,10 @@ def _take_on(job: Job, missing: list[str], priority: int, now: float) -> list[st
 
 
 def _add_runs(job: Job, names: list[str], first_position: int, now: float) -> None:
-    ProcessorRun.insert_many(
-        [
-            {"job": job.id, "processor": name, "position": first_position + i, "updated_at": now}
-            for i, name in enumerate(names)
-        ]
-    ).execute()
+    for i, name in enumerate(names):
+        db.insert(
+            ProcessorRun(job=job.id, processor=name, position=first_position + i, updated_at=now)
+        )
 
 
 @db.retried
@@ -525,51 +528,61 @@ def claim(
     now = _now(now)
     database = Job._meta.database
     with _claim_lock, db.write_transaction(database):
-        promoted = (
-            Job.update(status=JobStatus.PENDING, next_attempt_at=None)
-            .where(Job.status == JobStatus.RETRYING, Job.next_attempt_at <= now)
-            .execute()
-        )
+        promoted = db.execute(
+            "UPDATE job SET status = ?, next_attempt_at = NULL"
+            " WHERE status = ? AND next_attempt_at <= ?",
+            JobStatus.PENDING,
+            JobStatus.RETRYING,
+            now,
+        ).rowcount
         if limit <= 0:
             return None
-        running = Job.select().where(Job.status == JobStatus.PROCESSING, Job.node == node).count()
+        (running,) = db.execute(
+            "SELECT COUNT(*) FROM job WHERE status = ? AND node = ?", JobStatus.PROCESSING, node
+        ).fetchone()
         if running >= limit:
             return None
-        row = _next_claimable(database, can_run, cluster_can_run or set(), now)
-        if row is None:
+        job_id = _next_claimable(database, can_run, cluster_can_run or set(), now)
+        if job_id is None:
             return None
-        Job.update(
-            status=JobStatus.PROCESSING,
-            lease_owner=owner,
-            node=node,
-            lease_until=now + lease_seconds,
-            started_at=now,
-            cancel_requested=False,
-        ).where(Job.id == row.id).execute()
+        (job,) = db.fetch(
+            Job,
+            "UPDATE job SET status = ?, lease_owner = ?, node = ?, lease_until = ?,"
+            " started_at = ?, cancel_requested = ? WHERE id = ? RETURNING *",
+            JobStatus.PROCESSING,
+            owner,
+            node,
+            now + lease_seconds,
+            now,
+            False,
+            job_id,
+        )
+        # The worker reads the file at once: in hand, not loaded lazily later.
+        job.file = db.fetch(MediaFile, "SELECT * FROM media_file WHERE id = ?", job.file_id)[0]
     if promoted:
         bus.publish("job.retry_due", count=promoted)
-    job = Job.get_by_id(row.id)
     bus.publish("job.started", task_id=job.task_id, node=node)
     return job
 
 
 def _next_claimable(
     database: pw.Database, can_run: set[str] | None, cluster_can_run: set[str], now: float
-) -> Job | None:
-    query = (
-        Job.select(Job.id, Job.processors)
-        # A job asked to start later keeps its place in line but is passed over until then.
-        .where(Job.status == JobStatus.PENDING, Job.not_before.is_null() | (Job.not_before <= now))
-        .order_by(Job.priority.desc(), Job.seq, Job.id)
+) -> int | None:
+    # A job asked to start later keeps its place in line but is passed over until then.
+    sql = (
+        "SELECT id, processors FROM job"
+        " WHERE status = ? AND (not_before IS NULL OR not_before <= ?)"
+        " ORDER BY priority DESC, seq, id LIMIT ? OFFSET ?"
     )
     if db.is_postgres(database):
-        query = query.for_update("FOR UPDATE SKIP LOCKED")
+        sql += " FOR UPDATE SKIP LOCKED"
+    batch = 1 if can_run is None else CLAIM_BATCH
     offset = 0
     while True:
-        rows = list(query.limit(1 if can_run is None else CLAIM_BATCH).offset(offset))
-        for row in rows:
-            if can_run is None or set(row.processors) & cluster_can_run <= can_run:
-                return row
+        rows = db.execute(sql, JobStatus.PENDING, now, batch, offset).fetchall()
+        for job_id, processors in rows:
+            if can_run is None or set(json.loads(processors)) & cluster_can_run <= can_run:
+                return job_id
         if len(rows) < CLAIM_BATCH:
             return None
         offset += len(rows)
@@ -594,19 +607,30 @@ def heartbeat(
     )
 
 
+def pending_runs(job_id: int) -> list[ProcessorRun]:
+    """The job's runs still to do, in run order."""
+    return db.fetch(
+        ProcessorRun,
+        "SELECT * FROM processor_run WHERE job_id = ? AND status = ? ORDER BY position",
+        job_id,
+        RunStatus.PENDING,
+    )
+
+
 @db.retried
 def start_run(run: ProcessorRun, backend: str | None, model: str | None) -> None:
     now = time.time()
-    ProcessorRun.update(
-        status=RunStatus.RUNNING,
-        attempts=ProcessorRun.attempts + 1,
-        started_at=now,
-        completed_at=None,
-        error=None,
-        backend=backend,
-        model=model,
-        updated_at=now,
-    ).where(ProcessorRun.id == run.id).execute()
+    db.execute(
+        "UPDATE processor_run SET status = ?, attempts = attempts + 1, started_at = ?,"
+        " completed_at = NULL, error = NULL, backend = ?, model = ?, updated_at = ?"
+        " WHERE id = ?",
+        RunStatus.RUNNING,
+        now,
+        backend,
+        model,
+        now,
+        run.id,
+    )
 
 
 def report(
@@ -626,26 +650,38 @@ def report(
     """
     now = time.time()
     with Job._meta.database.atomic():
-        run_changes: dict[Any, Any] = {
-            ProcessorRun.progress_current: current,
-            ProcessorRun.progress_total: total,
-            ProcessorRun.updated_at: now,
-        }
-        if checkpoint is not None:
-            run_changes[ProcessorRun.last_checkpoint] = checkpoint
-        ProcessorRun.update(run_changes).where(ProcessorRun.id == run_id).execute()
+        if checkpoint is None:
+            db.execute(
+                "UPDATE processor_run SET progress_current = ?, progress_total = ?,"
+                " updated_at = ? WHERE id = ?",
+                current,
+                total,
+                now,
+                run_id,
+            )
+        else:
+            db.execute(
+                "UPDATE processor_run SET progress_current = ?, progress_total = ?,"
+                " updated_at = ?, last_checkpoint = ? WHERE id = ?",
+                current,
+                total,
+                now,
+                ProcessorRun.last_checkpoint.db_value(checkpoint),
+                run_id,
+            )
         progress = job_progress(job_id)
-        query = Job.update(progress=progress, lease_until=now + lease_seconds).where(
-            Job.id == job_id, Job.lease_owner == owner, Job.status == JobStatus.PROCESSING
+        sql = (
+            "UPDATE job SET progress = ?, lease_until = ?"
+            " WHERE id = ? AND lease_owner = ? AND status = ?"
         )
+        params: list[Any] = [progress, now + lease_seconds, job_id, owner, JobStatus.PROCESSING]
         if started_at is not None:
-            query = query.where(Job.started_at == started_at)
-        held = query.execute()
+            sql += " AND started_at = ?"
+            params.append(started_at)
+        held = db.execute(sql + " RETURNING cancel_requested, task_id", *params).fetchall()
         if not held:
             raise LeaseLost(f"job {job_id} is no longer held by {owner}")
-        cancel, task_id = (
-            Job.select(Job.cancel_requested, Job.task_id).where(Job.id == job_id).tuples().get()
-        )
+        ((cancel, task_id),) = held
     bus.publish(
         "job.progress",
         task_id=task_id,
@@ -659,15 +695,23 @@ def report(
 
 def job_progress(job_id: int) -> int:
     """Whole-job percent: each processor weighs the same."""
-    runs = list(ProcessorRun.select().where(ProcessorRun.job == job_id))
+    runs = db.execute(
+        "SELECT status, progress_current, progress_total FROM processor_run WHERE job_id = ?",
+        job_id,
+    ).fetchall()
+    return _progress(runs)
+
+
+def _progress(runs: Sequence[tuple[str, int, int]]) -> int:
+    """Whole-job percent of (status, current, total) per run."""
     if not runs:
         return 0
     parts = []
-    for run in runs:
-        if run.status in db.RUN_DONE:
+    for status, current, total in runs:
+        if status in db.RUN_DONE:
             parts.append(1.0)
-        elif run.progress_total:
-            parts.append(min(run.progress_current / run.progress_total, 1.0))
+        elif total:
+            parts.append(min(current / total, 1.0))
         else:
             parts.append(0.0)
     return int(100 * sum(parts) / len(parts))
@@ -676,31 +720,33 @@ def job_progress(job_id: int) -> int:
 @db.retried
 def complete_run(run: ProcessorRun, output_path: str) -> None:
     now = time.time()
-    ProcessorRun.update(
-        status=RunStatus.COMPLETED,
-        output_path=output_path,
-        completed_at=now,
-        error=None,
-        progress_current=pw.Case(
-            None, [(ProcessorRun.progress_total > 0, ProcessorRun.progress_total)], 1
-        ),
-        progress_total=pw.Case(
-            None, [(ProcessorRun.progress_total > 0, ProcessorRun.progress_total)], 1
-        ),
-        updated_at=now,
-    ).where(ProcessorRun.id == run.id).execute()
+    # Progress shows the run whole: its own total when it reported one, else 1 of 1.
+    db.execute(
+        "UPDATE processor_run SET status = ?, output_path = ?, completed_at = ?, error = NULL,"
+        " progress_current = CASE WHEN progress_total > 0 THEN progress_total ELSE 1 END,"
+        " progress_total = CASE WHEN progress_total > 0 THEN progress_total ELSE 1 END,"
+        " updated_at = ? WHERE id = ?",
+        RunStatus.COMPLETED,
+        output_path,
+        now,
+        now,
+        run.id,
+    )
 
 
 @db.retried
 def skip_run(run: ProcessorRun, reason: str, output_path: str | None = None) -> None:
     now = time.time()
-    ProcessorRun.update(
-        status=RunStatus.SKIPPED,
-        reason=reason,
-        output_path=output_path,
-        completed_at=now,
-        updated_at=now,
-    ).where(ProcessorRun.id == run.id).execute()
+    db.execute(
+        "UPDATE processor_run SET status = ?, reason = ?, output_path = ?, completed_at = ?,"
+        " updated_at = ? WHERE id = ?",
+        RunStatus.SKIPPED,
+        reason,
+        output_path,
+        now,
+        now,
+        run.id,
+    )
 
 
 @db.retried
@@ -709,14 +755,17 @@ def fail_run(
 ) -> None:
     """``output_path``: the failed document written for it, when one could be."""
     now = time.time()
-    ProcessorRun.update(
-        status=RunStatus.FAILED,
-        error=error,
-        transient=transient,
-        output_path=output_path,
-        completed_at=now,
-        updated_at=now,
-    ).where(ProcessorRun.id == run.id).execute()
+    db.execute(
+        "UPDATE processor_run SET status = ?, error = ?, transient = ?, output_path = ?,"
+        " completed_at = ?, updated_at = ? WHERE id = ?",
+        RunStatus.FAILED,
+        error,
+        transient,
+        output_path,
+        now,
+        now,
+        run.id,
+    )
 
 
 def undocumented_failures(task_ids: Collection[str]) -> list[ProcessorRun]:
@@ -747,9 +796,12 @@ def documented(run: ProcessorRun, output_path: str) -> None:
 @db.retried
 def release_run(run: ProcessorRun) -> None:
     """Back to pending, keeping the checkpoint (shutdown or cancel mid-run)."""
-    ProcessorRun.update(status=RunStatus.PENDING, updated_at=time.time()).where(
-        ProcessorRun.id == run.id
-    ).execute()
+    db.execute(
+        "UPDATE processor_run SET status = ?, updated_at = ? WHERE id = ?",
+        RunStatus.PENDING,
+        time.time(),
+        run.id,
+    )
 
 
 @db.retried
@@ -856,12 +908,12 @@ def finish(job: Job, owner: str, policy: RetryPolicy, now: float | None = None) 
     """Decide a run's outcome from its processors: done, retry later, or final."""
     now = _now(now)
     with db.write_transaction(Job._meta.database):
-        claimed, job = job, Job.get_by_id(job.id)
+        claimed, job = job, get(job.id)
         if not _still_held(job, claimed, owner):
             return job.status  # the reaper or a user took it meanwhile
-        runs = list(job.runs)
+        runs = db.fetch(ProcessorRun, "SELECT * FROM processor_run WHERE job_id = ?", job.id)
         if job.cancel_requested:
-            status = _finalise(job, JobStatus.CANCELLED, "cancelled by user", now)
+            status = _finalise(job, JobStatus.CANCELLED, "cancelled by user", now, runs)
         else:
             failed = [r for r in runs if r.status == RunStatus.FAILED]
             retryable = [
@@ -883,11 +935,12 @@ def finish(job: Job, owner: str, policy: RetryPolicy, now: float | None = None) 
                     else JobStatus.FAILED
                 )
                 error = "; ".join(f"{r.processor}: {r.error}" for r in failed) or None
-                status = _finalise(job, status, error, now)
+                status = _finalise(job, status, error, now, runs)
+    final = status in db.FINAL_STATES
+    # callback: whether this ending owes one, so the callback sender wakes only then.
+    extra = {"callback": bool(job.options.get("callback_url"))} if final else {}
     bus.publish(
-        "job.finished" if status in db.FINAL_STATES else "job.retrying",
-        task_id=job.task_id,
-        status=status,
+        "job.finished" if final else "job.retrying", task_id=job.task_id, status=status, **extra
     )
     return status
 
@@ -910,20 +963,35 @@ def _schedule_retry(job: Job, runs: list[ProcessorRun], policy: RetryPolicy, now
     return JobStatus.RETRYING
 
 
-def _finalise(job: Job, status: str, error: str | None, now: float) -> str:
-    Job.update(
-        status=status,
-        completed_at=now,
-        error_message=error,
-        lease_owner=None,
-        lease_until=None,
-        next_attempt_at=None,
-        progress=job_progress(job.id),
+def _finalise(
+    job: Job, status: str, error: str | None, now: float, runs: list[ProcessorRun] | None = None
+) -> str:
+    """End ``job`` with ``status``; ``runs``: its runs as they are now, if in hand."""
+    if runs is None:
+        progress = job_progress(job.id)
+    else:
+        progress = _progress([(r.status, r.progress_current, r.progress_total) for r in runs])
+    db.execute(
+        "UPDATE job SET status = ?, completed_at = ?, error_message = ?, lease_owner = NULL,"
+        " lease_until = NULL, next_attempt_at = NULL, progress = ?, callback_due = ?,"
+        " callback_attempts = 0 WHERE id = ?",
+        status,
+        now,
+        error,
+        progress,
         # Owed from the moment the job ends, in the same commit: a crash cannot lose it.
-        callback_due=now if job.options.get("callback_url") else None,
-        callback_attempts=0,
-    ).where(Job.id == job.id).execute()
+        now if job.options.get("callback_url") else None,
+        job.id,
+    )
     return status
+
+
+def get(job_id: int) -> Job:
+    """The job's row as it is now (Job.get_by_id, without peewee's query building)."""
+    found = db.fetch(Job, "SELECT * FROM job WHERE id = ?", job_id)
+    if not found:
+        raise Job.DoesNotExist(f"no job {job_id}")
+    return found[0]
 
 
 # -- job-end callbacks ---------------------------------------------------------------------
@@ -975,7 +1043,7 @@ def settle_callback(task_id: str, retry_at: float | None) -> None:
 
 
 def next_callback_due() -> float | None:
-    return Job.select(pw.fn.MIN(Job.callback_due)).scalar()
+    return db.execute("SELECT MIN(callback_due) FROM job").fetchone()[0]
 
 
 def reap(
@@ -1026,16 +1094,14 @@ def position(job: Job) -> int | None:
     """1-based place in line, exact at the moment of the call; None when not pending."""
     if job.status != JobStatus.PENDING:
         return None
-    ahead = (
-        Job.select()
-        .where(
-            Job.status == JobStatus.PENDING,
-            (Job.priority > job.priority)
-            | (
-                (Job.priority == job.priority)
-                & ((Job.seq < job.seq) | ((Job.seq == job.seq) & (Job.id < job.id)))
-            ),
-        )
-        .count()
-    )
+    (ahead,) = db.execute(
+        "SELECT COUNT(*) FROM job WHERE status = ?"
+        " AND (priority > ? OR (priority = ? AND (seq < ? OR (seq = ? AND id < ?))))",
+        JobStatus.PENDING,
+        job.priority,
+        job.priority,
+        job.seq,
+        job.seq,
+        job.id,
+    ).fetchone()
     return ahead + 1

@@ -210,6 +210,7 @@ class Service:
             "sample": SAMPLE_EVERY,
             "heartbeat": self.config.queue.lease_seconds / 3,
             "reap": self.config.queue.poll_interval,
+            "poll": self.config.queue.poll_interval,
             "health": HEALTH_EVERY,
             "rescan": self.config.ingest.rescan_interval,
             "sweep": SWEEP_EVERY,
@@ -240,6 +241,8 @@ class Service:
                     self.node, self.owner, self.workers.policy, in_hand=self.workers.in_hand()
                 )
                 self.workers.document_failures(reaped)
+            elif task == "poll":
+                self.workers.poll()
             elif task == "health" and self.config.queue.worker_enabled:
                 self.workers.check_health()
             elif task == "sweep" and self.config.service.retention_days:

@@ -7,9 +7,10 @@ the job table, so a lost wake-up (kill -9) loses no work: the next start-up,
 or the next periodic kick, drains the table again.
 
 The workers wake themselves: on the bus events after which a job may have become
-claimable (``on_event``), at their own scheduled times (a retry or a start time
-falling due) and every ``queue.poll_interval``; another node's notice reaches
-``kick`` through cluster.Notifier. No other module wakes them.
+claimable (``on_event``) and at their own scheduled times (a retry or a start time
+falling due). Besides, the service's housekeeping loop calls ``poll`` every
+``queue.poll_interval``, and another node's notice reaches ``kick`` through
+cluster.Notifier.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from huey.storage import MemoryStorage
 
 from . import cluster, db, ingest, jobs, logs, outputs
 from .config import Config
-from .db import Job, JobStatus, ProcessorRun, RunStatus
+from .db import Job, JobStatus, ProcessorRun
 from .events import Event, bus
 from .gate import Gate
 from .processors import Registry, asr, frames
@@ -55,15 +56,16 @@ class BlockingMemoryStorage(MemoryStorage):
     """Huey's in-memory queue, but ``dequeue`` waits for a message instead of returning None.
 
     Huey's workers do not poll-and-sleep on a blocking storage, so a wake-up
-    reaches an idle worker in about a millisecond at no idle CPU cost.
+    reaches an idle worker in about a millisecond, and an idle worker never wakes
+    until ``close`` lets them all go at shutdown.
     """
 
     blocking = True
 
-    def __init__(self, *args: Any, read_timeout: float = 1.0, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._ready = threading.Condition(self._lock)
-        self._read_timeout = read_timeout
+        self._closed = False
 
     def enqueue(self, data: bytes, priority: float | None = None) -> None:
         with self._ready:
@@ -73,9 +75,16 @@ class BlockingMemoryStorage(MemoryStorage):
     def dequeue(self) -> bytes | None:
         with self._ready:
             data = super().dequeue()
-            if data is None and self._ready.wait(self._read_timeout):
+            while data is None and not self._closed:
+                self._ready.wait()
                 data = super().dequeue()
             return data
+
+    def close(self) -> None:
+        """From now on ``dequeue`` returns at once, so the workers see Huey's stop flag."""
+        with self._ready:
+            self._closed = True
+            self._ready.notify_all()
 
 
 class InProcessConsumer(Consumer):
@@ -140,12 +149,12 @@ class Workers:
         self.consumer.start()
         self.started = True
         bus.listen(self.on_event)
-        threading.Thread(target=self._poll, name="poll", daemon=True).start()
         self.kick()
 
     def stop(self) -> None:
         """Running processors stop at their next report and go back to the line."""
         self.stopping.set()
+        self.huey.storage.close()
         self.consumer.stop(graceful=True)
 
     def kick(self, delay: float | None = None) -> None:
@@ -162,10 +171,10 @@ class Workers:
             if event.get("not_before"):
                 self.kick(delay=event["not_before"] - time.time())  # its start time
 
-    def _poll(self) -> None:
-        """Look again every poll interval: a job another process queued on a shared
+    def poll(self) -> None:
+        """Look again (every poll interval): a job another process queued on a shared
         SQLite file, a start time or a retry the scheduler lost with a restart."""
-        while not self.stopping.wait(self.config.queue.poll_interval):
+        if self.started and not self.stopping.is_set():
             self.kick()
 
     def check_health(self) -> None:
@@ -199,17 +208,22 @@ class Workers:
             if job is None:
                 db.release_connection()
                 return
-            self.kick()  # another worker may take the next job while this one runs
+            with self._hand_lock:
+                busy = len(self._in_hand) + 1  # this job among them
+            if busy < self._local.limit:
+                self.kick()  # another worker may take the next job while this one runs
             self.run_job(job)
 
     def _claim(self) -> Job | None:
         lease = self.config.queue.lease_seconds
         # A coming processor counts as runnable elsewhere: its jobs are skipped, not failed.
         others = (cluster.cluster_processors(within=lease) - self.can_run) | self.coming
+        # At the limit, no other worker is woken: the next claim comes when a job ends.
+        self._local.limit = self.effective_limit()
         return jobs.claim(
             self.owner,
             self.node,
-            self.effective_limit(),
+            self._local.limit,
             lease,
             # Only when another node can run something this one cannot must it look
             # past the head of the line.
@@ -261,11 +275,7 @@ class Workers:
         deadline = time.monotonic() + (job.task_timeout or self.config.queue.task_timeout)
         # Read all rows first: an open SQLite cursor would pin an old snapshot and make
         # the writes below fail with "database is locked".
-        runs = list(
-            ProcessorRun.select()
-            .where(ProcessorRun.job == job.id, ProcessorRun.status == RunStatus.PENDING)
-            .order_by(ProcessorRun.position)
-        )
+        runs = jobs.pending_runs(job.id)
         guard = ingest.FileGuard(job.file)  # the file deleted or replaced while we work
         if guard.problem() is None and (reason := ingest.unusable(job.file)):
             return self._reject(job, runs, reason)

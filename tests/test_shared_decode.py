@@ -1,8 +1,10 @@
 """One decode pass feeding every frame processor gives what each gives decoding alone,
-stops and resumes per processor, and keeps one processor's failure to itself."""
+stops and resumes per processor, and keeps one processor's failure to itself; the
+same with the members fed on several threads."""
 
 from __future__ import annotations
 
+import threading
 from itertools import pairwise
 
 import pytest
@@ -14,7 +16,7 @@ from momentry_edge.processors.backends import Backend
 from momentry_edge.processors.base import PermanentError, Stop
 from momentry_edge.processors.cut import CutProcessor
 from momentry_edge.processors.face import FaceProcessor
-from momentry_edge.processors.frames import SampledProcessor
+from momentry_edge.processors.frames import FramePlan, FrameProcessor, SampledProcessor
 from momentry_edge.processors.ocr import OcrProcessor
 from momentry_edge.processors.pose import PoseProcessor
 from momentry_edge.processors.yolo import YoloProcessor
@@ -32,6 +34,13 @@ def make_processors(models_dir) -> list:
         FaceProcessor({"sample_fps": 1.0}),
         PoseProcessor({"sample_fps": 1.5}),
     ]
+
+
+@pytest.fixture(autouse=True)
+def no_thread_left_behind():
+    before = set(threading.enumerate())
+    yield
+    assert set(threading.enumerate()) <= before
 
 
 @pytest.fixture(scope="module")
@@ -60,15 +69,18 @@ class CountingDecodes:
         monkeypatch.setattr(media, "iter_decoded", counted)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
 def test_one_shared_decode_gives_each_processor_its_solo_result(
-    clip, solo, models_dir, monkeypatch
+    clip, solo, models_dir, monkeypatch, threads
 ):
     decodes = CountingDecodes(monkeypatch)
     processors = make_processors(models_dir)
     reports = [Reports() for _ in processors]
 
     outcomes = frames.run_shared(
-        clip, [(p, context(clip, r)) for p, r in zip(processors, reports, strict=True)]
+        clip,
+        [(p, context(clip, r)) for p, r in zip(processors, reports, strict=True)],
+        threads=threads,
     )
 
     assert decodes.calls == 1
@@ -81,15 +93,19 @@ def test_one_shared_decode_gives_each_processor_its_solo_result(
         assert r.checkpoints[-1]["frame"] == TOTAL
 
 
-def test_a_stopped_pass_resumes_each_processor_to_the_same_result(clip, solo, models_dir):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_stopped_pass_resumes_each_processor_to_the_same_result(clip, solo, models_dir, threads):
     processors = make_processors(models_dir)
     first = [Reports(stop_at=260) for _ in processors]
 
     outcomes = frames.run_shared(
-        clip, [(p, context(clip, r)) for p, r in zip(processors, first, strict=True)]
+        clip,
+        [(p, context(clip, r)) for p, r in zip(processors, first, strict=True)],
+        threads=threads,
     )
 
     assert all(isinstance(o, Stop) for o in outcomes)
+    assert len({r.calls[-1] for r in first}) == 1  # all stopped at the same report
     checkpoints = [r.checkpoints[-1] for r in first]
     for r, checkpoint in zip(first, checkpoints, strict=True):
         assert r.calls[-1][0] - checkpoint["frame"] <= 2 * FPS  # redone: at most ~2 s of video
@@ -104,6 +120,7 @@ def test_a_stopped_pass_resumes_each_processor_to_the_same_result(clip, solo, mo
             (p, context(clip, r, checkpoint))
             for p, r, checkpoint in zip(processors, second, checkpoints, strict=True)
         ],
+        threads=threads,
     )
 
     assert {p.name: o for p, o in zip(processors, outcomes, strict=True)} == solo
@@ -111,28 +128,77 @@ def test_a_stopped_pass_resumes_each_processor_to_the_same_result(clip, solo, mo
 
 
 class Broken(SampledProcessor):
+    """Fails half-way through the video."""
+
     name = "broken"
     item_key = "things"
     backends = (Backend("numpy", ("numpy",)),)
 
+    def feed(self, index, seconds, image):
+        if index >= TOTAL // 2:
+            raise RuntimeError("model exploded")
+        super().feed(index, seconds, image)
+
     def detect(self, image):
-        raise RuntimeError("model exploded")
+        return [{"mean": float(image.mean())}]
 
 
-def test_one_failing_processor_does_not_fail_the_others(clip, solo, tmp_path):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_one_failing_processor_does_not_fail_the_others(clip, solo, tmp_path, threads):
     members = [
         CutProcessor({}),
         Broken({}),
         YoloProcessor({"model_path": str(tmp_path / "missing.onnx")}),
         FaceProcessor({"sample_fps": 1.0}),
     ]
+    reports = [Reports() for _ in members]
 
-    outcomes = frames.run_shared(clip, [(p, context(clip, Reports())) for p in members])
+    outcomes = frames.run_shared(
+        clip,
+        [(p, context(clip, r)) for p, r in zip(members, reports, strict=True)],
+        threads=threads,
+    )
 
     cut, broken, yolo, face = outcomes
     assert cut == solo["cut"] and face == solo["face"]
     assert isinstance(broken, RuntimeError) and "model exploded" in str(broken)
     assert isinstance(yolo, PermanentError) and "does not exist" in str(yolo)
+    assert 0 < reports[1].checkpoints[-1]["frame"] <= TOTAL // 2  # saved before it failed
+
+
+class Counter(FrameProcessor):
+    """Takes every frame in order; its checkpoints say how many it had been fed."""
+
+    name = "counter"
+
+    def plan(self, info, checkpoint):
+        self.fed = checkpoint["frame"] if checkpoint else 0
+        return FramePlan(resume=self.fed)
+
+    def feed(self, index, seconds, image):
+        if index != self.fed:
+            raise RuntimeError(f"fed frame {index} after {self.fed} frames")
+        self.fed += 1
+
+    def checkpoint(self, done):
+        return {"frame": done, "fed": self.fed}
+
+    def finish(self, done):
+        return {"fed": self.fed}
+
+
+def test_parallel_checkpoints_hold_exactly_the_frames_before_them(clip):
+    # Cut takes every frame too and face is slower: they run on the other thread.
+    members = [Counter({}), CutProcessor({}), FaceProcessor({"sample_fps": 5.0})]
+    reports = [Reports() for _ in members]
+
+    outcomes = frames.run_shared(
+        clip, [(p, context(clip, r)) for p, r in zip(members, reports, strict=True)], threads=2
+    )
+
+    assert outcomes[0] == {"fed": TOTAL}
+    assert len(reports[0].checkpoints) >= TOTAL // (2 * FPS)
+    assert all(c["fed"] == c["frame"] for c in reports[0].checkpoints)
 
 
 def test_unreadable_video_fails_every_member(tmp_path):

@@ -9,15 +9,20 @@ one frame, ``checkpoint`` and ``finish`` give its state and its result.
 converted once per (size, pixel format) that some member wants at that index.
 Each member keeps its own progress, checkpoint and outcome, so one failing does
 not stop the others. A processor run on its own goes through the same pass
-with one member, so it gives the same result alone or shared.
+with one member, so it gives the same result alone or shared. Given more than
+one thread, the pass decodes on one and feeds the members on the others: the
+models (onnxruntime, MediaPipe, OpenCV) let go of the GIL for most of their work.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import queue
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -40,6 +45,10 @@ REPORT_SECONDS = 1.0  # of wall time: progress (and a chance to stop) at least t
 # times as long, so saving never costs more than ~1/SAVE_SPACING of the run.
 CHEAP_SAVE = 0.01
 SAVE_SPACING = 20
+# Parallel pass: frames queued per member thread (memory stays flat), and how often a
+# blocked thread looks whether the pass is ending.
+FRAMES_IN_FLIGHT = 4
+POLL_SECONDS = 0.1
 
 Outcome = dict[str, Any] | BaseException
 
@@ -105,13 +114,26 @@ class _Member:
         self.plan: FramePlan | None = None
         self.saved = -1  # frame count of the last checkpoint saved
         self.next_save = 0.0  # monotonic time before which no checkpoint is saved
+        self.busy = 0.0  # seconds spent in feed (parallel pass: how threads are shared out)
+
+    def wants(self, index: int) -> bool:
+        plan = self.plan
+        assert plan is not None
+        return index >= plan.first and (index < plan.resume or index % plan.step == 0)
+
+    @property
+    def key(self) -> tuple[Any, str]:
+        assert self.plan is not None
+        return self.plan.size, self.plan.fmt
 
 
 def run_shared(
-    media_path: Path, members: Sequence[tuple[FrameProcessor, RunContext]]
+    media_path: Path, members: Sequence[tuple[FrameProcessor, RunContext]], threads: int = 1
 ) -> list[Outcome]:
     """Decode ``media_path`` once and feed every member; each member's result or error.
 
+    With ``threads`` > 1, one thread decodes and up to ``threads`` others feed the
+    members (see ``_Parallel``); results, reports and checkpoints are the same.
     A ``Stop`` from any member's report (cancel, shutdown, timeout: all job-wide)
     ends the pass after every member has saved its checkpoint; each unfinished
     member's outcome is then that ``Stop``.
@@ -132,30 +154,27 @@ def run_shared(
     if not active:
         return outcomes  # type: ignore[return-value]
 
-    every = max(1, round(CHECKPOINT_SECONDS * info.fps))
     first = min(m.plan.first for m in active)  # type: ignore[union-attr]
-    next_report = (first // every + 1) * every
-    last_report = time.monotonic()
-    scaler = VideoReformatter()
-    done = 0
+    clock = _ReportClock(max(1, round(CHECKPOINT_SECONDS * info.fps)), first)
+    feeder = _Parallel if threads > 1 else _Serial
+    stop = None
     try:
-        for index, seconds, frame in media.iter_decoded(media_path, start_frame=first):
-            _feed_all(active, outcomes, index, seconds, frame, scaler)
-            done = index + 1
-            now = time.monotonic()
-            if done >= next_report or now - last_report >= REPORT_SECONDS:
-                next_report = (done // every + 1) * every
-                last_report = now
+        with feeder(media_path, first, active, outcomes, clock, threads) as fed:
+            # At each report point every member has been fed exactly the frames before it.
+            for done in fed:
                 stop = _report_all(active, outcomes, done, max(info.frame_count, done))
                 if stop is not None:
-                    return _stopped(outcomes, active, stop)
-            if not active:
-                return outcomes  # type: ignore[return-value]
+                    break
     except media.MediaNotFoundError as e:
         return _fail_all(outcomes, active, ProcessorError(e.reason, transient=True))
     except media.MediaError as e:
         return _fail_all(outcomes, active, PermanentError(e.reason))
+    if stop is not None:
+        return _stopped(outcomes, active, stop)
+    if not active:
+        return outcomes  # type: ignore[return-value]
 
+    done = fed.done
     if done == 0:
         error = PermanentError("truncated or corrupt: could not decode any video frame")
         return _fail_all(outcomes, active, error)
@@ -173,31 +192,256 @@ def run_shared(
     return outcomes  # type: ignore[return-value]
 
 
-def _feed_all(
-    active: list[_Member],
+class _ReportClock:
+    """Report points: every ``every`` frames of video, and at least every REPORT_SECONDS."""
+
+    def __init__(self, every: int, first: int) -> None:
+        self.every = every
+        self.next = (first // every + 1) * every
+        self.last = time.monotonic()
+
+    def due(self, done: int) -> bool:
+        now = time.monotonic()
+        if done < self.next and now - self.last < REPORT_SECONDS:
+            return False
+        self.next = (done // self.every + 1) * self.every
+        self.last = now
+        return True
+
+
+class _Serial:
+    """Decode and feed on the calling thread, one member after another.
+
+    Iterating yields ``done`` at each report point; ``done`` is then the frame count.
+    """
+
+    def __init__(
+        self,
+        media_path: Path,
+        first: int,
+        active: list[_Member],
+        outcomes: list[Outcome | None],
+        clock: _ReportClock,
+        threads: int = 1,
+    ) -> None:
+        self.media_path, self.first, self.clock = media_path, first, clock
+        self.active, self.outcomes = active, outcomes
+        self.done = 0
+
+    def __enter__(self) -> _Serial:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def __iter__(self) -> Iterator[int]:
+        scaler = VideoReformatter()
+        for index, seconds, frame in media.iter_decoded(self.media_path, start_frame=self.first):
+            images = _convert(frame, index, self.active, scaler)
+            for m in list(self.active):
+                if m.wants(index) and not _feed(m, self.outcomes, index, seconds, images):
+                    self.active.remove(m)
+            self.done = index + 1
+            if self.clock.due(self.done):
+                yield self.done
+            if not self.active:
+                return
+
+
+class _Parallel:
+    """Decode on one thread and feed the members on up to ``threads`` others.
+
+    Each member thread has a short queue of the frames its members want, so memory
+    stays flat however long the video. At a report point (and at the end) the
+    decode thread and every member thread meet the caller at a barrier: all
+    queues are empty, every member has been fed exactly the frames before the
+    point, and the caller reports and takes checkpoints as a single thread would.
+    There it also shares the members out again, the ones that took longest so far
+    first, each onto the thread with the least work (a member is only ever fed by
+    one thread at a time). Leaving the ``with`` block ends and joins every thread.
+    """
+
+    def __init__(
+        self,
+        media_path: Path,
+        first: int,
+        active: list[_Member],
+        outcomes: list[Outcome | None],
+        clock: _ReportClock,
+        threads: int,
+    ) -> None:
+        self.media_path, self.first, self.clock = media_path, first, clock
+        self.active, self.outcomes = active, outcomes
+        self.members = list(active)
+        self.done = 0
+        self.ended = False
+        self.error: BaseException | None = None
+        count = min(threads, len(active))
+        self.owner = _share_out(self.members, count)
+        self.queues: list[queue.Queue[Any]] = [queue.Queue(FRAMES_IN_FLIGHT) for _ in range(count)]
+        self.barrier = threading.Barrier(count + 2)  # the member threads, decode, the caller
+        self.quit = threading.Event()
+        self.threads = [threading.Thread(target=self._decode, name="frames-decode")]
+        self.threads += [
+            threading.Thread(target=self._work, args=(i,), name=f"frames-{i}") for i in range(count)
+        ]
+
+    def __enter__(self) -> _Parallel:
+        try:
+            for thread in self.threads:
+                thread.start()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.quit.set()  # a stop or an error: the others leave what they were doing
+        self.barrier.abort()
+        for thread in self.threads:
+            if thread.ident is not None:  # started
+                thread.join()
+        self._prune()
+
+    def __iter__(self) -> Iterator[int]:
+        while True:
+            self._meet()
+            self._prune()
+            if self.ended:
+                break
+            yield self.done
+            self.owner = _share_out(self.active, len(self.queues))
+            self._meet()
+        for thread in self.threads:
+            thread.join()
+        if self.error is not None:
+            raise self.error
+
+    def _meet(self) -> None:
+        try:
+            self.barrier.wait()
+        except threading.BrokenBarrierError:
+            raise self.error or RuntimeError("frame pass: a thread ended early") from None
+
+    def _prune(self) -> None:
+        self.active[:] = [m for m in self.active if self.outcomes[m.slot] is None]
+
+    def _decode(self) -> None:
+        scaler = VideoReformatter()
+        try:
+            decoded = media.iter_decoded(self.media_path, start_frame=self.first)
+            with contextlib.closing(decoded):
+                for index, seconds, frame in decoded:
+                    # Members that failed in feed or report are not waited for.
+                    wanting = [m for m in self.members if self.outcomes[m.slot] is None]
+                    if not wanting or self.quit.is_set():
+                        break
+                    images = _convert(frame, index, wanting, scaler)
+                    feeding = {self.owner[m.slot] for m in wanting if m.wants(index)}
+                    for thread in sorted(feeding):
+                        self._put(self.queues[thread], (index, seconds, images))
+                    self.done = index + 1
+                    if self.clock.due(self.done):
+                        self._rendezvous(self.done)
+        except threading.BrokenBarrierError:
+            return  # the caller left
+        except BaseException as exc:  # MediaError for the caller, or a bug: raised there
+            self.error = exc
+        self.ended = True
+        with contextlib.suppress(threading.BrokenBarrierError):
+            self._rendezvous(_END)
+
+    def _rendezvous(self, mark: int | object) -> None:
+        """Tell the member threads to meet at ``mark`` once they have fed what came before."""
+        for q in self.queues:
+            self._put(q, mark)
+        self.barrier.wait()
+        if mark is not _END:
+            self.barrier.wait()  # after the reports
+
+    def _work(self, thread: int) -> None:
+        q = self.queues[thread]
+        try:
+            while (item := self._get(q)) is not None:
+                if item is _END:
+                    self.barrier.wait()
+                    return
+                if isinstance(item, int):  # a report point
+                    self.barrier.wait()
+                    self.barrier.wait()  # after the reports and sharing out
+                    continue
+                index, seconds, images = item
+                for m in self.members:
+                    # Members that failed are no one's (their outcome is kept).
+                    if self.owner.get(m.slot) == thread and m.wants(index):
+                        _feed(m, self.outcomes, index, seconds, images)
+        except threading.BrokenBarrierError:
+            return  # the pass ends early
+        except BaseException as exc:  # a bug here: end the pass, the caller raises it
+            self.error = exc
+            self.quit.set()
+            self.barrier.abort()
+
+    def _put(self, q: queue.Queue[Any], item: Any) -> None:
+        while not self.quit.is_set():
+            with contextlib.suppress(queue.Full):
+                q.put(item, timeout=POLL_SECONDS)
+                return
+
+    def _get(self, q: queue.Queue[Any]) -> Any:
+        while not self.quit.is_set():
+            with contextlib.suppress(queue.Empty):
+                return q.get(timeout=POLL_SECONDS)
+        return None
+
+
+_END = object()  # the last mark in a member thread's queue
+
+
+def _share_out(members: list[_Member], threads: int) -> dict[int, int]:
+    """Member slot -> thread: the members that took longest so far first, each onto the
+    thread with the least time (then fewest members) so far."""
+    loads = [(0.0, 0)] * threads
+    owner = {}
+    for m in sorted(members, key=lambda m: -m.busy):
+        thread = loads.index(min(loads))
+        owner[m.slot] = thread
+        busy, count = loads[thread]
+        loads[thread] = (busy + m.busy, count + 1)
+    return owner
+
+
+def _convert(
+    frame: VideoFrame, index: int, members: list[_Member], scaler: VideoReformatter
+) -> dict[tuple[Any, str], np.ndarray]:
+    """The frame converted once per (size, pixel format) that a member wants at ``index``."""
+    images: dict[tuple[Any, str], np.ndarray] = {}
+    for m in members:
+        if m.wants(index) and m.key not in images:
+            width, height = m.key[0] or (None, None)
+            image = scaler.reformat(frame, width, height, m.key[1], threads=1).to_ndarray()
+            image.flags.writeable = False  # shared by members, maybe on other threads
+            images[m.key] = image
+    return images
+
+
+def _feed(
+    m: _Member,
     outcomes: list[Outcome | None],
     index: int,
     seconds: float,
-    frame: VideoFrame,
-    scaler: VideoReformatter,
-) -> None:
-    """Give one decoded frame to every member that wants it, converted once per
-    (size, pixel format); a member whose ``feed`` raises leaves the pass."""
-    images: dict[tuple[Any, str], np.ndarray] = {}
-    for m in list(active):
-        plan = m.plan
-        assert plan is not None
-        if index < plan.first or (index >= plan.resume and index % plan.step):
-            continue
-        key = (plan.size, plan.fmt)
-        if key not in images:
-            width, height = plan.size or (None, None)
-            images[key] = scaler.reformat(frame, width, height, plan.fmt, threads=1).to_ndarray()
-        try:
-            m.processor.feed(index, seconds, images[key])
-        except Exception as exc:
-            outcomes[m.slot] = exc
-            active.remove(m)
+    images: dict[tuple[Any, str], np.ndarray],
+) -> bool:
+    """Feed one member its image; False (its outcome the error) when ``feed`` raises."""
+    started = time.perf_counter()
+    try:
+        m.processor.feed(index, seconds, images[m.key])
+    except Exception as exc:
+        outcomes[m.slot] = exc
+        return False
+    finally:
+        m.busy += time.perf_counter() - started
+    return True
 
 
 def _report_all(

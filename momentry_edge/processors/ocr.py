@@ -54,6 +54,8 @@ class OcrProcessor(SampledProcessor):
             params={
                 "Global.log_level": "error",
                 "EngineConfig.onnxruntime.use_coreml": self.backend == "onnxruntime-coreml",
+                # One thread, as yolo (see there): no spinning pool, half the CPU.
+                "EngineConfig.onnxruntime.intra_op_num_threads": 1,
                 # Text detection on a frame at most this big (PaddleOCR's classic 960).
                 # rapidocr's default instead upscales every frame to a 736 px short
                 # side: about 3x the work on video frames, for no gain on 720p text.

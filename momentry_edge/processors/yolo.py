@@ -112,6 +112,9 @@ class OrtYolo:
 
         options = ort.SessionOptions()
         options.log_severity_level = 3  # errors only
+        # One thread: its default pool (one per core) spins between calls and took ~2x
+        # the CPU per frame; the cores are used by running members side by side instead.
+        options.intra_op_num_threads = 1
         wanted = ["CoreMLExecutionProvider", "CPUExecutionProvider"]
         available = ort.get_available_providers()
         try:

@@ -108,9 +108,12 @@ class _Member:
 
 
 def run_shared(
-    media_path: Path, members: Sequence[tuple[FrameProcessor, RunContext]]
+    media_path: Path, members: Sequence[tuple[FrameProcessor, RunContext]], threads: int = 1
 ) -> list[Outcome]:
     """Decode ``media_path`` once and feed every member; each member's result or error.
+
+    ``threads``: at most this many threads feed members (the worker's share of the
+    job's thread budget for this pass).
 
     A ``Stop`` from any member's report (cancel, shutdown, timeout: all job-wide)
     ends the pass after every member has saved its checkpoint; each unfinished

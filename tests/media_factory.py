@@ -9,7 +9,7 @@ ContentDetector sees each boundary clearly and never the bar.
 from __future__ import annotations
 
 import colorsys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from fractions import Fraction
 from pathlib import Path
 
@@ -39,12 +39,14 @@ def make_video(
     speech_wav: Path | str | None = None,
     speech_start: float = 0.0,
     faststart: bool = False,
+    picture: Callable[[int], np.ndarray] | None = None,
 ) -> Path:
     """Write a clip of ``segments * segment_seconds`` seconds and return its path.
 
     Audio is a quiet 440 Hz tone, or ``speech_wav`` placed at ``speech_start``
     seconds over silence (AAC, or Opus for ``.webm``). ``faststart`` puts the mp4
-    index first, as web-optimised files have it.
+    index first, as web-optimised files have it. ``picture(i)`` (HxWx3 RGB of
+    ``size``), if given, is drawn as frame ``i`` instead of the colours.
     """
     path = Path(path)
     width, height = size
@@ -81,6 +83,8 @@ def make_video(
             image = bases[k].copy()
             x = (i * 2) % (width - bar)  # 2 px per frame: motion, far below a cut
             image[:, x : x + bar] = (255, 255, 255) if k % 2 else (20, 20, 20)
+            if picture is not None:
+                image = picture(i)
             frame = av.VideoFrame.from_ndarray(image, "rgb24")
             frame.pts = i
             frame.time_base = Fraction(1, fps)

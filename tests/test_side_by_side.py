@@ -5,7 +5,8 @@ stop, resume and fail each on its own.
 
 ``hold`` (tests/workloads.py) is a frame-pass member that holds the pass at frame
 ``HOLD_AT`` while a marker file exists: the frame members' checkpoints before that frame
-are saved, and the pass goes on only once the test removes the marker.
+are saved, and the pass goes on only once the test removes the marker. ``boom`` and
+``steps`` are other parts of known shape: one that breaks, one that takes long.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def settings(models_dir: Path, marker: Path, job_threads: int, **queue: Any) -> 
         "processors.face": {"sample_fps": 0.5},
         "processors.pose": {"sample_fps": 0.5},
         "processors.hold": {"hold_while_exists": str(marker), "at": HOLD_AT},
-        "processors.boom": {"steps": 3, "step_seconds": 0.2},
+        "processors.boom": {"hold_while_exists": str(marker), "step_seconds": 0.2},
     }
 
 
@@ -235,9 +236,13 @@ def test_a_failing_processor_leaves_the_other_parts_complete(
     start_service, talk, models_dir, tmp_path, one_after_another
 ):
     _, expected = one_after_another
+    marker = tmp_path / "hold"  # boom goes on while it exists, then breaks; hold waits too
+    marker.touch()
     # Three parts on two threads: speech and boom first, the frame pass once boom broke.
-    svc = start_service(**settings(models_dir, tmp_path / "no marker", 2, max_retries=0))
+    svc = start_service(**settings(models_dir, marker, 2, max_retries=0))
     task = submit(svc, talk, ["asr", "asrx", "boom", *FRAMES])
+    wait_for(lambda: running_with_checkpoints(svc, task, ["asr", "asrx", "boom"]), timeout=120)
+    marker.unlink()
 
     job = svc.wait_status(task, "partial", "completed", "failed", timeout=300)
 
@@ -256,26 +261,34 @@ def test_a_task_timeout_stops_both_parts_as_timed_out_with_their_checkpoints(
     start_service, talk, models_dir, tmp_path
 ):
     marker = tmp_path / "hold"
-    svc = start_service(**settings(models_dir, marker, 2, max_retries=0))
-    # A first job loads every model, so the timed one spends its seconds working.
-    warm = submit(svc, talk, SCAN)
+    config = settings(models_dir, marker, 2, max_retries=0)
+    # The other part is the steps workload: 20 s of steps, a checkpoint after each.
+    config["service"]["plugins"].append("workloads:Steps")
+    config["processors.steps"] = {"steps": 400, "step_seconds": 0.05}
+    svc = start_service(**config)
+    # A first job loads the frame models, so the timed one spends its seconds working.
+    warm = submit(svc, talk, FRAMES)
     assert svc.wait_status(warm, "completed", "partial", "failed", timeout=300)["status"] == (
         "completed"
     )
     marker.touch()
-    task = svc.submit("talk.mp4", SCAN, force=True, task_timeout=4)["task_id"]
+    task = svc.submit("talk.mp4", ["steps", *FRAMES], force=True, task_timeout=6)["task_id"]
 
-    # The speech branch runs out of time while the frame pass is held; let go, the frame
-    # pass stops at its next report, for the same reason.
-    asr = wait_for(lambda: (r := svc.job(task)["processors"]["asr"])["status"] == "failed" and r)
+    # The steps run out of time while the frame pass is held; let go, the frame pass
+    # stops at its next report, for the same reason.
+    steps = wait_for(
+        lambda: (r := svc.job(task)["processors"]["steps"])["status"] == "failed" and r,
+        timeout=60,
+    )
     marker.unlink()
     job = svc.wait_status(task, "failed", timeout=60)
 
-    assert "timed out after 4 s" in asr["error"]
-    docs = results(svc, job, SCAN)
-    for name in SCAN:
-        run = job["processors"][name]
-        assert run["status"] == "failed" and "timed out after 4 s" in run["error"], name
-        assert run["last_checkpoint"], name
-        assert docs[name]["status"] == "failed" and docs[name]["result"] is not None, name
+    assert "timed out after 6 s" in steps["error"] and steps["current"] < 400
     assert "the job's task_timeout" in job["error_message"]
+    docs = results(svc, job, ["steps", *FRAMES])
+    for name in ["steps", *FRAMES]:
+        run = job["processors"][name]
+        assert run["status"] == "failed" and "timed out after 6 s" in run["error"], name
+        assert run.get("last_checkpoint"), (name, run)
+        assert docs[name]["status"] == "failed" and docs[name]["result"] is not None, name
+        assert docs[name]["last_checkpoint"] == run["last_checkpoint"], name

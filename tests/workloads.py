@@ -114,14 +114,16 @@ class Hold(FrameProcessor):
 
 
 class Boom(Processor):
-    """Reports ``steps`` steps of ``step_seconds`` each, then raises: a processor that
-    breaks in the middle of its run."""
+    """Reports a step every ``step_seconds`` while the file named by ``hold_while_exists``
+    exists, then raises: a processor that breaks in the middle of its run."""
 
     name = "boom"
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
-        total = int(self.settings.get("steps", 3))
-        for step in range(total):
+        marker = Path(self.settings["hold_while_exists"])
+        step = 0
+        while step == 0 or marker.exists():
             time.sleep(float(self.settings.get("step_seconds", 0.1)))
-            ctx.report(step + 1, total + 1, {"frame": step + 1})
+            step += 1
+            ctx.report(step, step + 1, {"frame": step})
         raise RuntimeError("boom: the model blew up")

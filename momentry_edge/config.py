@@ -98,6 +98,10 @@ class QueueConfig:
     worker_enabled: bool = _setting(True, env="MOMENTRY_WORKER_ENABLED")
     # Worker threads are started once; max_concurrent can be raised live up to this.
     worker_threads: int = _setting(8, minimum=1, maximum=256)
+    # Threads one job may use to run its independent parts side by side (the speech
+    # branch, the frame pass, other processors): on a small machine one job alone can
+    # then keep every core busy. 0: the machine's core count; 1: one part after another.
+    job_threads: int = _setting(0, minimum=0, maximum=256)
     # A running job's lease; a worker that stops renewing it (crash, kill -9) loses the job
     # to the reaper after this long.
     lease_seconds: float = _setting(60.0, minimum=1, maximum=MAX_SECONDS)

@@ -329,6 +329,13 @@ def release_connection() -> None:
         database.close()
 
 
+def close_connection() -> None:
+    """This thread ends: close its connection (a PostgreSQL one goes back to the pool)."""
+    database = Job._meta.database
+    if not database.in_transaction():
+        database.close()
+
+
 # A busy (SQLite "database is locked") or full database, or a connection that broke.
 OUTAGE_ERRORS = (pw.OperationalError, pw.InterfaceError)
 RETRY_DELAYS = (0.5, 1.0, 2.0)  # pauses between the tries of a state change

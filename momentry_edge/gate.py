@@ -5,10 +5,18 @@ load allows). With dynamic concurrency the load limit steps down one job while
 CPU, memory or GPU is over its threshold and back up one job once all are
 comfortably under it (a hysteresis band), at most once per ``step_seconds``, so
 it follows load without flapping.
+
+With dynamic concurrency a job also counts for the threads it runs on (its
+parts side by side, ``queue.job_threads``), not as one: while the jobs running
+here hold as many threads as the machine has cores, the limit is the number
+running, so no further job starts until one ends or gives threads back. One job
+can always run; ``max_concurrent`` stays the hard cap. Without dynamic
+concurrency ``max_concurrent`` alone decides.
 """
 
 from __future__ import annotations
 
+import os
 import platform
 import re
 import shutil
@@ -16,6 +24,7 @@ import subprocess
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,8 +78,11 @@ def parse_ioreg_utilisation(text: str) -> float | None:
 
 
 class Gate:
-    def __init__(self, queue: QueueConfig, step_seconds: float = 6.0) -> None:
+    def __init__(
+        self, queue: QueueConfig, step_seconds: float = 6.0, cores: int | None = None
+    ) -> None:
         self._queue = queue
+        self.cores = cores or os.cpu_count() or 1
         self._step_seconds = step_seconds
         self._lock = threading.Lock()
         self._samples: deque[Load] = deque(maxlen=3)
@@ -149,15 +161,26 @@ class Gate:
         with self._lock:
             return self._samples[-1] if self._samples else None
 
-    def effective_limit(self, max_concurrent: int, dynamic: bool, paused: bool = False) -> int:
+    def effective_limit(
+        self,
+        max_concurrent: int,
+        dynamic: bool,
+        paused: bool = False,
+        threads: Sequence[int] = (),
+    ) -> int:
+        """How many jobs may run here at once now; ``threads``: what each job running
+        here holds (see the module docstring)."""
         if paused:
             return 0
         with self._lock:
             if self._blocked:
                 return 0
-            if dynamic and self._load_limit is not None:
-                return max(1, min(max_concurrent, self._load_limit))
-        return max_concurrent
+            if not dynamic:
+                return max_concurrent
+            limit = min(max_concurrent, self._load_limit or max_concurrent)
+        if sum(threads) >= self.cores:
+            limit = min(limit, len(threads))  # the cores are taken: none further for now
+        return max(1, limit)
 
 
 def _now(now: float | None) -> float:

@@ -6,6 +6,11 @@ which job runs next, and whether any may start, is decided by jobs.claim from
 the job table, so a lost wake-up (kill -9) loses no work: the next start-up,
 or the next periodic kick, drains the table again.
 
+A job's independent parts (the speech branch, the frame pass, each other
+processor) run side by side on up to ``queue.job_threads`` threads, the job's
+worker thread among them; a ``Stop`` in one part stops the others at their next
+report, and the job is settled once, after all parts have ended.
+
 The workers wake themselves: on the bus events after which a job may have become
 claimable (``on_event``) and at their own scheduled times (a retry or a start time
 falling due). Besides, the service's housekeeping loop calls ``poll`` every
@@ -16,10 +21,14 @@ cluster.Notifier.
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import functools
 import logging
+import os
 import threading
 import time
-from collections.abc import Collection
+from collections import deque
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -120,9 +129,10 @@ class Workers:
         self.can_run: set[str] = set()
         self.coming: set[str] = set()
         self.update_processors()
-        self._local = threading.local()
-        # The jobs worker threads are running now: the only leases the heartbeat renews.
-        self._in_hand: set[int] = set()
+        self._loaded = _Loaded(registry)
+        # The jobs worker threads are running now (the only leases the heartbeat renews),
+        # each with the threads it runs on.
+        self._in_hand: dict[int, int] = {}
         self._hand_lock = threading.Lock()
         self.huey = Huey("momentry-edge", storage_class=BlockingMemoryStorage, results=False)
         self._drain_task = self.huey.task(name="drain")(self._drain)
@@ -187,8 +197,10 @@ class Workers:
 
     def effective_limit(self) -> int:
         state = jobs.queue_state()
+        with self._hand_lock:
+            threads = list(self._in_hand.values())
         return self.gate.effective_limit(
-            state.max_concurrent, state.dynamic_concurrency, state.paused
+            state.max_concurrent, state.dynamic_concurrency, state.paused, threads
         )
 
     # -- running jobs ------------------------------------------------------------------------
@@ -208,22 +220,16 @@ class Workers:
             if job is None:
                 db.release_connection()
                 return
-            with self._hand_lock:
-                busy = len(self._in_hand) + 1  # this job among them
-            if busy < self._local.limit:
-                self.kick()  # another worker may take the next job while this one runs
             self.run_job(job)
 
     def _claim(self) -> Job | None:
         lease = self.config.queue.lease_seconds
         # A coming processor counts as runnable elsewhere: its jobs are skipped, not failed.
         others = (cluster.cluster_processors(within=lease) - self.can_run) | self.coming
-        # At the limit, no other worker is woken: the next claim comes when a job ends.
-        self._local.limit = self.effective_limit()
         return jobs.claim(
             self.owner,
             self.node,
-            self._local.limit,
+            self.effective_limit(),
             lease,
             # Only when another node can run something this one cannot must it look
             # past the head of the line.
@@ -234,14 +240,20 @@ class Workers:
     def run_job(self, job: Job) -> str:
         context = logs.current_task.set(job.task_id)
         with self._hand_lock:
-            self._in_hand.add(job.id)
+            # Counted for its whole budget until it knows what it uses (_run_job).
+            self._in_hand[job.id] = self._budget()
+            running = len(self._in_hand)
         try:
+            # Another worker may take the next job while this one runs; at the limit none
+            # is woken: the next claim comes when a job ends.
+            if running < self.effective_limit():
+                self.kick()
             return self._run_job(job)
         except Exception as exc:
             return self._give_back(job, exc)
         finally:
             with self._hand_lock:
-                self._in_hand.discard(job.id)
+                self._in_hand.pop(job.id, None)
             logs.current_task.reset(context)
             db.release_connection()
 
@@ -280,22 +292,25 @@ class Workers:
         if guard.problem() is None and (reason := ingest.unusable(job.file)):
             return self._reject(job, runs, reason)
         batches = self._batches(runs)
-        try:
-            for i, batch in enumerate(batches):
-                if problem := guard.problem():
-                    for rest in batches[i:]:
-                        for run in rest:
-                            self._fail(job, run, None, run.last_checkpoint, problem, False, out_dir)
-                    break
-                self._run_batch(job, batch, Path(job.file.path), out_dir, deadline, guard)
-        except Stop as stop:
-            if stop.reason == StopReason.SHUTDOWN:
-                status = jobs.requeue(job, self.owner)
-                log.info("job %s at shutdown: %s", job.task_id, status)
-                return status
-            if stop.reason == StopReason.LEASE:
-                log.warning("job %s: lease lost, another worker has it", job.task_id)
-                return JobStatus.PROCESSING
+        parts, frame_threads, threads = self._threads(batches)
+        with self._hand_lock:
+            self._in_hand[job.id] = threads
+        if threads < self._budget():
+            self.kick()  # threads it does not need may go to another job
+        halt = _Halt()
+        part = functools.partial(
+            self._run_part, job, Path(job.file.path), out_dir, deadline, guard, halt, frame_threads
+        )
+        error = _side_by_side([functools.partial(part, batch) for batch in batches], parts)
+        if error is not None:
+            raise error  # outside the processors: the job is given back (run_job)
+        if halt.reason == StopReason.SHUTDOWN:
+            status = jobs.requeue(job, self.owner)
+            log.info("job %s at shutdown: %s", job.task_id, status)
+            return status
+        if halt.reason == StopReason.LEASE:
+            log.warning("job %s: lease lost, another worker has it", job.task_id)
+            return JobStatus.PROCESSING
         status = jobs.finish(job, self.owner, self.policy)
         log.info("job %s %s", job.task_id, status)
         if status == JobStatus.RETRYING:
@@ -316,15 +331,42 @@ class Workers:
         log.warning("job %s %s: %s", job.task_id, status, error)
         return status
 
-    def _processor(self, name: str) -> Processor:
-        """This thread's instance of a processor, loaded on first use."""
-        cache = self._local.__dict__.setdefault("processors", {})
-        if name not in cache:
-            processor = self.registry.create(name)
-            if processor.readiness().ready:
-                processor.load()
-            cache[name] = processor
-        return cache[name]
+    def _run_part(
+        self,
+        job: Job,
+        media_path: Path,
+        out_dir: Path,
+        deadline: float,
+        guard: ingest.FileGuard,
+        halt: _Halt,
+        frame_threads: int,
+        batch: list[ProcessorRun],
+    ) -> None:
+        """One part of a job, beside the others."""
+        if halt.reason is not None:
+            return  # the job is stopping: these runs stay to do
+        if problem := guard.problem():
+            for run in batch:
+                self._fail(job, run, None, run.last_checkpoint, problem, False, out_dir)
+            return
+        with contextlib.suppress(Stop):  # halt has the reason; _run_job acts on it
+            self._run_batch(job, batch, media_path, out_dir, deadline, guard, halt, frame_threads)
+
+    def _budget(self) -> int:
+        """The threads one job may use (``queue.job_threads``)."""
+        return self.config.queue.job_threads or os.cpu_count() or 1
+
+    def _threads(self, batches: list[list[ProcessorRun]]) -> tuple[int, int, int]:
+        """How many parts of a job run at once; the threads the frame pass gets (what the
+        job's budget leaves once each other part has one); the threads the job holds."""
+        budget = self._budget()
+        parts = max(1, min(budget, len(batches)))
+        frame_runs = next((b for b in batches if self._is_frame(b[0].processor)), None)
+        if frame_runs is None:
+            return parts, 1, parts
+        # A decode thread and one per member is the most the pass can use.
+        frame_threads = max(1, min(budget - parts + 1, len(frame_runs) + 1))
+        return parts, frame_threads, parts - 1 + frame_threads
 
     def _batches(self, runs: list[ProcessorRun]) -> list[list[ProcessorRun]]:
         """Runs in order, one per batch, except for work that is shared, in one batch at
@@ -348,10 +390,9 @@ class Workers:
         return isinstance(self._peek(name), FrameProcessor)
 
     def _peek(self, name: str) -> Processor | None:
-        """This thread's instance of a processor, or a fresh one not loaded; None if broken."""
+        """An instance of a processor to look at, not to run; None if broken."""
         try:
-            cached = self._local.__dict__.get("processors", {}).get(name)
-            return cached or self.registry.create(name)
+            return self._loaded.peek(name)
         except Exception:
             return None  # a broken plugin fails in _begin, with its error recorded
 
@@ -362,44 +403,59 @@ class Workers:
         media_path: Path,
         out_dir: Path,
         deadline: float,
-        guard: ingest.FileGuard | None = None,
+        guard: ingest.FileGuard,
+        halt: _Halt,
+        frame_threads: int,
     ) -> None:
         """Run one processor, or several sharing their work (one decode, one transcription).
         Each run keeps its own status, progress, checkpoint, error and output file; one
         failing does not fail the others. A ``Stop`` is raised after every run is recorded."""
-        started = []
-        for run in runs:
-            tracker = _Reporter(self, job, run, deadline, guard)
-            try:
-                begun = self._begin(job, run, media_path, out_dir, tracker)
-            except Exception as exc:
-                self._settle(job, run, None, tracker, exc, out_dir, guard)
-                continue
-            if begun is not None:
-                started.append((run, *begun, tracker))
-        if len(started) > 1:
+        with self._loaded.lending() as take:
+            started = []
+            for run in runs:
+                tracker = _Reporter(self, job, run, deadline, guard, halt)
+                try:
+                    processor = take(run.processor)
+                    begun = self._begin(job, run, processor, media_path, out_dir, tracker)
+                except Exception as exc:
+                    self._settle(job, run, None, tracker, exc, out_dir, guard)
+                    continue
+                if begun is not None:
+                    started.append((run, processor, begun, tracker))
             members = [(processor, ctx) for _, processor, ctx, _ in started]
-            shared = asr if isinstance(members[0][0], asr.AsrProcessor) else frames
-            outcomes = shared.run_shared(media_path, members)  # type: ignore[arg-type]
-        else:
-            outcomes = [_outcome(processor, ctx) for _, processor, ctx, _ in started]
-        stop = None
-        for (run, processor, _ctx, tracker), outcome in zip(started, outcomes, strict=True):
-            try:
-                stop = self._settle(job, run, processor, tracker, outcome, out_dir, guard) or stop
-            except db.OUTAGE_ERRORS:
-                raise  # the database away past every retry: the whole job is given back
-            except Exception as exc:  # e.g. its output cannot be written: the others still settle
-                log.error("job %s: %s not recorded", job.task_id, run.processor, exc_info=exc)
-                jobs.fail_run(run, f"{type(exc).__name__}: {exc}", transient=True)
-        if stop is not None:
-            raise stop
+            if members and isinstance(members[0][0], FrameProcessor):
+                outcomes = frames.run_shared(
+                    media_path,
+                    members,  # type: ignore[arg-type]
+                    threads=frame_threads,
+                )
+            elif len(members) > 1:
+                outcomes = asr.run_shared(media_path, members)  # type: ignore[arg-type]
+            else:
+                outcomes = [_outcome(processor, ctx) for processor, ctx in members]
+            stop = None
+            for (run, processor, _, tracker), outcome in zip(started, outcomes, strict=True):
+                try:
+                    settled = self._settle(job, run, processor, tracker, outcome, out_dir, guard)
+                    stop = settled or stop
+                except db.OUTAGE_ERRORS:
+                    raise  # the database away past every retry: the whole job is given back
+                except Exception as exc:  # e.g. its output cannot be written: others settle
+                    log.error("job %s: %s not recorded", job.task_id, run.processor, exc_info=exc)
+                    jobs.fail_run(run, f"{type(exc).__name__}: {exc}", transient=True)
+            if stop is not None:
+                raise stop
 
     def _begin(
-        self, job: Job, run: ProcessorRun, media_path: Path, out_dir: Path, tracker: _Reporter
-    ) -> tuple[Processor, RunContext] | None:
+        self,
+        job: Job,
+        run: ProcessorRun,
+        processor: Processor,
+        media_path: Path,
+        out_dir: Path,
+        tracker: _Reporter,
+    ) -> RunContext | None:
         """Mark the run started and give its context; None when it is skipped."""
-        processor = self._processor(run.processor)
         if not job.options.get("force") and (
             duplicate := outputs.duplicate_output(
                 job.file, run.processor, processor.model, processor.version, out_dir
@@ -414,14 +470,15 @@ class Workers:
         if not state.ready:
             raise ProcessorError(state.reason or "not ready", transient=False)
         jobs.start_run(run, processor.backend, processor.model)
-        ctx = RunContext(
+        if run.last_checkpoint:
+            log.info("job %s: %s resumes from its checkpoint", job.task_id, run.processor)
+        return RunContext(
             media_path=media_path,
             output_dir=out_dir,
             checkpoint=run.last_checkpoint,
             attempt=run.attempts + 1,
             _report=tracker.report,
         )
-        return processor, ctx
 
     def _settle(
         self,
@@ -578,6 +635,111 @@ class Workers:
         )
 
 
+def _side_by_side(branches: list[Callable[[], None]], threads: int) -> Exception | None:
+    """Run ``branches`` in order on ``threads`` threads, this one among them (one: one
+    after another, as a job always ran); the first error, after which none starts."""
+    todo = deque(branches)
+    errors: list[Exception] = []
+
+    def work() -> None:
+        while not errors:
+            try:
+                branch = todo.popleft()
+            except IndexError:
+                return
+            try:
+                branch()
+            except Exception as exc:
+                errors.append(exc)
+
+    def helper() -> None:
+        try:
+            work()
+        finally:
+            db.close_connection()  # this thread ends: its connection with it
+
+    name = threading.current_thread().name
+    helpers = [
+        threading.Thread(
+            target=contextvars.copy_context().run,  # the job's log context goes along
+            args=(helper,),
+            name=f"{name}-part{i}",
+            daemon=True,
+        )
+        for i in range(1, threads)
+    ]
+    for thread in helpers:
+        thread.start()
+    work()
+    for thread in helpers:
+        thread.join()
+    return errors[0] if errors else None
+
+
+class _Halt:
+    """Why a job stops, once one of its parts was told to: the other parts stop for the
+    same reason at their next report, so the job is settled for one reason."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reason: StopReason | None = None
+
+    def stop(self, reason: StopReason) -> Stop:
+        """A ``Stop`` to raise: for the job's first reason (``reason`` if none yet)."""
+        with self._lock:
+            self.reason = self.reason or reason
+            return Stop(self.reason)
+
+
+class _Loaded:
+    """Processor instances, each lent to one thread at a time and kept for the next run:
+    a part of a job on a new thread reuses models an earlier run loaded."""
+
+    def __init__(self, registry: Registry) -> None:
+        self._registry = registry
+        self._lock = threading.Lock()
+        self._idle: dict[str, list[Processor]] = {}
+
+    def take(self, name: str) -> Processor:
+        """An idle instance, else a new one, loaded if ready; ``give`` it back after use."""
+        with self._lock:
+            idle = self._idle.get(name)
+            if idle:
+                return idle.pop()
+        processor = self._registry.create(name)
+        if processor.readiness().ready:
+            processor.load()
+        return processor
+
+    def give(self, name: str, processor: Processor) -> None:
+        with self._lock:
+            self._idle.setdefault(name, []).append(processor)
+
+    @contextlib.contextmanager
+    def lending(self) -> Iterator[Callable[[str], Processor]]:
+        """``take`` for one use; what it took is given back at the end."""
+        taken: list[tuple[str, Processor]] = []
+
+        def take(name: str) -> Processor:
+            processor = self.take(name)
+            taken.append((name, processor))
+            return processor
+
+        try:
+            yield take
+        finally:
+            for name, processor in taken:
+                self.give(name, processor)
+
+    def peek(self, name: str) -> Processor:
+        """An instance to look at (its class, its settings), not to run."""
+        with self._lock:
+            idle = self._idle.get(name)
+            if idle:
+                return idle[-1]
+        return self._registry.create(name)
+
+
 def _outcome(processor: Processor, ctx: RunContext) -> Any:
     """``processor.run(ctx)``'s result, or the exception it raised."""
     try:
@@ -595,13 +757,15 @@ class _Reporter:
         job: Job,
         run: ProcessorRun,
         deadline: float,
-        guard: ingest.FileGuard | None = None,
+        guard: ingest.FileGuard | None,
+        halt: _Halt,
     ) -> None:
         self.workers = workers
         self.job = job
         self.run = run
         self.deadline = deadline
         self.guard = guard
+        self.halt = halt  # shared by the job's parts
         self.checkpoint: dict[str, Any] | None = run.last_checkpoint
         self._last_write = 0.0
         self._quiet_until = 0.0  # after a failed write, no writes until then
@@ -612,7 +776,8 @@ class _Reporter:
             self.checkpoint = checkpoint
             self._unsaved = True
         now = time.monotonic()
-        stopping = self.workers.stopping.is_set()
+        # Another part of the job stopped: save where this one is and stop with it.
+        stopping = self.workers.stopping.is_set() or self.halt.reason is not None
         due = self._unsaved or stopping or now - self._last_write >= REPORT_INTERVAL
         if due and now >= self._quiet_until:
             self._last_write = now
@@ -630,7 +795,7 @@ class _Reporter:
                 )
                 self._unsaved = False
             except jobs.LeaseLost:
-                raise Stop(StopReason.LEASE) from None
+                raise self.halt.stop(StopReason.LEASE) from None
             except db.OUTAGE_ERRORS as exc:
                 # Progress is bookkeeping: the run goes on (its lease kept by the heartbeat)
                 # and the next report past the pause saves the latest checkpoint.
@@ -645,10 +810,12 @@ class _Reporter:
                 self._quiet_until = time.monotonic() + pause
                 cancel = False
             if cancel:
-                raise Stop(StopReason.CANCELLED)
+                raise self.halt.stop(StopReason.CANCELLED)
             if self.guard is not None and (problem := self.guard.problem()):
                 raise PermanentError(problem)  # stop now rather than at the end of the run
-        if stopping:
-            raise Stop(StopReason.SHUTDOWN)
+        if self.halt.reason is not None:
+            raise Stop(self.halt.reason)
+        if self.workers.stopping.is_set():
+            raise self.halt.stop(StopReason.SHUTDOWN)
         if now > self.deadline:
-            raise Stop(StopReason.TIMEOUT)
+            raise self.halt.stop(StopReason.TIMEOUT)

@@ -85,6 +85,9 @@ class ServiceProcess:
                 "poll_interval": 0.2,
                 "retry_delay": 0.2,
                 "lease_seconds": 5,
+                # One run after another, as these tests expect; test_side_by_side.py
+                # runs a job's parts side by side.
+                "job_threads": 1,
             },
             # Jobs come from the API in these tests; dropped files are only registered.
             "ingest": {"processors": []},

@@ -96,3 +96,23 @@ def test_disk_guard_says_when_it_lifts(tmp_path):
         seen = [events.get_nowait()["type"] for _ in range(events.qsize())]
     assert seen == ["queue.blocked", "queue.unblocked"]
     assert gate.effective_limit(4, dynamic=False) == 4
+
+
+def test_running_jobs_that_hold_every_core_hold_back_further_jobs():
+    gate = Gate(QueueConfig(max_concurrent=4), cores=4)
+    assert gate.effective_limit(4, dynamic=True, threads=[]) == 4
+    assert gate.effective_limit(4, dynamic=True, threads=[2, 1]) == 4  # 3 of 4 cores
+    assert gate.effective_limit(4, dynamic=True, threads=[2, 2]) == 2  # full: those two
+    assert gate.effective_limit(4, dynamic=True, threads=[8]) == 1
+    assert gate.effective_limit(4, dynamic=True, threads=[1] * 4) == 4  # one each: 4 jobs
+    assert gate.effective_limit(2, dynamic=True, threads=[1]) == 2  # max_concurrent caps
+    # Without dynamic concurrency max_concurrent alone decides; a pause stops everything.
+    assert gate.effective_limit(4, dynamic=False, threads=[4, 4]) == 4
+    assert gate.effective_limit(4, dynamic=True, paused=True, threads=[1]) == 0
+
+
+def test_the_thread_rule_and_the_load_limit_both_apply():
+    gate = Gate(QueueConfig(max_concurrent=4, cpu_threshold=80.0), cores=4)
+    drive(gate, [HOT] * 2)  # the load limit steps down to 2
+    assert gate.effective_limit(4, dynamic=True, threads=[1]) == 2
+    assert gate.effective_limit(4, dynamic=True, threads=[4]) == 1

@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from momentry_edge import media
 from momentry_edge.processors.base import Processor, ProcessorError, RunContext
+from momentry_edge.processors.frames import FramePlan, FrameProcessor
 
 
 class Noop(Processor):
@@ -74,3 +76,54 @@ class Crash(Processor):
         ctx.report(1, 2, {"frame": 1, "timestamp": 0.5, "partial": {"seen": 1}})
         os.kill(os.getpid(), signal.SIGKILL)
         return {}
+
+
+class Hold(FrameProcessor):
+    """A member of the frame pass that holds the whole pass at frame ``at`` while the file
+    named by ``hold_while_exists`` exists (the members' checkpoints before it are saved).
+
+    Every frame it is fed goes (fsynced) to ``hold.log`` beside the output, so a test
+    can tell where a resumed pass started.
+    """
+
+    name = "hold"
+
+    def plan(self, info: media.MediaInfo, checkpoint: dict[str, Any] | None) -> FramePlan:
+        assert self.output_dir is not None
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self._fps = info.fps
+        self._done = int((checkpoint or {}).get("frame", 0))
+        return FramePlan(resume=self._done)
+
+    def feed(self, index: int, seconds: float, image: Any) -> None:
+        marker = Path(self.settings["hold_while_exists"])
+        while index == int(self.settings.get("at", 0)) and marker.exists():
+            time.sleep(0.05)
+        assert self.output_dir is not None
+        with (self.output_dir / "hold.log").open("a") as log:
+            log.write(f"{index}\n")
+            log.flush()
+            os.fsync(log.fileno())
+        self._done = index + 1
+
+    def checkpoint(self, done: int) -> dict[str, Any]:
+        return {"frame": done, "timestamp": done / self._fps, "partial": {"frames": done}}
+
+    def finish(self, done: int) -> dict[str, Any]:
+        return {"frames": done}
+
+
+class Boom(Processor):
+    """Reports a step every ``step_seconds`` while the file named by ``hold_while_exists``
+    exists, then raises: a processor that breaks in the middle of its run."""
+
+    name = "boom"
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        marker = Path(self.settings["hold_while_exists"])
+        step = 0
+        while step == 0 or marker.exists():
+            time.sleep(float(self.settings.get("step_seconds", 0.1)))
+            step += 1
+            ctx.report(step, step + 1, {"frame": step})
+        raise RuntimeError("boom: the model blew up")

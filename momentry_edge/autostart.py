@@ -159,9 +159,8 @@ def render_unit(spec: Spec) -> str:
         # A path setting: taken literally to the end of the line, no quotes.
         f"WorkingDirectory={str(spec.data_dir).replace('%', '%%')}",
         *environment,
-        # Restart after any exit but code 2: a bad config or a damaged database stays stopped
-        # (with its message in the journal) instead of restarting forever. launchd cannot
-        # exempt one code, so the plist restarts after crashes only (launchd/README.md).
+        # Like launchd's KeepAlive, except after exit code 2: a bad config stays stopped
+        # (with its message in the journal) instead of restarting forever.
         "Restart=always",
         "RestartSec=10",
         "RestartPreventExitStatus=2",

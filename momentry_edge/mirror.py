@@ -83,6 +83,9 @@ class RedisMirror(Background):
         self._url = url
         self._due: dict[str, float] = {}  # task_id -> when to write it next
         self._last_write: dict[str, float] = {}
+        # What each job's channel last said (without its time): a write that would say
+        # the same again, e.g. a state change the previous write already showed, is not sent.
+        self._last_said: dict[str, dict[str, Any]] = {}
         self._watching: set[str] = set()  # running jobs, re-read every WATCH_EVERY
 
     def stop(self) -> None:
@@ -194,8 +197,11 @@ class RedisMirror(Background):
         runs = list(job.runs.order_by(ProcessorRun.position))
         pipe = self._client.pipeline(transaction=True)
         _write(pipe, job, runs)
-        if publish:
-            pipe.publish(progress_channel(task_id), json.dumps(_progress_message(job, runs)))
+        message = _progress_message(job, runs)
+        said = {k: v for k, v in message.items() if k != "at"}
+        if publish and said != self._last_said.get(task_id):
+            pipe.publish(progress_channel(task_id), json.dumps(message))
+            self._last_said[task_id] = said
         pipe.execute()
         with self._cond:
             if job.status == JobStatus.PROCESSING:
@@ -204,6 +210,7 @@ class RedisMirror(Background):
                 self._watching.discard(task_id)
                 if job.status in db.FINAL_STATES:
                     self._last_write.pop(task_id, None)
+                    self._last_said.pop(task_id, None)
 
     def _forget(self, task_id: str) -> None:
         names = list(self._client.scan_iter(match=processor_key(task_id, "*")))
@@ -215,6 +222,7 @@ class RedisMirror(Background):
         with self._cond:
             self._watching.discard(task_id)
             self._last_write.pop(task_id, None)
+            self._last_said.pop(task_id, None)
 
     def _resync(self) -> None:
         """Rewrite every job from the table; drop keys of jobs that are gone."""

@@ -274,10 +274,12 @@ def test_200_videos_and_bad_files_copied_at_once_are_queued_once_and_the_bad_rej
     for i, (name, words) in enumerate(bad.items()):
         assert_rejected_and_not_processed(svc, known[f"batch {i}/{name}"], words)
     assert rescan(svc)["unchanged"] == len(drops)
+    total = svc.get("/api/v1/jobs")["total"]
+    assert 200 <= total <= 200 + 3  # a bad file probed before queueing has no job
 
     svc.restart()
     assert rescan(svc)["unchanged"] == len(drops)
-    assert svc.get("/api/v1/jobs")["total"] == 200 + 3, "a restart queues nothing again"
+    assert svc.get("/api/v1/jobs")["total"] == total, "a restart queues nothing again"
 
 
 def test_files_dropped_while_stopped_are_queued_at_next_start_and_once(

@@ -41,6 +41,19 @@ SENTENCE = (
     "Today we will talk about the new product launch and the budget for next year."
 )
 SPEECH_AT = 2.0  # seconds into the clip
+# For the talk clip: a short sentence every 3 s, about one to a Whisper window of 2.5 s.
+SHORT_SENTENCES = [
+    "Good morning everyone.",
+    "The train leaves at nine.",
+    "Please close the door.",
+    "We need more chairs.",
+    "The garden looks lovely.",
+    "Check your email today.",
+    "She answered the phone.",
+    "The library opens early.",
+    "He bought a ticket.",
+    "The children played outside.",
+]
 # For the long clip: different sentences, as real talk is (one sentence repeated makes
 # Whisper's repetition guard fire on every window, which is not what is measured here).
 SENTENCES = [
@@ -164,6 +177,16 @@ def longer_clip(tmp_path_factory) -> Path:
         fps=5,
         size=(64, 48),
         speech_wav=wav,
+    )
+
+
+@pytest.fixture(scope="session")
+def talk_clip(tmp_path_factory) -> Path:
+    """30 s: ten short sentences, one every 3 s."""
+    folder = tmp_path_factory.mktemp("talk")
+    wav = speech_track(SHORT_SENTENCES, folder, every=3.0)
+    return make_video(
+        folder / "talk.mp4", segments=1, segment_seconds=30, fps=5, size=(64, 48), speech_wav=wav
     )
 
 
@@ -414,19 +437,32 @@ def test_a_cancelled_shared_run_saves_both_and_resumes_both(
         (asr_saved, asrx_saved),
         chunk_seconds=10,
     )
-    # The same text and words. The first word of the resumed window may be placed a little
-    # differently (faster-whisper places a window's first word after the previous window's
-    # last), and that can move it across a silence that was cut out; the rest is the same.
-    for got, want in zip(resumed, whole, strict=True):
-        assert got["text"] == want["text"]
-        assert [s["text"] for s in got["segments"]] == [s["text"] for s in want["segments"]]
-        before = [s for s in want["segments"] if s["end"] <= asrx_saved["timestamp"]]
-        assert before and got["segments"][: len(before)] == before
-    assert [w["word"] for s in resumed[1]["segments"] for w in s["words"]] == [
-        w["word"] for s in whole[1]["segments"] for w in s["words"]
-    ]
+    assert resumed == whole
     assert len(model_calls) == 3  # once a run: the whole one, the stopped one, the resumed one
     assert model_calls[-1]["clip_timestamps"][0] == asrx_saved["resume"][1]  # went on from there
+
+
+def test_a_shared_run_resumed_from_any_checkpoint_gives_the_uninterrupted_result(
+    models_dir, talk_clip, tmp_path
+):
+    # Word timings on (asrx), a window per sentence: each window's first word is timed
+    # from where speech ended in the window before, which a resumed run must know too.
+    whole_reports = Reports(), Reports()
+    whole = shared_run(models_dir, talk_clip, tmp_path, *whole_reports, chunk_seconds=2.5)
+    saved = list(zip(*(r.checkpoints for r in whole_reports), strict=True))
+    windows = [c for c, _ in saved if c["resume"][0] == 0]
+    assert len(windows) >= len(SHORT_SENTENCES) - 1 and len(whole[0]["segments"]) >= 8
+
+    for done, (asr_saved, asrx_saved) in enumerate(saved, 1):
+        reports = Reports(), Reports()
+        resumed = shared_run(
+            models_dir, talk_clip, tmp_path, *reports, (asr_saved, asrx_saved), chunk_seconds=2.5
+        )
+        # Every segment's start, end, text and words, as the uninterrupted run has them...
+        assert resumed == whole, asr_saved["resume"]
+        # ...decoding only what was left, saving the checkpoints it saved from there on.
+        went_on = [c for c in reports[0].checkpoints if "resume" in c]
+        assert went_on == [c for c, _ in saved[done:]]
 
 
 def test_a_failing_member_leaves_the_other_its_result(models_dir, clip, tmp_path, asrx_run):

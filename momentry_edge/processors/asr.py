@@ -15,7 +15,11 @@ The run saves a checkpoint (the segments so far and where to go on from) at the
 start of every Whisper window (saved when that window's first segment is out,
 so a resume redoes at most two windows) and after every chunk. No text carries
 over from one window to the next, so a resumed run decodes what an
-uninterrupted one would.
+uninterrupted one would. One thing does carry over with word timings: where
+speech last ended, from which faster-whisper judges whether a window's first
+word follows a pause (and then shortens it, moving the segment's start). The
+checkpoint keeps it and the resumed run starts from it, so a resumed run gives
+the same segments as an uninterrupted one.
 
 asr and asrx of one job with the same settings share one transcription
 (``run_shared``, with word timings); each keeps its own result, progress,
@@ -24,6 +28,7 @@ checkpoint and outcome.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import threading
@@ -138,6 +143,7 @@ class Piece:
     text: str
     words: list[dict[str, Any]] | None = None
     window: float = 0.0  # where the Whisper window that gave it began
+    last_speech: float = 0.0  # where speech last ended before that window (word timings)
 
 
 @dataclass
@@ -149,7 +155,8 @@ class Transcript:
 
 class Engine(Protocol):
     """Transcribes samples. One with ``streams = True`` decodes lazily, gives each
-    piece's ``window`` and takes ``clips=``: it is given all the speech at once."""
+    piece's ``window`` and ``last_speech``, and takes ``clips=`` and ``last_speech=``:
+    it is given all the speech at once."""
 
     def transcribe(
         self, samples: np.ndarray, *, language: str | None, word_timestamps: bool
@@ -184,10 +191,13 @@ class FasterWhisperEngine:
         language: str | None,
         word_timestamps: bool,
         clips: Sequence[tuple[float, float]] = (),
+        last_speech: float = 0.0,
     ) -> Transcript:
         """Pieces of ``clips`` (start and end seconds into ``samples``; default: all of
-        it); no window reaches past the end of its clip."""
-        segments, info = self.model.transcribe(
+        it); no window reaches past the end of its clip. ``last_speech``: where speech
+        ended before the first clip (a resumed run), for the word timings."""
+        model, last_speech_at = _going_on_from(self.model, last_speech)
+        segments, info = model.transcribe(
             samples,
             language=language,
             beam_size=self.beam_size,
@@ -209,10 +219,39 @@ class FasterWhisperEngine:
                 if word_timestamps
                 else None,
                 window=s.seek / per_second,
+                last_speech=last_speech_at.get(s.seek, 0.0),
             )
             for s in segments
         )
         return Transcript(info.language, info.language_probability, pieces)
+
+
+def _going_on_from(model: Any, last_speech: float) -> tuple[Any, dict[int, float]]:
+    """A copy of faster-whisper's ``model`` for one call whose word timings go on from
+    ``last_speech`` (a call starts from 0), and where speech last ended before each
+    window of the call (by the window's seek), filled in as the windows are decoded.
+
+    faster-whisper carries that value from window to window and shortens a window's
+    first word if it ends long after that; a run resumed at a window must start from the
+    value the uninterrupted run had there, or the segment starts elsewhere. faster-whisper
+    has no option for it, so the call's word alignment is wrapped."""
+    call = copy.copy(model)  # shares the loaded model; only this call sees the override
+    last_speech_at: dict[int, float] = {}
+    own = False  # faster-whisper tracks it itself from the first window with segments
+
+    def add_word_timestamps(segments: list, *args: Any, last_speech_timestamp: float) -> Any:
+        nonlocal own
+        if not own:
+            last_speech_timestamp = last_speech
+        if segments and segments[0]:  # the window's segments: from here on it is tracked
+            last_speech_at[segments[0][0]["seek"]] = last_speech_timestamp
+            own = True
+        return model.add_word_timestamps(
+            segments, *args, last_speech_timestamp=last_speech_timestamp
+        )
+
+    call.add_word_timestamps = add_word_timestamps
+    return call, last_speech_at
 
 
 _MLX_LOCK = threading.Lock()  # mlx-whisper keeps its model in a class attribute
@@ -468,10 +507,12 @@ class _NobodyLeft(Exception):
 @dataclass
 class _State:
     """How far a transcription got: units [0, unit) done, and unit ``unit`` up to ``at``
-    seconds into its samples; ``saved`` checkpoints so far."""
+    seconds into its samples, where speech last ended ``last_speech`` seconds into them;
+    ``saved`` checkpoints so far."""
 
     unit: int = 0
     at: float = 0.0
+    last_speech: float = 0.0
     saved: int = 0
     segments: list[dict[str, Any]] = field(default_factory=list)
     language: str | None = None
@@ -558,7 +599,11 @@ class _Transcription:
                 word_timestamps=self.words,
                 # The clips from where this run starts (only a streaming engine has
                 # clips, and only there can a run start inside a unit).
-                **({"clips": _from(clips, start)} if clips else {}),
+                **(
+                    {"clips": _from(clips, start), "last_speech": state.last_speech}
+                    if clips
+                    else {}
+                ),
             )
             if state.language is None:  # the first call decides for the whole file
                 state.language = transcript.language
@@ -567,7 +612,7 @@ class _Transcription:
             for piece in transcript.pieces:
                 if piece.window > window:  # every window before this piece's is decoded
                     window = piece.window
-                    self._checkpoint(index, window)
+                    self._checkpoint(index, window, piece.last_speech)
                 segment = _segment(piece, unit)
                 if segment is not None:
                     state.segments.append(segment)
@@ -579,10 +624,12 @@ class _Transcription:
             self._report(self.total, self.total, lambda p: {"timestamp": stamp, "partial": p})
         self._finish()
 
-    def _checkpoint(self, unit: int, at: float) -> None:
-        """Units before ``unit``, and ``at`` seconds of unit ``unit``, are done: save that."""
+    def _checkpoint(self, unit: int, at: float, last_speech: float = 0.0) -> None:
+        """Units before ``unit``, and ``at`` seconds of unit ``unit``, are done: save that,
+        with where speech last ended before ``at`` (word timings go on from there)."""
         state = self.state
         state.unit, state.at, state.saved = unit, at, state.saved + 1
+        state.last_speech = last_speech
         stamp = round(_file_time(self.units, unit, at), 3)
         last = unit == len(self.units)
         self._report(
@@ -592,6 +639,7 @@ class _Transcription:
                 "timestamp": stamp,
                 "chunk": state.saved,
                 "resume": [unit, round(at, 3)],
+                "last_speech": last_speech,  # not rounded: the resumed run goes on from it
                 "settings": self.key,
                 "partial": partial,
             },
@@ -686,7 +734,8 @@ def _resume(checkpoint: dict[str, Any] | None, key: dict[str, Any], units: list[
     """Where to go on from, from a usable checkpoint.
 
     One made with other settings, or whose position is not where this run's plan
-    puts it, is ignored: the run starts over rather than mix two plans.
+    puts it, or without where speech last ended (made before that was kept), is
+    ignored: the run starts over rather than mix two plans.
     """
     if not checkpoint or checkpoint.get("settings") != key:
         return _State()
@@ -694,9 +743,12 @@ def _resume(checkpoint: dict[str, Any] | None, key: dict[str, Any], units: list[
     if not (isinstance(position, list) and len(position) == 2 and type(saved) is int):
         return _State()
     unit, at = position
-    if type(unit) is not int or not 0 <= unit <= len(units) or type(at) not in (int, float):
+    last_speech = checkpoint.get("last_speech")
+    if type(unit) is not int or not 0 <= unit <= len(units):
         return _State()
-    if saved < 1 or at < 0 or (unit == len(units) and at):
+    if type(at) not in (int, float) or type(last_speech) not in (int, float):
+        return _State()
+    if saved < 1 or at < 0 or last_speech < 0 or (unit == len(units) and at):
         return _State()
     if abs(_file_time(units, unit, at) - checkpoint.get("timestamp", -1)) > 1e-3:
         return _State()
@@ -704,6 +756,7 @@ def _resume(checkpoint: dict[str, Any] | None, key: dict[str, Any], units: list[
     return _State(
         unit,
         float(at),
+        float(last_speech),
         saved,
         list(partial.get("segments", [])),
         partial.get("language"),

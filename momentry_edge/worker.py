@@ -358,15 +358,16 @@ class Workers:
 
     def _threads(self, batches: list[list[ProcessorRun]]) -> tuple[int, int, int]:
         """How many parts of a job run at once; the threads the frame pass gets (what the
-        job's budget leaves once each other part has one); the threads the job holds."""
+        job's whole budget); the threads the job holds."""
         budget = self._budget()
         parts = max(1, min(budget, len(batches)))
         frame_runs = next((b for b in batches if self._is_frame(b[0].processor)), None)
         if frame_runs is None:
             return parts, 1, parts
-        # A decode thread and one per member is the most the pass can use.
-        frame_threads = max(1, min(budget - parts + 1, len(frame_runs) + 1))
-        return parts, frame_threads, parts - 1 + frame_threads
+        # The frame pass is the long part (the speech beside it ends early): it gets the
+        # whole budget for its members (frames.run_shared adds its decode thread).
+        frame_threads = max(1, min(budget, len(frame_runs)))
+        return parts, frame_threads, max(parts, frame_threads)
 
     def _batches(self, runs: list[ProcessorRun]) -> list[list[ProcessorRun]]:
         """Runs in order, one per batch, except for work that is shared, in one batch at

@@ -25,23 +25,12 @@ from conftest import ServiceProcess, wait_for
 from frame_media import photo_frame, text_frame
 from media_factory import make_video
 from PIL import Image
+from test_asr import SHORT_SENTENCES as SENTENCES
 
 from momentry_edge import audio
 
 on_sqlite = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 
-SENTENCES = [
-    "Good morning everyone.",
-    "The train leaves at nine.",
-    "Please close the door.",
-    "We need more chairs.",
-    "The garden looks lovely.",
-    "Check your email today.",
-    "She answered the phone.",
-    "The library opens early.",
-    "He bought a ticket.",
-    "The children played outside.",
-]
 EVERY = 3.0  # seconds between sentences: 30 s of video
 FPS = 5
 HOLD_AT = 15  # the frame pass saves its checkpoints at frame 10 (2 s of video), then holds

@@ -55,6 +55,7 @@ SAVE_SPACING = 20
 # thread looks whether the pass is ending.
 BYTES_IN_FLIGHT = 32 << 20
 POLL_SECONDS = 0.1
+UNKNOWN_COST = 0.01  # seconds a frame is taken to cost before one was timed
 
 Outcome = dict[str, Any] | BaseException
 
@@ -316,9 +317,10 @@ class _Parallel:
     There it also shares the members out again, the ones that took longest so far
     first, each onto the thread with the least work (a member is only ever fed by
     one thread at a time). A member with lanes (independent frames, a spare per
-    thread) is not shared out: its frames go to the threads in turn, and what they
-    found is taken in frame order at the meeting. Leaving the ``with`` block ends
-    and joins every thread.
+    thread) is not shared out: each of its frames goes to the thread given the least
+    work since the last meeting (by what a frame of each member took so far), and
+    what they found is taken in frame order at the next meeting. Leaving the
+    ``with`` block ends and joins every thread.
     """
 
     def __init__(
@@ -338,7 +340,11 @@ class _Parallel:
         self.error: BaseException | None = None
         count = threads if any(m.lanes for m in active) else min(threads, len(active))
         self.owner = _share_out([m for m in active if not m.lanes], count)
-        self.turn = {m.slot: m.slot % count for m in active if m.lanes}  # its next frame's thread
+        # Seconds and frames each thread spent on each member (a thread writes only its
+        # own), and the work the decode gave each thread since the last meeting.
+        self.spent = [collections.Counter[int]() for _ in range(count)]
+        self.looks = [collections.Counter[int]() for _ in range(count)]
+        self.backlog = [0.0] * count
         self.barrier = threading.Barrier(count + 2)  # the member threads, decode, the caller
         self.quit = threading.Event()
         self.queues = [_Inbox(BYTES_IN_FLIGHT, self.quit) for _ in range(count)]
@@ -401,10 +407,12 @@ class _Parallel:
                 self.outcomes[m.slot] = exc
 
     def _thread_for(self, m: _Member) -> int:
-        if not m.lanes:
-            return self.owner[m.slot]
-        thread = self.turn[m.slot]
-        self.turn[m.slot] = (thread + 1) % len(self.queues)
+        """The thread to feed ``m`` a frame: its owner, or with lanes the least busy one."""
+        looks = sum(c[m.slot] for c in self.looks)
+        cost = sum(c[m.slot] for c in self.spent) / looks if looks else UNKNOWN_COST
+        backlog = self.backlog
+        thread = self.owner[m.slot] if not m.lanes else backlog.index(min(backlog))
+        backlog[thread] += cost
         return thread
 
     def _decode(self) -> None:
@@ -428,6 +436,7 @@ class _Parallel:
                     self.done = index + 1
                     if self.clock.due(self.done):
                         self._rendezvous(self.done)
+                        self.backlog = [0.0] * len(self.queues)
         except threading.BrokenBarrierError:
             return  # the caller left
         except BaseException as exc:  # MediaError for the caller, or a bug: raised there
@@ -459,10 +468,13 @@ class _Parallel:
                 for m in members:
                     if self.outcomes[m.slot] is not None:
                         continue  # it failed: its outcome is kept
+                    started = time.perf_counter()
                     if m.lanes:
                         _analyse(m, thread, self.outcomes, index, seconds, images)
                     else:
                         _feed(m, self.outcomes, index, seconds, images)
+                    self.spent[thread][m.slot] += time.perf_counter() - started
+                    self.looks[thread][m.slot] += 1
         except threading.BrokenBarrierError:
             return  # the pass ends early
         except BaseException as exc:  # a bug here: end the pass, the caller raises it

@@ -363,12 +363,8 @@ class Intake:
         present: a few statements for all of them (inside the caller's transaction)."""
         if not rows:
             return []
-        MediaFile.insert_many(rows).execute()
-        by_path = {
-            r.path: r
-            for r in MediaFile.select().where(MediaFile.path.in_([r["path"] for r in rows]))
-        }
-        records = [by_path[row["path"]] for row in rows]
+        records = [MediaFile(**row) for row in rows]
+        db.insert_many(records, key="path")  # written out: see db.insert_many
         queued: dict[int, Job] = {}
         scan = self.default_scan
         if scan is not None:

@@ -393,7 +393,7 @@ def pull(
     folder = model_dir(spec, models_dir)
     check_room(spec, models_dir, keep_free)
     created = not folder.exists()
-    folder.mkdir(parents=True, exist_ok=True)
+    _make_folder(folder)
     try:
         with _lock(folder):
             candidates = [s for s in spec.sources if source in (None, s.kind)]
@@ -417,6 +417,21 @@ def pull(
         if created:  # no model half there: what this pull put in place goes too
             shutil.rmtree(folder, ignore_errors=True)
         raise
+
+
+def _make_folder(folder: Path) -> None:
+    """``folder`` and its parents, or a ModelError saying why not in words: a models folder
+    linked to a disk that is not mounted shows as a link to nothing, not as "File exists"."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        for part in (folder, *folder.parents):
+            if part.is_symlink() and not part.exists():
+                raise ModelError(
+                    f"cannot create {folder}: {part} links to {os.readlink(part)}, which does"
+                    " not exist (a disk not mounted?)"
+                ) from None
+        raise ModelError(f"cannot create {folder}: {e.strerror or e}") from None
 
 
 class NoRoom(ModelError):

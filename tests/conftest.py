@@ -139,7 +139,9 @@ class ServiceProcess:
                 return None
             return info if info["pid"] == self.proc.pid else None
 
-        self.url = wait_for(started, timeout=30)["url"]
+        # Generous: scripts/test runs several workers on two cores, and a service whose
+        # processors import their backends (mlx, numba) can take half a minute to start.
+        self.url = wait_for(started, timeout=60)["url"]
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         self.client = httpx.Client(base_url=self.url, timeout=15, headers=headers)
         return self

@@ -139,7 +139,9 @@ class ServiceProcess:
                 return None
             return info if info["pid"] == self.proc.pid else None
 
-        self.url = wait_for(started, timeout=30)["url"]
+        # Generous: scripts/test runs several workers on two cores, and a service whose
+        # processors import their backends (mlx, numba) can take half a minute to start.
+        self.url = wait_for(started, timeout=60)["url"]
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         self.client = httpx.Client(base_url=self.url, timeout=15, headers=headers)
         return self
@@ -275,3 +277,25 @@ def start_service(tmp_path: Path, database_url: str) -> Iterator[Callable[..., S
         if svc.proc and svc.proc.poll() is None:
             svc.proc.kill()
             svc.proc.wait()
+
+
+# The files that take minutes (a PyInstaller build, MLX on the CPU, long fault and resume
+# scenarios), longest first. scripts/test runs the suite on several workers, one file per
+# worker at a time in collection order: these go out first, so that none is left to run
+# alone at the end. Elsewhere only the order changes; each file's tests stay together.
+LONGEST_FIRST = (
+    "test_executable.py",
+    "test_mlx.py",
+    "test_side_by_side.py",
+    "test_asr.py",
+    "test_faults.py",
+    "test_cluster.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the rest keep their order

@@ -34,7 +34,13 @@ class Terminal:
         # A short socket path: unix sockets are limited to ~100 bytes.
         self.dir = Path(tempfile.mkdtemp(prefix="tui", dir="/tmp"))
         self.socket = self.dir / "tmux"
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("MOMENTRY_", "TMUX"))}
+        # Nor the runner's COLUMNS and LINES (pytest-xdist workers set 80x24): the program
+        # takes its size from the terminal, as it does for a person.
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("MOMENTRY_", "TMUX")) and k not in ("COLUMNS", "LINES")
+        }
         # An empty data dir (no config or token of this machine's) and a UTF-8 terminal.
         self.env = env | {"MOMENTRY_DATA_DIR": str(home), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 

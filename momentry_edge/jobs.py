@@ -617,19 +617,40 @@ def pending_runs(job_id: int) -> list[ProcessorRun]:
     )
 
 
+@dataclass(frozen=True)
+class Started:
+    """A run's start not yet written: the worker writes it with the run's next write (its
+    first progress report, or how it ended), which saves the start a commit of its own."""
+
+    at: float
+    backend: str | None
+    model: str | None
+
+
+# What a start sets, appended to the SET list of the run's next write.
+_START_SET = ", attempts = attempts + 1, started_at = ?, backend = ?, model = ?"
+
+
+def _start_params(started: Started | None) -> list[Any]:
+    return [] if started is None else [started.at, started.backend, started.model]
+
+
 @db.retried
-def start_run(run: ProcessorRun, backend: str | None, model: str | None) -> None:
+def start_run(
+    run: ProcessorRun | int, backend: str | None, model: str | None, at: float | None = None
+) -> None:
+    """Mark the run running (``at``: when it began, if before now)."""
     now = time.time()
     db.execute(
         "UPDATE processor_run SET status = ?, attempts = attempts + 1, started_at = ?,"
         " completed_at = NULL, error = NULL, backend = ?, model = ?, updated_at = ?"
         " WHERE id = ?",
         RunStatus.RUNNING,
-        now,
+        _now(at),
         backend,
         model,
         now,
-        run.id,
+        getattr(run, "id", run),
     )
 
 
@@ -643,38 +664,30 @@ def report(
     checkpoint: dict[str, Any] | None,
     lease_seconds: float,
     started_at: float | None = None,
+    run_started: Started | None = None,
 ) -> bool:
     """Save progress (and a checkpoint), renew the lease; returns whether cancel was asked.
 
-    ``started_at`` (the claim's) tells this claim from a later one of the same job.
+    ``started_at`` (the claim's) tells this claim from a later one of the same job;
+    ``run_started``: the run's start, when it is not written yet.
     """
     now = time.time()
+    sql = "UPDATE processor_run SET progress_current = ?, progress_total = ?, updated_at = ?"
+    params: list[Any] = [current, total, now]
+    if checkpoint is not None:
+        sql += ", last_checkpoint = ?"
+        params.append(ProcessorRun.last_checkpoint.db_value(checkpoint))
+    if run_started is not None:
+        sql += ", status = ?, completed_at = NULL, error = NULL" + _START_SET
+        params += [RunStatus.RUNNING, *_start_params(run_started)]
     with Job._meta.database.atomic():
-        if checkpoint is None:
-            db.execute(
-                "UPDATE processor_run SET progress_current = ?, progress_total = ?,"
-                " updated_at = ? WHERE id = ?",
-                current,
-                total,
-                now,
-                run_id,
-            )
-        else:
-            db.execute(
-                "UPDATE processor_run SET progress_current = ?, progress_total = ?,"
-                " updated_at = ?, last_checkpoint = ? WHERE id = ?",
-                current,
-                total,
-                now,
-                ProcessorRun.last_checkpoint.db_value(checkpoint),
-                run_id,
-            )
+        db.execute(sql + " WHERE id = ?", *params, run_id)
         progress = job_progress(job_id)
         sql = (
             "UPDATE job SET progress = ?, lease_until = ?"
             " WHERE id = ? AND lease_owner = ? AND status = ?"
         )
-        params: list[Any] = [progress, now + lease_seconds, job_id, owner, JobStatus.PROCESSING]
+        params = [progress, now + lease_seconds, job_id, owner, JobStatus.PROCESSING]
         if started_at is not None:
             sql += " AND started_at = ?"
             params.append(started_at)
@@ -717,20 +730,34 @@ def _progress(runs: Sequence[tuple[str, int, int]]) -> int:
     return int(100 * sum(parts) / len(parts))
 
 
+@dataclass(frozen=True)
+class Completion:
+    """A run that completed, with where its document is and its start if not written yet."""
+
+    run_id: int
+    output_path: str
+    started: Started | None = None
+
+
 @db.retried
-def complete_run(run: ProcessorRun, output_path: str) -> None:
+def complete_run(run: ProcessorRun | int, output_path: str, started: Started | None = None) -> None:
+    _complete(Completion(getattr(run, "id", run), output_path, started))
+
+
+def _complete(done: Completion) -> None:
     now = time.time()
     # Progress shows the run whole: its own total when it reported one, else 1 of 1.
     db.execute(
         "UPDATE processor_run SET status = ?, output_path = ?, completed_at = ?, error = NULL,"
         " progress_current = CASE WHEN progress_total > 0 THEN progress_total ELSE 1 END,"
         " progress_total = CASE WHEN progress_total > 0 THEN progress_total ELSE 1 END,"
-        " updated_at = ? WHERE id = ?",
+        f" updated_at = ?{_START_SET if done.started else ''} WHERE id = ?",
         RunStatus.COMPLETED,
-        output_path,
+        done.output_path,
         now,
         now,
-        run.id,
+        *_start_params(done.started),
+        done.run_id,
     )
 
 
@@ -751,19 +778,25 @@ def skip_run(run: ProcessorRun, reason: str, output_path: str | None = None) -> 
 
 @db.retried
 def fail_run(
-    run: ProcessorRun, error: str, *, transient: bool, output_path: str | None = None
+    run: ProcessorRun,
+    error: str,
+    *,
+    transient: bool,
+    output_path: str | None = None,
+    started: Started | None = None,
 ) -> None:
     """``output_path``: the failed document written for it, when one could be."""
     now = time.time()
     db.execute(
         "UPDATE processor_run SET status = ?, error = ?, transient = ?, output_path = ?,"
-        " completed_at = ?, updated_at = ? WHERE id = ?",
+        f" completed_at = ?, updated_at = ?{_START_SET if started else ''} WHERE id = ?",
         RunStatus.FAILED,
         error,
         transient,
         output_path,
         now,
         now,
+        *_start_params(started),
         run.id,
     )
 
@@ -794,12 +827,14 @@ def documented(run: ProcessorRun, output_path: str) -> None:
 
 
 @db.retried
-def release_run(run: ProcessorRun) -> None:
+def release_run(run: ProcessorRun, started: Started | None = None) -> None:
     """Back to pending, keeping the checkpoint (shutdown or cancel mid-run)."""
+    start = ", completed_at = NULL, error = NULL" + _START_SET if started else ""
     db.execute(
-        "UPDATE processor_run SET status = ?, updated_at = ? WHERE id = ?",
+        f"UPDATE processor_run SET status = ?, updated_at = ?{start} WHERE id = ?",
         RunStatus.PENDING,
         time.time(),
+        *_start_params(started),
         run.id,
     )
 
@@ -904,10 +939,22 @@ def _announce_recovered(task_id: str, status: str) -> None:
 
 
 @db.retried
-def finish(job: Job, owner: str, policy: RetryPolicy, now: float | None = None) -> str:
-    """Decide a run's outcome from its processors: done, retry later, or final."""
+def finish(
+    job: Job,
+    owner: str,
+    policy: RetryPolicy,
+    now: float | None = None,
+    completed: Sequence[Completion] = (),
+) -> str:
+    """Decide a run's outcome from its processors: done, retry later, or final.
+
+    ``completed``: runs that completed and are not recorded yet (the job's last), recorded
+    in the same commit, as ``complete_run`` would (whoever holds the job now).
+    """
     now = _now(now)
     with db.write_transaction(Job._meta.database):
+        for done in completed:
+            _complete(done)
         claimed, job = job, get(job.id)
         if not _still_held(job, claimed, owner):
             return job.status  # the reaper or a user took it meanwhile

@@ -509,6 +509,18 @@ def retry(job: Job, now: float | None = None) -> Job:
 CLAIM_BATCH = 50
 
 
+@dataclass(frozen=True)
+class ClaimRequest:
+    """What a worker asks of ``claim`` (see there), to hand to ``finish_and_claim``."""
+
+    owner: str
+    node: str
+    limit: int
+    lease_seconds: float
+    can_run: set[str] | None = None
+    cluster_can_run: set[str] | None = None
+
+
 def claim(
     owner: str,
     node: str,
@@ -525,44 +537,58 @@ def claim(
     live node has (``cluster_can_run``); a processor no node can run does not hold a
     job back: it fails there with its reason instead of waiting forever.
     """
+    request = ClaimRequest(owner, node, limit, lease_seconds, can_run, cluster_can_run)
     now = _now(now)
+    with _claim_lock, db.write_transaction(Job._meta.database):
+        job, promoted = _claim(request, now)
+    _announce_claim(job, promoted, node)
+    return job
+
+
+def _claim(request: ClaimRequest, now: float) -> tuple[Job | None, int]:
+    """Inside a write transaction: the job claimed, if any, and how many retries fell due."""
+    promoted = db.execute(
+        "UPDATE job SET status = ?, next_attempt_at = NULL"
+        " WHERE status = ? AND next_attempt_at <= ?",
+        JobStatus.PENDING,
+        JobStatus.RETRYING,
+        now,
+    ).rowcount
+    if request.limit <= 0:
+        return None, promoted
+    (running,) = db.execute(
+        "SELECT COUNT(*) FROM job WHERE status = ? AND node = ?",
+        JobStatus.PROCESSING,
+        request.node,
+    ).fetchone()
+    if running >= request.limit:
+        return None, promoted
     database = Job._meta.database
-    with _claim_lock, db.write_transaction(database):
-        promoted = db.execute(
-            "UPDATE job SET status = ?, next_attempt_at = NULL"
-            " WHERE status = ? AND next_attempt_at <= ?",
-            JobStatus.PENDING,
-            JobStatus.RETRYING,
-            now,
-        ).rowcount
-        if limit <= 0:
-            return None
-        (running,) = db.execute(
-            "SELECT COUNT(*) FROM job WHERE status = ? AND node = ?", JobStatus.PROCESSING, node
-        ).fetchone()
-        if running >= limit:
-            return None
-        job_id = _next_claimable(database, can_run, cluster_can_run or set(), now)
-        if job_id is None:
-            return None
-        (job,) = db.fetch(
-            Job,
-            "UPDATE job SET status = ?, lease_owner = ?, node = ?, lease_until = ?,"
-            " started_at = ?, cancel_requested = ? WHERE id = ? RETURNING *",
-            JobStatus.PROCESSING,
-            owner,
-            node,
-            now + lease_seconds,
-            now,
-            False,
-            job_id,
-        )
-        # The worker reads the file at once: in hand, not loaded lazily later.
-        job.file = db.fetch(MediaFile, "SELECT * FROM media_file WHERE id = ?", job.file_id)[0]
+    job_id = _next_claimable(database, request.can_run, request.cluster_can_run or set(), now)
+    if job_id is None:
+        return None, promoted
+    (job,) = db.fetch(
+        Job,
+        "UPDATE job SET status = ?, lease_owner = ?, node = ?, lease_until = ?,"
+        " started_at = ?, cancel_requested = ? WHERE id = ? RETURNING *",
+        JobStatus.PROCESSING,
+        request.owner,
+        request.node,
+        now + request.lease_seconds,
+        now,
+        False,
+        job_id,
+    )
+    # The worker reads the file at once: in hand, not loaded lazily later.
+    job.file = db.fetch(MediaFile, "SELECT * FROM media_file WHERE id = ?", job.file_id)[0]
+    return job, promoted
+
+
+def _announce_claim(job: Job | None, promoted: int, node: str) -> None:
     if promoted:
         bus.publish("job.retry_due", count=promoted)
-    bus.publish("job.started", task_id=job.task_id, node=node)
-    return job
+    if job is not None:
+        bus.publish("job.started", task_id=job.task_id, node=node)
 
 
 def _next_claimable(
@@ -953,43 +979,70 @@ def finish(
     """
     now = _now(now)
     with db.write_transaction(Job._meta.database):
-        for done in completed:
-            _complete(done)
-        claimed, job = job, get(job.id)
-        if not _still_held(job, claimed, owner):
-            return job.status  # the reaper or a user took it meanwhile
-        runs = db.fetch(ProcessorRun, "SELECT * FROM processor_run WHERE job_id = ?", job.id)
-        if job.cancel_requested:
-            status = _finalise(job, JobStatus.CANCELLED, "cancelled by user", now, runs)
-        else:
-            failed = [r for r in runs if r.status == RunStatus.FAILED]
-            retryable = [
-                r
-                for r in failed
-                if r.transient
-                and r.attempts <= job.max_retries
-                and job.options.get("retry_on_failure", True)
-            ]
-            if retryable:
-                status = _schedule_retry(job, retryable, policy, now)
-            else:
-                done = sum(r.status in db.RUN_DONE for r in runs)
-                status = (
-                    JobStatus.COMPLETED
-                    if not failed
-                    else JobStatus.PARTIAL
-                    if done
-                    else JobStatus.FAILED
-                )
-                error = "; ".join(f"{r.processor}: {r.error}" for r in failed) or None
-                status = _finalise(job, status, error, now, runs)
+        status, job, ended = _finish(job, owner, policy, now, completed)
+    if ended:
+        _announce_finish(job, status)
+    return status
+
+
+@db.retried
+def finish_and_claim(
+    job: Job,
+    owner: str,
+    policy: RetryPolicy,
+    request: ClaimRequest,
+    completed: Sequence[Completion] = (),
+) -> tuple[str, Job | None]:
+    """``finish``, then ``claim`` the next job for ``request`` in the same commit: a worker
+    draining a backlog commits once a job, not twice. A crash before the commit leaves
+    both jobs as they were; after it, the next job is held like any claimed one (its
+    lease runs out, the reaper recovers it)."""
+    now = time.time()
+    # The claim lock before the write lock, as in claim: never the other way round.
+    with _claim_lock, db.write_transaction(Job._meta.database):
+        status, job, ended = _finish(job, owner, policy, now, completed)
+        following, promoted = _claim(request, now)
+    if ended:
+        _announce_finish(job, status)
+    _announce_claim(following, promoted, request.node)
+    return status, following
+
+
+def _finish(
+    job: Job, owner: str, policy: RetryPolicy, now: float, completed: Sequence[Completion]
+) -> tuple[str, Job, bool]:
+    """Inside a write transaction: (status, the job's row, whether this ended the run)."""
+    for done in completed:
+        _complete(done)
+    claimed, job = job, get(job.id)
+    if not _still_held(job, claimed, owner):
+        return job.status, job, False  # the reaper or a user took it meanwhile
+    runs = db.fetch(ProcessorRun, "SELECT * FROM processor_run WHERE job_id = ?", job.id)
+    if job.cancel_requested:
+        return _finalise(job, JobStatus.CANCELLED, "cancelled by user", now, runs), job, True
+    failed = [r for r in runs if r.status == RunStatus.FAILED]
+    retryable = [
+        r
+        for r in failed
+        if r.transient
+        and r.attempts <= job.max_retries
+        and job.options.get("retry_on_failure", True)
+    ]
+    if retryable:
+        return _schedule_retry(job, retryable, policy, now), job, True
+    done = sum(r.status in db.RUN_DONE for r in runs)
+    status = JobStatus.COMPLETED if not failed else JobStatus.PARTIAL if done else JobStatus.FAILED
+    error = "; ".join(f"{r.processor}: {r.error}" for r in failed) or None
+    return _finalise(job, status, error, now, runs), job, True
+
+
+def _announce_finish(job: Job, status: str) -> None:
     final = status in db.FINAL_STATES
     # callback: whether this ending owes one, so the callback sender wakes only then.
     extra = {"callback": bool(job.options.get("callback_url"))} if final else {}
     bus.publish(
         "job.finished" if final else "job.retrying", task_id=job.task_id, status=status, **extra
     )
-    return status
 
 
 def _schedule_retry(job: Job, runs: list[ProcessorRun], policy: RetryPolicy, now: float) -> str:

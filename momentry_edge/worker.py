@@ -59,6 +59,7 @@ REPORT_INTERVAL = 0.5  # seconds between progress writes that carry no checkpoin
 # A run's start is written with the run's next write (its first report, or how it ended);
 # one that has not written for this long is marked running on its own (_Starter).
 START_DELAY = 0.2
+_CPUS = os.cpu_count() or 1
 # Local events after which a job may be claimable here: those that may free work for
 # other nodes too, and those that concern this node alone.
 WAKE_EVENTS = cluster.WAKE_EVENTS | {"job.extended", "job.retry_due", "queue.unblocked"}
@@ -211,27 +212,45 @@ class Workers:
     # -- running jobs ------------------------------------------------------------------------
 
     def _drain(self) -> None:
+        job: Job | None = None
         while not self.stopping.is_set():
-            try:
-                job = self._claim()
-            except Exception:
-                # The database away (locked, full, connection lost): look again shortly
-                # rather than let the error end this drain.
-                retry = self.config.queue.poll_interval
-                log.exception("claiming the next job failed; trying again in %g s", retry)
-                db.release_connection()
-                self.kick(delay=retry)
-                return
             if job is None:
-                db.release_connection()
-                return
-            self.run_job(job)
+                try:
+                    job = self._claim()
+                except Exception:
+                    # The database away (locked, full, connection lost): look again shortly
+                    # rather than let the error end this drain.
+                    retry = self.config.queue.poll_interval
+                    log.exception("claiming the next job failed; trying again in %g s", retry)
+                    db.release_connection()
+                    self.kick(delay=retry)
+                    return
+                if job is None:
+                    db.release_connection()
+                    return
+            job = self.run_job(job)  # the next one, when its finish claimed one
+        if job is not None:  # claimed as the service began to stop: back to its place
+            try:
+                jobs.requeue(job, self.owner)
+            except Exception as exc:  # its lease runs out and the reaper recovers it
+                log.warning("job %s not given back at shutdown: %s", job.task_id, exc)
 
     def _claim(self) -> Job | None:
+        request = self._claim_request()
+        return jobs.claim(
+            request.owner,
+            request.node,
+            request.limit,
+            request.lease_seconds,
+            can_run=request.can_run,
+            cluster_can_run=request.cluster_can_run,
+        )
+
+    def _claim_request(self) -> jobs.ClaimRequest:
         lease = self.config.queue.lease_seconds
         # A coming processor counts as runnable elsewhere: its jobs are skipped, not failed.
         others = (cluster.cluster_processors(within=lease) - self.can_run) | self.coming
-        return jobs.claim(
+        return jobs.ClaimRequest(
             self.owner,
             self.node,
             self.effective_limit(),
@@ -242,7 +261,9 @@ class Workers:
             cluster_can_run=self.can_run | others,
         )
 
-    def run_job(self, job: Job) -> str:
+    def run_job(self, job: Job) -> Job | None:
+        """Run ``job``; returns the next job when its finish claimed one (_run_job)."""
+        following: list[Job] = []
         context = logs.current_task.set(job.task_id)
         with self._hand_lock:
             # Counted for its whole budget until it knows what it uses (_run_job).
@@ -253,14 +274,15 @@ class Workers:
             # is woken: the next claim comes when a job ends.
             if running < self.effective_limit():
                 self.kick()
-            return self._run_job(job)
+            self._run_job(job, following)
         except Exception as exc:
-            return self._give_back(job, exc)
+            self._give_back(job, exc)
         finally:
             with self._hand_lock:
                 self._in_hand.pop(job.id, None)
             logs.current_task.reset(context)
             db.release_connection()
+        return following[0] if following else None
 
     def _give_back(self, job: Job, exc: Exception) -> str:
         """After an error outside the processors (recording a run failed even after the
@@ -286,7 +308,9 @@ class Workers:
                 log.warning("job %s: failed documents not written: %s", job.task_id, again)
         return status  # back in line: job.recovered wakes a worker for it
 
-    def _run_job(self, job: Job) -> str:
+    def _run_job(self, job: Job, following: list[Job]) -> str:
+        """Run ``job``; a worker that goes on draining claims the next one in the commit
+        that finishes this one, and puts it in ``following``."""
         log.info("job %s started: %s", job.task_id, ", ".join(job.processors))
         out_dir = outputs.results_dir(self.config.data_dir, job.file.file_uuid)
         deadline = time.monotonic() + (job.task_timeout or self.config.queue.task_timeout)
@@ -330,7 +354,13 @@ class Workers:
         if halt.reason == StopReason.LEASE:
             log.warning("job %s: lease lost, another worker has it", job.task_id)
             return JobStatus.PROCESSING
-        status = jobs.finish(job, self.owner, self.policy, completed=ledger.completions)
+        if self.stopping.is_set():
+            status = jobs.finish(job, self.owner, self.policy, completed=ledger.completions)
+        else:
+            status, claimed = jobs.finish_and_claim(
+                job, self.owner, self.policy, self._claim_request(), ledger.completions
+            )
+            following.extend([claimed] if claimed else [])
         log.info("job %s %s", job.task_id, status)
         if status == JobStatus.RETRYING:
             self.kick(delay=Job.get_by_id(job.id).next_attempt_at - time.time())
@@ -377,7 +407,7 @@ class Workers:
 
     def _budget(self) -> int:
         """The threads one job may use (``queue.job_threads``)."""
-        return self.config.queue.job_threads or os.cpu_count() or 1
+        return self.config.queue.job_threads or _CPUS
 
     def _threads(self, batches: list[list[ProcessorRun]]) -> tuple[int, int, int]:
         """How many parts of a job run at once; the threads the frame pass gets (what the

@@ -1,6 +1,8 @@
 """Job lifecycle: the one module that changes job and processor-run state.
 
-Every transition is one transaction and publishes one event after it commits.
+Every transition is one transaction and publishes one event after it commits; a worker
+draining a backlog finishes one job and claims the next in a single commit
+(``finish_and_claim``), and a run's start is written with the run's next write.
 Order in line is ``priority DESC, seq, id``; ``seq`` is the time a job entered
 the line (nanoseconds), so FIFO holds across nodes and ``prioritize`` is a
 single UPDATE that gives a job a seq below every other pending one.
@@ -996,12 +998,23 @@ def finish_and_claim(
     """``finish``, then ``claim`` the next job for ``request`` in the same commit: a worker
     draining a backlog commits once a job, not twice. A crash before the commit leaves
     both jobs as they were; after it, the next job is held like any claimed one (its
-    lease runs out, the reaper recovers it)."""
+    lease runs out, the reaper recovers it). No next job when another thread of this
+    process is claiming at that moment (the caller then claims on its own)."""
     now = time.time()
-    # The claim lock before the write lock, as in claim: never the other way round.
-    with _claim_lock, db.write_transaction(Job._meta.database):
-        status, job, ended = _finish(job, owner, policy, now, completed)
-        following, promoted = _claim(request, now)
+    database = Job._meta.database
+    following, promoted = None, 0
+    # The claim lock before the write lock, as in claim, and only if free: a thread that
+    # holds it may be waiting out a busy database, and this finish must not wait for it.
+    if _claim_lock.acquire(blocking=False):
+        try:
+            with db.write_transaction(database):
+                status, job, ended = _finish(job, owner, policy, now, completed)
+                following, promoted = _claim(request, now)
+        finally:
+            _claim_lock.release()
+    else:  # finished alone; the worker claims its next job after
+        with db.write_transaction(database):
+            status, job, ended = _finish(job, owner, policy, now, completed)
     if ended:
         _announce_finish(job, status)
     _announce_claim(following, promoted, request.node)

@@ -878,6 +878,7 @@ class _Reporter:
                 )
                 self._unsaved = False
             except jobs.LeaseLost:
+                self._put_back(started)  # rolled back with the rest
                 raise self.halt.stop(StopReason.LEASE) from None
             except db.OUTAGE_ERRORS as exc:
                 self._put_back(started)  # not written: the next write carries it

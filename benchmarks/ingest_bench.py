@@ -10,7 +10,17 @@ jobs stay queued) on a temp folder and a fresh SQLite file or PostgreSQL databas
    drop folder; the figure is the job's ``created_at`` minus the end of the copy,
    minus ``settle_seconds`` (the wait the settle rule imposes by design).
 2. ``--batch`` copies of it written at once (each a new path, so each is queued).
-3. ``--unchanged`` files already registered (rows as ingest writes them, matching
+   Registration keeps pace with the copying, so the last one is queued about when
+   it is written; the files/s figure is bounded by the copy.
+3. ``--batch`` copies written outside the drop folder, then renamed into it at once,
+   as SFTPGo's atomic uploads and rsync finish theirs: the renames take milliseconds,
+   so the time from the last rename to the last job queued is the intake's own
+   (the bulk insert's) throughput.
+4. The bulk insert alone (what a batch of new files costs the database code): 1,000
+   new files' records, jobs and runs, ``ingest.BATCH`` to a transaction, written out
+   (``db.insert_many``) against peewee's ``insert_many`` and a SELECT back, as the
+   intake did before, alternately in the same run; the ratio is peewee's time over ours.
+5. ``--unchanged`` files already registered (rows as ingest writes them, matching
    their size and mtime): the time of ``POST /api/v1/files/rescan``, which walks the
    folders and recognises each file by size and mtime without reading it.
 """
@@ -40,8 +50,8 @@ from common import running_service, scratch_postgres  # noqa: E402
 from media_factory import make_video  # noqa: E402
 
 from momentry_edge import config as config_module  # noqa: E402
-from momentry_edge import db, ingest  # noqa: E402
-from momentry_edge.db import Job, MediaFile  # noqa: E402
+from momentry_edge import db, ingest, jobs  # noqa: E402
+from momentry_edge.db import Job, MediaFile, ProcessorRun  # noqa: E402
 
 
 def write_config(root: Path, database_url: str, settle: float) -> config_module.Config:
@@ -142,6 +152,88 @@ def bench_drops(cfg: config_module.Config, sample: Path, single: int, batch: int
             "registered and queued"
         )
 
+        # 3. A batch renamed into place at once.
+        staging = drop.parent / "staging"
+        staging.mkdir(exist_ok=True)
+        names = [f"renamed {i % 10}/clip {i:05d}.mp4" for i in range(batch)]
+        for name in names:
+            shutil.copyfile(sample, staging / name.replace("/", " "))
+        for folder in {(drop / n).parent for n in names}:
+            folder.mkdir(parents=True, exist_ok=True)
+        started = time.time()
+        for name in names:
+            os.rename(staging / name.replace("/", " "), drop / name)
+        renamed = time.time()
+        created = queued_at([drop / n for n in names], timeout=600)
+        print(
+            f"{batch} files renamed into place at once (renames took "
+            f"{renamed - started:.2f} s): last one queued {max(created.values()) - renamed:.2f} s "
+            f"after the last rename; {batch / (max(created.values()) - started):.0f} files/s "
+            "registered and queued"
+        )
+
+
+def _peewee_insert(rows: list[dict], processors: list[str], now: float) -> None:
+    """What the intake did before its bulk insert was written out: peewee's insert_many
+    and a SELECT back, for the records, then for the jobs; then the runs."""
+    MediaFile.insert_many(rows).execute()
+    records = MediaFile.select().where(MediaFile.path.in_([r["path"] for r in rows]))
+    jobs = [
+        {
+            "task_id": f"task_{os.urandom(6).hex()}",
+            "file": record.id,
+            "priority": 1,
+            "seq": int(now * 1e6) + i,
+            "processors": processors,
+            "options": {},
+            "max_retries": 3,
+            "created_at": now,
+            "queued_at": now,
+        }
+        for i, record in enumerate(records)
+    ]
+    Job.insert_many(jobs).execute()
+    made = Job.select().where(Job.task_id.in_([j["task_id"] for j in jobs]))
+    runs = [
+        {"job": job.id, "processor": name, "position": i, "updated_at": now}
+        for job in made
+        for i, name in enumerate(processors)
+    ]
+    ProcessorRun.insert_many(runs).execute()
+
+
+def bench_insert(cfg: config_module.Config, files: int) -> None:
+    database = db.connect(cfg.service.database_url, cfg.data_dir)
+    jobs.init_queue_state(2, False)
+    intake = ingest.Intake(cfg.service.watch, [".mp4"], 1.0, ["cut"], 3)
+    st = Path(__file__).stat()
+    seen = ingest._Observed(db.FileState.PRESENT, None, None, "1:0")
+    timings: dict[str, list[float]] = {"written out": [], "peewee": []}
+    for round_ in range(6):
+        for way in timings:
+            now = time.time()
+            rows = [
+                ingest._fields(
+                    Path(f"/drop/{way} {round_}/{i:05d}.mp4"), Path("/drop"), st, seen, now
+                )
+                for i in range(files)
+            ]
+            started = time.perf_counter()
+            for chunk in peewee.chunked(rows, ingest.BATCH):
+                with db.write_transaction(database):
+                    if way == "peewee":
+                        _peewee_insert(chunk, ["cut"], now)
+                    else:
+                        intake._insert_new(chunk)
+            timings[way].append(time.perf_counter() - started)
+    database.close()
+    ours, theirs = (statistics.median(t) for t in timings.values())
+    print(
+        f"bulk insert of {files} new files (records, jobs, runs; {ingest.BATCH} a transaction; "
+        f"median of 6): written out {ours:.3f} s, peewee insert_many {theirs:.3f} s; "
+        f"ratio {theirs / ours:.2f}"
+    )
+
 
 def bench_rescan(cfg: config_module.Config, sample: Path, count: int) -> None:
     drop = cfg.service.watch[0]
@@ -213,6 +305,8 @@ def main() -> None:
             bench_drops(
                 write_config(Path(tmp) / "drops", url, args.settle), sample, args.single, args.batch
             )
+        with database(args.backend) as url:
+            bench_insert(write_config(Path(tmp) / "insert", url, args.settle), args.batch)
         with database(args.backend) as url:
             bench_rescan(
                 write_config(Path(tmp) / "rescan", url, args.settle), sample, args.unchanged

@@ -61,7 +61,8 @@ class Hostile:
         self.stopping = threading.Event()
         self.reconnects = 0
         self.refused = ""
-        self.streams = [self._stream() for _ in range(streams)]
+        opened = [self._stream() for _ in range(streams)]
+        self.streams = [sock for sock in opened if sock is not None]
         self.slow = [socket.create_connection(self.address) for _ in range(slow)]
         self.threads = [
             threading.Thread(target=self._trickle, daemon=True),
@@ -69,18 +70,35 @@ class Hostile:
         ]
         for thread in self.threads:
             thread.start()
-        try:  # one stream too many
-            reply = httpx.get(url + "/api/v1/events", timeout=TIMEOUT)
-            self.refused = f"{reply.status_code} {reply.json()['error']['code']}"
-        except httpx.TimeoutException:
-            self.refused = "timed out"
+        self.refused = self._one_more(url)
 
-    def _stream(self) -> socket.socket:
+    @staticmethod
+    def _one_more(url: str) -> str:
+        """How the server answers one stream more. Under its limit it accepts it, and an
+        accepted stream never ends (a keep-alive comes sooner than any read timeout):
+        only the status is read, then the stream is closed."""
+        try:
+            with httpx.stream("GET", url + "/api/v1/events", timeout=TIMEOUT) as reply:
+                if reply.status_code == 200:
+                    return "200, accepted (under the server's limit)"
+                reply.read()
+                return f"{reply.status_code} {reply.json()['error']['code']}"
+        except httpx.TimeoutException:
+            return "timed out"
+
+    def _stream(self) -> socket.socket | None:
+        """An open event stream, or None when the server refuses it (over its limit)."""
         sock = socket.create_connection(self.address, timeout=TIMEOUT)
         sock.sendall(b"GET /api/v1/events HTTP/1.1\r\nHost: bench\r\n\r\n")
         seen = b""
         while b": connected" not in seen:
-            seen += sock.recv(4096)
+            if b"\r\n" in seen and not seen.startswith(b"HTTP/1.1 200"):
+                sock.close()
+                return None
+            if not (received := sock.recv(4096)):
+                sock.close()  # closed without a word
+                return None
+            seen += received
         sock.setblocking(False)
         return sock
 
@@ -147,6 +165,7 @@ def main() -> None:
             f"{l_med / i_med:9.2f} / {l_max / i_max:6.2f}  {loaded[path][1]}/{SAMPLES}"
         )
     print(
+        f"event streams opened: {len(hostile.streams)} of {args.streams}; "
         f"stream {args.streams + 1} answered: {hostile.refused}; "
         f"slow connections dropped by the server and reopened: {hostile.reconnects}"
     )

@@ -12,7 +12,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 from urllib.parse import unquote, urlparse
@@ -442,6 +442,66 @@ def insert(instance: pw.Model) -> None:
     (new_id,) = execute(sql, *values).fetchone()
     setattr(instance, key.name, new_id)
     instance._dirty.clear()
+
+
+# Bound parameters per statement, under SQLite's limit (32766) and PostgreSQL's (65535).
+_PARAMS_PER_STATEMENT = 30_000
+
+
+def insert_many(instances: Sequence[pw.Model], key: str | None = None) -> None:
+    """INSERT ``instances`` of one model with an automatic id (their defaults filled in,
+    as peewee fills them), as many rows a statement as the parameter limit allows. With
+    ``key`` (a unique field's name), each instance's id is set from the statement's
+    RETURNING, matched by that field (RETURNING's row order is not promised). Fields not
+    given are stored and left as None, so the instances hold what reading the rows back
+    would give."""
+    if not instances:
+        return
+    meta = instances[0]._meta
+    primary = meta.primary_key
+    fields = [field for field in meta.sorted_fields if field is not primary]
+    database = meta.database
+    into = f"INSERT INTO {meta.table_name} ({', '.join(f.column_name for f in fields)}) VALUES "
+    returning = ""
+    if key is not None:
+        returning = f" RETURNING {primary.column_name}, {meta.fields[key].column_name}"
+    for chunk in pw.chunked(instances, max(1, _PARAMS_PER_STATEMENT // len(fields))):
+        values = []
+        for instance in chunk:
+            data = instance.__data__
+            values += [field.db_value(data.setdefault(field.name, None)) for field in fields]
+            instance._dirty.clear()
+        rows = _value_rows(is_postgres(database), len(chunk), len(fields))
+        returned = _run(database, into + rows + returning, values)
+        if key is not None:
+            ids = {found: new_id for new_id, found in returned}
+            for instance in chunk:
+                setattr(instance, primary.name, ids[instance.__data__[key]])
+
+
+def _run(database: pw.Database, sql: str, values: list[Any]) -> list[tuple[Any, ...]]:
+    """Run one statement of ``_value_rows``' placeholders; the rows it returns."""
+    if not is_postgres(database):
+        return database.execute_sql(sql, values).fetchall()
+    # Numbered placeholders, passed on as they are: psycopg's own cursor would parse a
+    # statement of thousands of %s (not cached past 4 KB), which took longer than the
+    # insert. Its errors are peewee's, as execute_sql's are (db.OUTAGE_ERRORS).
+    import psycopg  # the PostgreSQL driver: not loaded where SQLite is used
+
+    with pw.__exception_wrapper__, psycopg.RawCursor(database.connection()) as cursor:
+        cursor.execute(sql, values)
+        return cursor.fetchall() if cursor.description else []
+
+
+@functools.lru_cache(maxsize=32)
+def _value_rows(postgres: bool, rows: int, columns: int) -> str:
+    """``(?, ?), (?, ?)`` for SQLite; ``($1, $2), ($3, $4)`` for PostgreSQL."""
+    if not postgres:
+        return ", ".join(["(" + ", ".join(["?"] * columns) + ")"] * rows)
+    return ", ".join(
+        "(" + ", ".join(f"${n}" for n in range(start + 1, start + columns + 1)) + ")"
+        for start in range(0, rows * columns, columns)
+    )
 
 
 def is_postgres(db: pw.Database) -> bool:

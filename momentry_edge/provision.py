@@ -7,8 +7,10 @@ models pull` does (``models.pull``: every digest checked before a file is put
 in place; a model already verified is not touched). Until its model is in
 place a processor is *coming*: not ready, but jobs that need it wait in line
 instead of failing. A pull that fails (no source reachable, wrong bytes, a full
-disk) leaves its processors not ready with the reason and the fix; it is tried
-again after ``RETRY_AFTER``, or at the next start, never in a tight loop.
+disk, or one that would leave less than ``queue.min_free_disk_mb`` free, refused
+before anything is written) leaves its processors not ready with the reason and
+the fix, and the service goes on; it is tried again after ``RETRY_AFTER``, or at
+the next start, never in a tight loop.
 """
 
 from __future__ import annotations
@@ -113,8 +115,10 @@ class Provisioner:
         settings: Any,
         auto_pull: bool,
         on_change: Callable[[], None] = lambda: None,
+        keep_free: int = 0,
     ) -> None:
         self.auto_pull = auto_pull
+        self.keep_free = keep_free  # bytes a pull must leave free (queue.min_free_disk_mb)
         self.on_change = on_change  # a model became ready, failed, or is coming again
         self.pulls: dict[tuple[str, Path], Pull] = {}
         self.by_processor: dict[str, Pull] = {}
@@ -219,7 +223,9 @@ class Provisioner:
         self.publish(pull)
         log.info("pulling model %s into %s", pull.spec.name, pull.models_dir)
         try:
-            models.pull(pull.spec, pull.models_dir, progress=_Meter(self, pull))
+            models.pull(
+                pull.spec, pull.models_dir, progress=_Meter(self, pull), keep_free=self.keep_free
+            )
         except _Stopped:
             pull.state = QUEUED  # the next start resumes the partial download
             return

@@ -51,7 +51,8 @@ def models_command(config: Config, args: argparse.Namespace) -> int:
         if args.action == "pull":
             if specs is None:
                 specs = models.needed(Registry(config.service.plugins, config.processors), catalog)
-            return _pull(out, specs, models_dir, args.source)
+            keep_free = int(config.queue.min_free_disk_mb * models.MB)
+            return _pull(out, specs, models_dir, args.source, keep_free)
         return _verify(out, catalog, specs, models_dir)
     except models.ModelError as e:
         out.print(Text.assemble(("error:", "red"), " ", printable(e)))
@@ -77,7 +78,13 @@ def _list(out: Console, catalog: models.Catalog, models_dir: Path, as_json: bool
     return 0
 
 
-def _pull(out: Console, specs: list[models.ModelSpec], models_dir: Path, source: str | None) -> int:
+def _pull(
+    out: Console,
+    specs: list[models.ModelSpec],
+    models_dir: Path,
+    source: str | None,
+    keep_free: int,
+) -> int:
     if not specs:
         out.print("nothing to pull: no configured processor uses a catalog model")
         return 0
@@ -85,7 +92,13 @@ def _pull(out: Console, specs: list[models.ModelSpec], models_dir: Path, source:
     for spec in specs:
         with _bars() as bars:
             try:
-                folder = models.pull(spec, models_dir, source=source, progress=RichProgress(bars))
+                folder = models.pull(
+                    spec,
+                    models_dir,
+                    source=source,
+                    progress=RichProgress(bars),
+                    keep_free=keep_free,
+                )
             except models.ModelError as e:
                 bars.stop()
                 say(out, f"{spec.name}: {e}", style="red")

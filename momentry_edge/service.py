@@ -53,7 +53,11 @@ class Service:
         # a node that runs no jobs has no use for them.
         auto_pull = config.models.auto_pull and config.queue.worker_enabled
         self.provision = Provisioner(
-            self.registry, config.processors, auto_pull, self._models_changed
+            self.registry,
+            config.processors,
+            auto_pull,
+            self._models_changed,
+            keep_free=int(config.queue.min_free_disk_mb * models.MB),
         )
         self.workers = Workers(
             config, self.registry, self.gate, self.node, self.owner, self.provision

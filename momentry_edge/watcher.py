@@ -3,18 +3,20 @@
 The watchdog handler only puts ``(event type, path, destination, is_directory)`` on
 a queue. One "ingest" thread drains it into the ``SettleTracker``, hands the paths
 that have settled to a small pool of "register" threads, and runs the periodic
-rescans; nothing is ever registered on the observer's thread. Files whose writers
-closed them go together to ``Intake.settled_closed`` (not probed; recorded and queued
-in batches) by one task at a time, which takes all that are waiting, so the batches
-grow under a flood; each other file goes to ``Intake.settled``. Two registrations of
+rescans; nothing is ever registered on the observer's thread. Files known to be whole
+(their writers closed them, or they were renamed into place) go together to
+``Intake.settled_closed`` (not probed; recorded and queued in batches) by one task at a
+time, which takes all that are waiting, so the batches grow under a flood; each other
+file goes to ``Intake.settled``. Two registrations of
 one path may overlap; the intake serialises them.
 
 Events only say "look at this path": the tracker decides from ``stat()``, so a
 coalesced or lost event costs nothing, and the periodic rescan (``Intake.reconcile``)
 catches any file no event announced (service down, network share, inotify limit).
 
-Which events fire, watchdog 7.1 on Linux (inotify), measured with a script writing
-into a watched folder; every change in a folder also fires ``modified`` on the
+Which events fire, watchdog 7.1 on Linux (inotify, with ``generate_full_events``, so a
+move from or to outside the watch is reported as a move), measured with a script
+writing into a watched folder; every change in a folder also fires ``modified`` on the
 folder itself, and those are ignored:
 
 =================================  ===============================================
@@ -26,14 +28,16 @@ append or rewrite in place         opened, modified, closed
 write ``x.mp4.part``, rename to    created/modified/closed ``x.mp4.part``, then
 ``x.mp4``                          moved ``x.mp4.part`` -> ``x.mp4``
 rename over an existing file       moved ``tmp`` -> ``x.mp4`` (no deleted for x.mp4)
-move in from outside the watch     created
-move out of the watch              deleted (late: the move has no other half)
+move in from outside the watch     moved ``""`` -> ``x.mp4``
+move out of the watch              moved ``x.mp4`` -> ``""`` (late: ~0.5 s, watchdog
+                                   waits for the other half)
 delete                             deleted
 touch, utime, chmod                attrib
 read (our own probe and hash)      opened, closed_no_write  -- ignored, or probing
                                    a file would set its settle timer going again
 mkdir, then a file in it           created (dir), then the file's events
-move a folder in                   created (dir), created for each file in it
+move a folder in                   moved ``""`` -> folder (dir), created for each
+                                   file in it
 rename a folder inside the watch   moved (dir), moved for each file in it
 symlink or hard link               created (a symlink is never taken)
 copy keeping times (``cp -p``)     created, opened, modified, closed, attrib
@@ -45,13 +49,24 @@ file modified and not closed yet (an upload in progress, however slow) waits for
 its close rather than for settle_seconds of quiet, up to ``ingest.WRITING_GRACE``
 of quiet (a close event may be lost when the kernel's queue overflows).
 
+A file renamed or moved to a taken name (IN_MOVED_TO) is whole too, and taken at once
+like a closed one: SFTPGo's atomic uploads and rsync write under a temporary name and
+rename the file into place after closing it. Not when a writer still had it open
+under its old name (modified, not closed: whatever the name, hidden and temporary
+ones too, whose events are otherwise ignored): then it waits for its close under its
+new name. A move to a name that is not taken (a temporary name, a hidden folder) is
+ignored, as a write there is. The files of a folder moved in from outside are whole
+too (their ``created`` events that follow do not undo that).
+
 A file that fails the probe while it may still be being written (not known to be
 closed, written to within WRITING_GRACE) is not rejected: ``Intake.settled`` raises
 ``Settling`` and the tracker waits for it again.
 
 On macOS (FSEvents) events are coalesced per path and arrive in batches with a
-small delay and there is no close event; the outcome is the same because the tracker
-watches size and mtime.
+small delay and there is no close event; a rename there may come merged with the
+writes before it, so neither a close nor a move makes a file due: every file waits
+for settle_seconds of quiet, and the outcome is the same because the tracker watches
+size and mtime.
 """
 
 from __future__ import annotations
@@ -77,7 +92,8 @@ log = logging.getLogger(__name__)
 
 # Events after which a file may have new content (or have just appeared).
 _CHANGES = {"created", "modified", "closed", "attrib"}
-# The observers that report a writer closing a file (inotify's IN_CLOSE_WRITE).
+# The observers that report a writer closing a file (inotify's IN_CLOSE_WRITE) and a
+# rename as it happens, each event on its own (FSEvents coalesces them).
 _REPORTS_CLOSE = {"InotifyObserver"}
 # Settled files are registered this many tasks at a time. Reading and probing hold the
 # GIL, so more threads only overlap database commits: 2 measured ~1.2x over 1, and 4
@@ -91,7 +107,7 @@ class _Watched:
     mtime_ns: int
     since: float  # clock time of the last change seen
     writing: bool = False  # modified, and its writer has not closed it since
-    closed: bool = False  # its writer closed it, and it has not changed since
+    closed: bool = False  # closed by its writer, or moved into place; unchanged since
 
 
 class SettleTracker:
@@ -99,8 +115,9 @@ class SettleTracker:
 
     A path is due once its size and mtime have been unchanged for ``settle_seconds``
     and no event has touched it in that time. With ``reports_close`` (the platform
-    reports a writer closing a file), a path is due as soon as its writer closed it,
-    and one still open for writing waits for the close (or WRITING_GRACE of quiet).
+    reports a writer closing a file, and renames as they happen), a path is due as
+    soon as its writer closed it or it was moved into place (event "moved"), and one
+    still open for writing waits for the close (or WRITING_GRACE of quiet).
     ``clock`` is injectable for tests. Not thread-safe: the ingest thread owns it.
     """
 
@@ -133,11 +150,13 @@ class SettleTracker:
         seen = _Watched(st.st_size, st.st_mtime_ns, now)
         if event == "modified":
             seen.writing = True
-        elif event == "closed":
+        elif event in ("closed", "moved"):  # moved: renamed into place, with no writer on it
             seen.closed = True
-        elif before is not None:  # attrib, a rename, a rescan: the writer is where it was
+        elif before is not None:  # attrib, created, a rescan: the writer is where it was
             seen.writing = before.writing
-            seen.closed = before.closed and event == "attrib"  # e.g. cp -p sets times after
+            unchanged = (st.st_size, st.st_mtime_ns) == (before.size, before.mtime_ns)
+            # cp -p sets times after the close; a folder moved in also says "created".
+            seen.closed = before.closed and (event == "attrib" or unchanged)
         self._files[path] = seen
 
     def forget(self, path: str) -> None:
@@ -214,14 +233,19 @@ class Watcher:
         self._closed: list[str] = []  # closed files waiting for _take_closed
         self._closing = False  # a _take_closed task is on its way or running
         self._closed_lock = threading.Lock()
+        # Paths modified and not closed since, whatever their names (only where closes
+        # are reported): a file renamed while its writer still has it open is not whole.
+        self._open_writes: set[str] = set()
         self._stopping = threading.Event()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
         """Watch first, then scan: a file written during the start-up scan is not missed."""
-        self.observer = Observer()
-        self.tracker.reports_close = type(self.observer).__name__ in _REPORTS_CLOSE
+        reports_close = Observer.__name__ in _REPORTS_CLOSE
+        # Full events: a move from or to outside the watch is a move, not created/deleted.
+        self.observer = Observer(generate_full_events=True) if reports_close else Observer()
+        self.tracker.reports_close = reports_close
         self.observer.start()
         self._schedule()
         self._thread.start()
@@ -342,32 +366,51 @@ class Watcher:
             self._guarded(self.rescan)
 
     def _apply(self, kind: str, path: str, dest: str, is_dir: str) -> bool:
-        """One event; returns whether it asks for a rescan."""
+        """One event; returns whether it asks for a rescan. A move from outside the
+        watch has no ``path``, one to outside no ``dest``."""
         if kind == "rescan":
+            self._open_writes = {p for p in self._open_writes if os.path.lexists(p)}
             return True
         if is_dir == "True":
-            if kind in ("created", "moved"):
-                self._touch_tree(dest or path)  # a folder moved in or renamed: its files
+            if kind == "created" or (kind == "moved" and dest):
+                # Moved in from outside: its files are whole. Renamed inside the watch:
+                # each file's own move follows, saying whether a writer still has it.
+                self._touch_tree(dest or path, "moved" if kind == "moved" and not path else "")
             # A folder deleted or moved away: which known files went with it is a rescan's job.
-            return kind in ("deleted", "moved")
+            return kind == "deleted" or (kind == "moved" and bool(path))
+        if self.tracker.reports_close:
+            self._note_writer(kind, path, dest)
         if kind in _CHANGES or kind == "found":
             self._touch(path, kind)
         elif kind in ("moved", "deleted"):
-            self.tracker.forget(path)
-            self._guarded(self.intake.gone, path)
-            if kind == "moved":
-                self._touch(dest, kind)
+            if path:
+                self.tracker.forget(path)
+                self._guarded(self.intake.gone, path)
+            if dest:
+                # Renamed into place whole, unless its writer still has it open.
+                self._touch(dest, "modified" if dest in self._open_writes else "moved")
         return False
+
+    def _note_writer(self, kind: str, path: str, dest: str) -> None:
+        """Keep ``_open_writes`` up to date: any name, taken or not."""
+        if kind == "modified":
+            self._open_writes.add(path)
+        elif kind in ("closed", "deleted", "moved"):
+            still_open = path in self._open_writes
+            self._open_writes.discard(path)
+            if kind == "moved" and dest:
+                # The name now holds what was moved there (a rename may replace a file).
+                (self._open_writes.add if still_open else self._open_writes.discard)(dest)
 
     def _touch(self, path: str, kind: str = "") -> None:
         if self.intake.locate(path) is not None:
             self.tracker.touch(path, event=kind)
 
-    def _touch_tree(self, folder: str) -> None:
+    def _touch_tree(self, folder: str, kind: str = "") -> None:
         for parent, dirs, files in os.walk(folder):
             dirs[:] = [d for d in dirs if not d.startswith(".")]
             for name in files:
-                self._touch(os.path.join(parent, name))
+                self._touch(os.path.join(parent, name), kind)
 
     def _schedule(self) -> None:
         """Watch every folder not watched yet; one that cannot be watched is only rescanned."""

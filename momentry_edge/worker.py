@@ -418,8 +418,12 @@ class Workers:
         if frame_runs is None:
             return parts, 1, parts
         # The frame pass is the long part (the speech beside it ends early): it gets the
-        # whole budget for its members (frames.run_shared adds its decode thread).
-        frame_threads = max(1, min(budget, len(frame_runs)))
+        # whole budget for its members (frames.run_shared adds its decode thread), even
+        # for one member whose frames are independent (its frames are shared out).
+        split = any(
+            getattr(self._peek(r.processor), "independent_frames", False) for r in frame_runs
+        )
+        frame_threads = budget if split else max(1, min(budget, len(frame_runs)))
         return parts, frame_threads, max(parts, frame_threads)
 
     def _batches(self, runs: list[ProcessorRun]) -> list[list[ProcessorRun]]:
@@ -481,10 +485,12 @@ class Workers:
                     ledger.settled(run)  # skipped
             members = [(processor, ctx) for _, processor, ctx, _ in started]
             if members and isinstance(members[0][0], FrameProcessor):
+                names = [run.processor for run, *_ in started]
                 outcomes = frames.run_shared(
                     media_path,
                     members,  # type: ignore[arg-type]
                     threads=frame_threads,
+                    spare=lambda slot: take(names[slot]),  # type: ignore[arg-type,return-value]
                 )
             elif len(members) > 1:
                 outcomes = asr.run_shared(media_path, members)  # type: ignore[arg-type]

@@ -1,10 +1,13 @@
-"""The queue's hand-written statements (db.execute, db.fetch, db.insert) read and write
-rows exactly as peewee's own queries do, on each database."""
+"""The queue's hand-written statements (db.execute, db.fetch, db.insert, db.insert_many)
+read and write rows exactly as peewee's own queries do, on each database."""
 
 from __future__ import annotations
 
+import peewee as pw
+import pytest
+
 from momentry_edge import db, jobs
-from momentry_edge.db import Job, JobStatus, MediaFile, ProcessorRun, RunStatus
+from momentry_edge.db import FileState, Job, JobStatus, MediaFile, ProcessorRun, RunStatus
 
 
 def test_written_out_statements_match_peewee(tmp_path, database_url):
@@ -142,5 +145,83 @@ def test_a_start_rides_on_the_next_write_and_a_finish_claims_the_next_job(tmp_pa
             103.0,
             "broke",
         )
+    finally:
+        database.close()
+
+
+def _file_row(name: str, **extra: object) -> dict:
+    return {
+        "file_uuid": name.encode().hex()[:32].ljust(32, "0"),
+        "path": f"/drop/{name}.mp4",
+        "watch_root": "/drop",
+        "rel_path": f"{name}.mp4",
+        "name": f"{name}.mp4",
+        "size": 5_000_000_000,  # past 32 bits
+        "mtime": 1764563000.123456,
+        "state": FileState.PRESENT,
+        "fingerprint": "5000000000:0f1e",
+        "registered_at": 1764563001.5,
+        "updated_at": 1764563001.5,
+        **extra,
+    }
+
+
+def test_written_out_bulk_insert_matches_peewee(tmp_path, database_url):
+    database = db.connect(database_url, tmp_path / "data")
+    try:
+        jobs.init_queue_state(2, False)
+        names = ["ü 東京", "a'b", "c?d %s"]  # quotes and placeholder look-alikes are data
+        written = [MediaFile(**_file_row(name)) for name in names]
+        db.insert_many(written, key="path")
+        MediaFile.insert_many([_file_row("peewee " + name) for name in names]).execute()
+        different = {"id", "file_uuid", "path", "rel_path", "name"}
+        for name, record in zip(names, written, strict=True):
+            stored = MediaFile.get_by_id(record.id)
+            assert stored.__data__ == record.__data__, "the instance holds what was stored"
+            by_peewee = MediaFile.get(MediaFile.path == f"/drop/peewee {name}.mp4")
+            assert {k: v for k, v in stored.__data__.items() if k not in different} == {
+                k: v for k, v in by_peewee.__data__.items() if k not in different
+            }
+        assert stored.transient is False and stored.content_hash is None
+        # Its errors are peewee's, as its queries' are (the watcher tells an outage by them).
+        with pytest.raises(pw.IntegrityError), database.atomic():
+            db.insert_many([MediaFile(**_file_row(names[0]))], key="path")
+
+        # More rows than one statement's parameters allow: several statements, ids right.
+        many = [MediaFile(**_file_row(f"many {i:04d}")) for i in range(3_200)]
+        db.insert_many(many, key="path")
+        ids = dict(
+            MediaFile.select(MediaFile.path, MediaFile.id)
+            .where(MediaFile.path.startswith("/drop/many "))
+            .tuples()
+        )
+        assert {r.path: r.id for r in many} == ids and len(ids) == 3_200
+
+        # The jobs of a batch, against a job peewee inserts with the same settings.
+        queued = jobs.submit_new(written, ["noop", "stamp"], priority=2, max_retries=3)
+        assert [job.file_id for job in queued] == [r.id for r in written]
+        by_peewee = Job.create(
+            task_id="task_peewee",
+            file=many[0].id,
+            priority=2,
+            seq=1,
+            processors=["noop", "stamp"],
+            max_retries=3,
+        )
+        by_peewee = Job.get_by_id(by_peewee.id)
+        different = {"id", "task_id", "file", "seq", "created_at", "queued_at"}
+        for job in queued:
+            stored = Job.get_by_id(job.id)
+            assert stored.__data__ == job.__data__
+            assert {k: v for k, v in stored.__data__.items() if k not in different} == {
+                k: v for k, v in by_peewee.__data__.items() if k not in different
+            }
+            runs = ProcessorRun.select().where(ProcessorRun.job == job.id)
+            assert sorted((r.processor, r.position, r.status, r.attempts) for r in runs) == [
+                ("noop", 0, RunStatus.PENDING, 0),
+                ("stamp", 1, RunStatus.PENDING, 0),
+            ]
+        in_line = [job.id for job in jobs.pending_in_order() if job.task_id != "task_peewee"]
+        assert in_line == [job.id for job in queued], "in line in the order given"
     finally:
         database.close()

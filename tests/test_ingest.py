@@ -74,15 +74,20 @@ def copy_in(source: Path, target: Path) -> Path:
     return target
 
 
-def move_in(source: Path, target: Path, mtime: float | None = None) -> Path:
-    """Arrive whole, by a rename from outside the watched folder: no write and no close
-    is seen there, so the watcher waits settle_seconds for it (backdated: ``mtime``)."""
+def link_in(source: Path, target: Path, mtime: float | None = None) -> Path:
+    """Arrive whole with no write, close or move seen in the watched folder (a hard link
+    made from outside, the staging copy then removed): the watcher waits settle_seconds
+    for it, so a long settle time leaves it to the rescan or the hook (backdated:
+    ``mtime``). A rename into place would be taken at once, as a closed file is. A file
+    already at ``target`` is removed first (the watcher sees it go)."""
     staging = target.parent.parent / f"{target.parent.name}.staging" / target.name
     copy_in(source, staging)
     if mtime is not None:
         os.utime(staging, (mtime, mtime))
     target.parent.mkdir(parents=True, exist_ok=True)
-    os.rename(staging, target)
+    target.unlink(missing_ok=True)
+    os.link(staging, target)
+    staging.unlink()
     return target
 
 
@@ -282,6 +287,66 @@ def test_200_videos_and_bad_files_copied_at_once_are_queued_once_and_the_bad_rej
     assert svc.get("/api/v1/jobs")["total"] == total, "a restart queues nothing again"
 
 
+def test_videos_renamed_into_place_are_queued_at_once_unprobed_and_a_bad_one_rejected(
+    start_service, videos, tmp_path
+) -> None:
+    # A long settle time: only the renames can make the files due. Uploads as SFTPGo and
+    # rsync finish them: written under a temporary or hidden name, closed, renamed into
+    # place; others moved in whole from outside the watched folder.
+    svc = drop_service(start_service, settle_seconds=60)
+    svc.call("POST", "/api/v1/queue/pause")  # the jobs wait: their files stay unprobed
+    bad = bad_files(tmp_path / "bad")
+    staging = svc.root / "staging"
+    # Renamed while its writer still has it open: not whole yet, so taken after its close.
+    data = videos[199].read_bytes()
+    still_open = (svc.drop / "open.mp4.part").open("wb")
+    still_open.write(data[: len(data) // 2])
+    still_open.flush()
+    os.rename(svc.drop / "open.mp4.part", svc.drop / "open.mp4")
+    drops: dict[str, Path] = {}
+    for i, video in enumerate(videos[:100]):
+        name = f"clip {i:03d}.mp4"
+        if i % 2:
+            temporary = copy_in(video, svc.drop / f".{name}.Xa9Qz{i}")  # rsync's temporary name
+        else:
+            temporary = copy_in(video, staging / name)  # outside the watched folder
+        drops[name] = video
+        os.rename(temporary, svc.drop / name)
+    # A folder moved in whole: its files are whole too.
+    for i, video in enumerate(videos[100:103]):
+        copy_in(video, staging / "folder" / f"take {i}.mp4")
+        drops[f"folder/take {i}.mp4"] = video
+    os.rename(staging / "folder", svc.drop / "folder")
+    copy_in(tmp_path / "bad" / "cut short.mp4", svc.drop / "cut short.mp4.part")
+    os.rename(svc.drop / "cut short.mp4.part", svc.drop / "cut short.mp4")
+    os.rename(copy_in(videos[150], staging / "hidden.mp4"), svc.drop / ".hidden.mp4")
+    os.rename(copy_in(videos[151], staging / "b.mp4"), svc.drop / "b.mp4.filepart")
+
+    wait_for(lambda: len(files(svc)) == len(drops) + 1, timeout=60, interval=0.5)
+    known = files(svc)
+    assert "open.mp4" not in known, "renamed while open for writing: not taken half-written"
+    assert sorted(known) == sorted([*drops, "cut short.mp4"]), "temporary names never taken"
+    for name in (*drops, "cut short.mp4"):
+        assert known[name]["state"] == "present" and known[name]["status"] == "pending"
+        assert svc.get(f"/api/v1/files/{known[name]['file_uuid']}")["duration"] is None
+
+    still_open.write(data[len(data) // 2 :])
+    still_open.close()
+    finished = wait_for(lambda: files(svc).get("open.mp4"))
+    assert finished["size"] == len(data)
+    svc.call("POST", "/api/v1/queue/resume")
+    wait_for(lambda: svc.status()["pending_count"] == 0 and svc.status()["active_count"] == 0)
+    known = files(svc)
+    for name in (*drops, "open.mp4"):
+        assert known[name]["state"] == "present" and known[name]["status"] == "completed"
+    detail = svc.get(f"/api/v1/files/{known['clip 099.mp4']['file_uuid']}")
+    assert detail["duration"] == pytest.approx(103 / 25, abs=0.05), "probed at its job's start"
+    assert_rejected_and_not_processed(svc, known["cut short.mp4"], bad["cut short.mp4"])
+    assert set(jobs_per_file(svc).values()) == {1}, "each queued once"
+    assert svc.get("/api/v1/jobs")["total"] == len(drops) + 2
+    assert rescan(svc)["unchanged"] == len(drops) + 2
+
+
 def test_files_dropped_while_stopped_are_queued_at_next_start_and_once(
     start_service, videos
 ) -> None:
@@ -324,9 +389,9 @@ def test_old_files_found_by_a_rescan_are_queued_and_the_bad_ones_rejected(
     old = time.time() - 3600
     reasons = bad_files(tmp_path / "bad")
     for i in range(5):
-        move_in(videos[30 + i], svc.drop / "archive" / f"take {i}.mp4", mtime=old)
+        link_in(videos[30 + i], svc.drop / "archive" / f"take {i}.mp4", mtime=old)
     for name in reasons:
-        move_in(tmp_path / "bad" / name, svc.drop / "archive" / name, mtime=old)
+        link_in(tmp_path / "bad" / name, svc.drop / "archive" / name, mtime=old)
     svc.start()
 
     wait_for(lambda: len(files(svc)) == 5 + len(reasons))
@@ -342,13 +407,14 @@ def test_old_files_found_by_a_rescan_are_queued_and_the_bad_ones_rejected(
 
 
 def test_reconcile_new_changed_missing_and_unchanged(start_service, videos) -> None:
-    # A long settle time, and files moved in rather than written there (a file written and
-    # closed is taken at once), keep the watcher out of the way: the rescan does the work.
+    # A long settle time, and files linked in rather than written or renamed there (a file
+    # closed or renamed into place is taken at once), keep the watcher out of the way: the
+    # rescan does the work.
     svc = drop_service(start_service, settle_seconds=60)
     old = time.time() - 3600
     for i, name in enumerate(("keep.mp4", "edit.mp4", "delete.mp4", "touch.mp4")):
-        move_in(videos[i], svc.drop / name, mtime=old)
-    move_in(videos[10], svc.drop / "fresh.mp4")  # just written: left to the settle tracker
+        link_in(videos[i], svc.drop / name, mtime=old)
+    link_in(videos[10], svc.drop / "fresh.mp4")  # just written: left to the settle tracker
     assert rescan(svc) == {"new": 4, "changed": 0, "missing": 0, "unchanged": 0, "settling": 1}
     before = files(svc)
     assert "fresh.mp4" not in before
@@ -376,7 +442,7 @@ def test_reconcile_new_changed_missing_and_unchanged(start_service, videos) -> N
     assert len(jobs_of(svc, after["keep.mp4"]["file_uuid"])) == 1
 
     # Put back with the same content, a processed file is present again and not re-run.
-    move_in(videos[2], svc.drop / "delete.mp4", mtime=old)
+    link_in(videos[2], svc.drop / "delete.mp4", mtime=old)
     assert rescan(svc)["changed"] == 1
     back = files(svc)["delete.mp4"]
     assert back["state"] == "present" and back["status"] == "completed"
@@ -404,10 +470,10 @@ def test_bad_files_are_rejected_with_reasons_and_a_good_file_after_them_is_proce
         assert_rejected_and_not_processed(svc, wait_for(lambda n=name: _rejected(svc, n)), words)
     assert svc.get("/healthz")["status"] == "ok"
 
-    # Moved in (no close seen) and old: probed before it is queued, as before; no job.
-    move_in(svc.root / "staging" / "notes.mp4", svc.drop / "moved.mp4", mtime=time.time() - 3600)
-    moved = wait_for(lambda: files(svc).get("moved.mp4"))
-    assert moved["state"] == "rejected" and moved["status"] is None, moved
+    # Linked in (neither closed nor renamed there) and old: probed before it is queued; no job.
+    link_in(svc.root / "staging" / "notes.mp4", svc.drop / "linked.mp4", mtime=time.time() - 3600)
+    linked = wait_for(lambda: files(svc).get("linked.mp4"))
+    assert linked["state"] == "rejected" and linked["status"] is None, linked
     # Written again with the same content: its verdict stands, nothing is queued again.
     before = svc.get("/api/v1/jobs")["total"]
     copy_in(svc.root / "staging" / "notes.mp4", svc.drop / "notes.mp4")
@@ -446,7 +512,7 @@ def test_register_refuses_escapes_and_temp_names_and_is_idempotent(start_service
     os.utime(outside, (time.time() - 3600,) * 2)
     assert rescan(svc)["new"] == 0, "a rescan does not follow symlinks out either"
 
-    move_in(videos[1], svc.drop / "clip.mp4")
+    link_in(videos[1], svc.drop / "clip.mp4")
     first = svc.call("POST", "/api/v1/files/register", expect=201, json={"path": "clip.mp4"})
     assert first["state"] == "present" and first["task_id"]
     again = svc.call("POST", "/api/v1/files/register", expect=200, json={"path": "clip.mp4"})
@@ -469,7 +535,7 @@ def test_register_refuses_escapes_and_temp_names_and_is_idempotent(start_service
     data = videos[3].read_bytes()
     half = svc.root / "half.mp4"
     half.write_bytes(data[: len(data) // 2])
-    move_in(half, svc.drop / "aborted.mp4", mtime=time.time() - 3600)  # old enough to rescan
+    link_in(half, svc.drop / "aborted.mp4", mtime=time.time() - 3600)  # old enough to rescan
     body = {"path": "aborted.mp4", "upload_status": 0}
     aborted = svc.call("POST", "/api/v1/files/register", expect=201, json=body)
     assert aborted["state"] == "rejected" and aborted["task_id"] is None
@@ -480,7 +546,7 @@ def test_register_refuses_escapes_and_temp_names_and_is_idempotent(start_service
     # The client resumes and finishes; the hook reports success.
     whole = svc.root / "whole.mp4"
     whole.write_bytes(data)
-    move_in(whole, svc.drop / "aborted.mp4")
+    link_in(whole, svc.drop / "aborted.mp4")
     done = svc.call("POST", "/api/v1/files/register", expect=201, json={"path": "aborted.mp4"})
     assert done["file_uuid"] == aborted["file_uuid"]
     assert done["state"] == "present" and done["task_id"]

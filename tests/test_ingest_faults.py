@@ -61,13 +61,35 @@ def test_with_close_events_a_closed_file_is_due_at_once_and_an_open_one_waits(
     tracker.touch(str(upload), event="closed")
     assert tracker.due() == [(str(upload), True)]
 
-    # Moved in from elsewhere (no write seen): settle_seconds of quiet, as before.
-    moved = tmp_path / "moved.mp4"
-    moved.write_bytes(b"b")
-    tracker.touch(str(moved), event="created")
+    # Appeared with no write seen (a hard link): settle_seconds of quiet, as before.
+    linked = tmp_path / "linked.mp4"
+    linked.write_bytes(b"b")
+    tracker.touch(str(linked), event="created")
     assert tracker.due() == []
     now[0] = 131.0
-    assert tracker.due() == [(str(moved), False)]
+    assert tracker.due() == [(str(linked), False)]
+
+    # Renamed into place: whole, like a closed file; a "created" after it (a folder moved
+    # in says both) does not undo that, a write does.
+    moved = tmp_path / "moved.mp4"
+    moved.write_bytes(b"c")
+    tracker.touch(str(moved), event="moved")
+    tracker.touch(str(moved), event="created")
+    assert tracker.due() == [(str(moved), True)]
+    tracker.touch(str(moved), event="moved")
+    with moved.open("ab") as f:
+        f.write(b"more")
+    tracker.touch(str(moved), event="created")
+    assert tracker.due() == []
+
+    # Without close events (FSEvents: a rename may come merged with the writes before
+    # it), neither a close nor a move makes a file due before settle_seconds of quiet.
+    coalesced = SettleTracker(1.0, clock=lambda: now[0], reports_close=False)
+    for event in ("closed", "moved"):
+        coalesced.touch(str(moved), event=event)
+        assert coalesced.due() == []
+    now[0] = 132.0
+    assert coalesced.due() == [(str(moved), False)]
 
 
 # -- defect: a file rejected as unreadable stays rejected after it is fixed --------------------
@@ -105,7 +127,9 @@ def unreadable(svc: ServiceProcess, name: str, source: Path) -> Path:
     old = time.time() - 3600
     os.utime(staging, (old, old))
     target = svc.drop / name
-    os.rename(staging, target)  # arrives whole: a move, not a write
+    # Linked in: no write, close or move is seen there, so the watcher waits settle_seconds.
+    os.link(staging, target)
+    staging.unlink()
     return target
 
 

@@ -19,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from disks import small_filesystem
 
 from momentry_edge import models
 
@@ -203,6 +204,20 @@ def test_pull_from_the_installed_package_puts_verified_files_in_the_data_dir(tin
     }
     assert not (folder / models.PARTIAL).exists()
     assert models.locate(TINY, "faster-whisper", ".bin", root) == folder / "model.bin"
+
+
+def test_a_models_folder_linked_to_a_missing_disk_is_named_as_such(tmp_path):
+    root = tmp_path / "models"
+    root.symlink_to(tmp_path / "unmounted" / "models")  # an external disk not mounted
+
+    with pytest.raises(models.ModelError) as caught:
+        models.pull(models.load_catalog().get(TINY), root, source="pypi")
+
+    assert str(caught.value) == (
+        f"cannot create {root / TINY}: {root} links to {tmp_path / 'unmounted' / 'models'},"
+        " which does not exist (a disk not mounted?)"
+    )
+    assert not (tmp_path / "unmounted").exists()  # nothing made on the root disk instead
 
 
 def test_pull_again_changes_nothing(tiny):
@@ -528,3 +543,62 @@ def test_cli_shows_paths_literally(config, tmp_path):
     bad = cli(config, "models", "pull", "--source", "ftp")
     assert bad.returncode == 2
     assert all(kind in bad.stderr for kind in models.SOURCE_KINDS), bad.stderr
+
+
+# -- room on the disk ------------------------------------------------------------------------
+
+
+def pull_into(tmp_path: Path, folder: Path, catalog: Path, *args: str, min_free_mb: int):
+    """`momentry-edge models pull ARGS` with the data dir (so the models) in ``folder``."""
+    config = tmp_path / "small.toml"
+    config.write_text(
+        f'[service]\ndata_dir = "{folder / "data"}"\n\n[queue]\nmin_free_disk_mb = {min_free_mb}\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MOMENTRY_")}
+    command = [sys.executable, "-m", "momentry_edge.cli", "--config", str(config), "models"]
+    return subprocess.run(
+        [*command, "pull", *args],
+        capture_output=True,
+        text=True,
+        env=env | {"MOMENTRY_MODEL_CATALOG": str(catalog)},
+        timeout=120,
+    )
+
+
+def files_in(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if not p.is_dir())
+
+
+def test_a_pull_that_would_leave_less_than_min_free_disk_mb_is_refused(hub, tmp_path):
+    data = os.urandom(6 * models.MB)
+    hub.files[hub.url("test/six", "w.bin")] = data
+    catalog = tmp_path / "catalog.toml"
+    catalog.write_text(hub_entry("six", {"w.bin": data}))
+    with small_filesystem(tmp_path / "small", "16m") as small:
+        # 16 MB free, 6 MB to fetch: 10 MB would be left, less than the 12 asked for.
+        refused = pull_into(tmp_path, small, catalog, "six", min_free_mb=12)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        said = " ".join(refused.stdout.split())
+        assert "six: model six needs 6.0 MB and" in said and "has 16.0 MB free" in said, said
+        assert "it would leave less than queue.min_free_disk_mb = 12 MB" in said, said
+        assert "Traceback" not in refused.stderr
+        assert files_in(small) == [] and hub.ranges == [], "nothing fetched, nothing left"
+
+        pulled = pull_into(tmp_path, small, catalog, "six", min_free_mb=8)
+        assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+        assert (small / "data" / "models" / "six" / "w.bin").read_bytes() == data
+
+
+def test_a_disk_that_fills_during_a_pull_leaves_no_partial_model(hub, tmp_path):
+    # Not pinned, so of unknown size: the room is not known before, the disk fills.
+    data = os.urandom(20 * models.MB)
+    hub.files[hub.url("test/big", "w.bin")] = data
+    catalog = tmp_path / "catalog.toml"
+    catalog.write_text(hub_entry("big", {"w.bin": data}, pinned=False))
+    with small_filesystem(tmp_path / "small", "16m") as small:
+        full = pull_into(tmp_path, small, catalog, "big", min_free_mb=0)
+        assert full.returncode == 1, full.stdout + full.stderr
+        said = " ".join(full.stdout.split())
+        assert "w.bin: the disk of" in said and "filled up during the pull" in said, said
+        assert "Traceback" not in full.stderr
+        assert files_in(small) == [], "no partial model, no partial download"

@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import wait_for
+from disks import small_filesystem
 from media_factory import make_video
 from rich.console import Console
 
@@ -346,3 +347,37 @@ def _screen(status: dict) -> str:
     console = Console(width=150, height=40, record=True, file=io.StringIO())
     console.print(render(Snapshot("http://x", status=status, fetched_at=0.0), height=40, now=0.0))
     return console.export_text()
+
+
+def test_a_first_start_pull_that_would_leave_too_little_disk_is_refused_and_the_service_goes_on(
+    start_service, tmp_path
+):
+    with small_filesystem(tmp_path / "small", "96m") as small:
+        # Whisper tiny.en is ~74 MB: 96 MB free would keep ~22, less than the 64 asked for.
+        svc = start_service(
+            models={"auto_pull": True},
+            queue={"min_free_disk_mb": 64},
+            **{"processors.asr": {"model": WHISPER, "models_dir": str(small)}},
+        )
+        asr = wait_for(
+            lambda: (
+                (a := svc.get("/api/v1/processors")["processors"]["asr"])
+                .get("pull", {})
+                .get("state")
+                == "failed"
+                and a
+            ),
+            timeout=60,
+        )
+        need = models.load_catalog().get(WHISPER).size / models.MB
+        assert asr["ready"] is False and "could not be pulled" in asr["reason"]
+        for words in (f"needs {need:,.1f} MB", "MB free", "queue.min_free_disk_mb = 64 MB"):
+            assert words in asr["reason"] and words in svc.log(), (words, asr["reason"])
+        assert [p for p in small.rglob("*") if not p.is_dir()] == [], "nothing written"
+        assert [m["state"] for m in svc.status()["models"] if m["model"] == WHISPER] == ["failed"]
+
+        # The service goes on: a job that does not need the model runs.
+        task = svc.submit("cuts only.mp4", ["cut"])["task_id"]
+        assert svc.wait_status(task, "completed")["status"] == "completed"
+        assert svc.get("/healthz")["status"] == "ok"
+        svc.stop()

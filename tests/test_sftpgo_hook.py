@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
-from conftest import ServiceProcess
+from conftest import ServiceProcess, wait_for
 
 
 def sftpgo_event(svc: ServiceProcess, path: str, virtual_path: str, **extra: Any) -> dict:
@@ -29,13 +31,15 @@ def sftpgo_event(svc: ServiceProcess, path: str, virtual_path: str, **extra: Any
 
 
 def arrive(svc: ServiceProcess, name: str) -> Path:
-    """A finished upload, renamed into the drop folder as SFTPGo's atomic upload mode does:
-    the watcher sees no write and no close there, so it waits settle_seconds and the
-    hook is first."""
+    """A finished upload placed whole in the drop folder, so that the hook is first: linked
+    in, the watcher sees no write, close or move there and waits settle_seconds. (Renamed
+    into place, as SFTPGo's atomic upload mode does, it is taken at once: see
+    test_a_rename_and_its_hook_racing_give_one_record_and_one_job.)"""
     staged = svc.add_video(f"../staging/{name}")
     target = svc.drop / name
     target.parent.mkdir(parents=True, exist_ok=True)
-    staged.rename(target)
+    os.link(staged, target)
+    staged.unlink()
     return target
 
 
@@ -110,3 +114,31 @@ def test_a_path_outside_the_watched_folders_is_refused(start_service) -> None:
         assert reply.status_code == 400 and words in reply.json()["error"]["message"], reply.text
     assert svc.get("/api/v1/files")["total"] == 0
     assert svc.status()["pending_count"] == 0
+
+
+def test_a_rename_and_its_hook_racing_give_one_record_and_one_job(start_service) -> None:
+    # SFTPGo's atomic upload: written under a temporary name in the drop folder, renamed
+    # into place, then the hook. The watcher takes a renamed file at once as well (a long
+    # settle time does not hold it back); whichever is first, one record and one job.
+    svc = start_service(ingest={"processors": ["noop"], "settle_seconds": 60})
+    staged = svc.add_video("../staging/take 3.mp4")
+    for name in ("take 3.mp4", "witness.mp4"):
+        temporary = svc.drop / f".sftpgo-upload.{name}"  # hidden: never taken
+        shutil.copyfile(staged, temporary)
+        if name == "witness.mp4":
+            with temporary.open("ab") as f:
+                f.write(b"other content")
+        temporary.rename(svc.drop / name)
+    target = svc.drop / "take 3.mp4"
+    reply = svc.client.post(
+        "/api/v1/hooks/sftpgo", json=sftpgo_event(svc, str(target), "/take 3.mp4")
+    )
+    assert reply.status_code in (200, 201), reply.text
+    taken = reply.json()
+    assert taken["state"] == "present" and taken["task_id"], taken
+    # The watcher took the second rename (no hook for it), so it is past the first one.
+    wait_for(lambda: svc.get("/api/v1/files")["total"] == 2)
+    svc.wait_status(taken["task_id"], "completed")
+    (job,) = svc.get(f"/api/v1/files/{taken['file_uuid']}")["jobs"]
+    assert job["task_id"] == taken["task_id"]
+    assert svc.get("/api/v1/jobs")["total"] == 2

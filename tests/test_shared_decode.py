@@ -1,11 +1,13 @@
 """One decode pass feeding every frame processor gives what each gives decoding alone,
 stops and resumes per processor, and keeps one processor's failure to itself; the
-same with the members fed on several threads."""
+same with the members fed on several threads, and with each sampled processor's
+frames shared out among the threads (one spare instance a thread)."""
 
 from __future__ import annotations
 
 import threading
 from itertools import pairwise
+from typing import ClassVar
 
 import pytest
 from frame_media import Reports, context, scenes_video
@@ -57,6 +59,20 @@ def solo(clip, models_dir):
     return results
 
 
+class Spares:
+    """``run_shared``'s ``spare``: a new instance of a member's processor per call, like
+    the worker's pool lends."""
+
+    def __init__(self, make):
+        self.make = make
+        self.given = []
+
+    def __call__(self, slot):
+        spare = self.make()[slot]
+        self.given.append(spare)
+        return spare
+
+
 class CountingDecodes:
     def __init__(self, monkeypatch):
         self.calls = 0
@@ -69,21 +85,30 @@ class CountingDecodes:
         monkeypatch.setattr(media, "iter_decoded", counted)
 
 
-@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize(
+    ("threads", "split"), [(1, False), (2, False), (3, False), (2, True), (3, True)]
+)
 def test_one_shared_decode_gives_each_processor_its_solo_result(
-    clip, solo, models_dir, monkeypatch, threads
+    clip, solo, models_dir, monkeypatch, threads, split
 ):
     decodes = CountingDecodes(monkeypatch)
     processors = make_processors(models_dir)
     reports = [Reports() for _ in processors]
+    spares = Spares(lambda: make_processors(models_dir))
 
     outcomes = frames.run_shared(
         clip,
         [(p, context(clip, r)) for p, r in zip(processors, reports, strict=True)],
         threads=threads,
+        spare=spares if split else None,
     )
 
     assert decodes.calls == 1
+    # Each sampled processor (not cut: its frames depend on the one before) had a spare
+    # for every thread but its own.
+    assert sorted(p.name for p in spares.given) == sorted(
+        ["face", "ocr", "pose", "yolo"] * (threads - 1) if split else []
+    )
     assert {p.name: o for p, o in zip(processors, outcomes, strict=True)} == solo
     assert solo["cut"]["cuts"] == pytest.approx([5.0, 10.0, 15.0], abs=1 / FPS)
     for r in reports:  # each processor has its own progress, ending at the last frame
@@ -93,15 +118,19 @@ def test_one_shared_decode_gives_each_processor_its_solo_result(
         assert r.checkpoints[-1]["frame"] == TOTAL
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_a_stopped_pass_resumes_each_processor_to_the_same_result(clip, solo, models_dir, threads):
+@pytest.mark.parametrize(("threads", "split"), [(1, False), (2, False), (2, True)])
+def test_a_stopped_pass_resumes_each_processor_to_the_same_result(
+    clip, solo, models_dir, threads, split
+):
     processors = make_processors(models_dir)
     first = [Reports(stop_at=260) for _ in processors]
+    spare = Spares(lambda: make_processors(models_dir)) if split else None
 
     outcomes = frames.run_shared(
         clip,
         [(p, context(clip, r)) for p, r in zip(processors, first, strict=True)],
         threads=threads,
+        spare=spare,
     )
 
     assert all(isinstance(o, Stop) for o in outcomes)
@@ -121,6 +150,7 @@ def test_a_stopped_pass_resumes_each_processor_to_the_same_result(clip, solo, mo
             for p, r, checkpoint in zip(processors, second, checkpoints, strict=True)
         ],
         threads=threads,
+        spare=spare,
     )
 
     assert {p.name: o for p, o in zip(processors, outcomes, strict=True)} == solo
@@ -134,29 +164,33 @@ class Broken(SampledProcessor):
     item_key = "things"
     backends = (Backend("numpy", ("numpy",)),)
 
-    def feed(self, index, seconds, image):
+    def analyse(self, index, seconds, image):
         if index >= TOTAL // 2:
             raise RuntimeError("model exploded")
-        super().feed(index, seconds, image)
+        return super().analyse(index, seconds, image)
 
     def detect(self, image):
         return [{"mean": float(image.mean())}]
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_one_failing_processor_does_not_fail_the_others(clip, solo, tmp_path, threads):
-    members = [
-        CutProcessor({}),
-        Broken({}),
-        YoloProcessor({"model_path": str(tmp_path / "missing.onnx")}),
-        FaceProcessor({"sample_fps": 1.0}),
-    ]
+@pytest.mark.parametrize(("threads", "split"), [(1, False), (2, False), (2, True)])
+def test_one_failing_processor_does_not_fail_the_others(clip, solo, tmp_path, threads, split):
+    def make():
+        return [
+            CutProcessor({}),
+            Broken({}),
+            YoloProcessor({"model_path": str(tmp_path / "missing.onnx")}),
+            FaceProcessor({"sample_fps": 1.0}),
+        ]
+
+    members = make()
     reports = [Reports() for _ in members]
 
     outcomes = frames.run_shared(
         clip,
         [(p, context(clip, r)) for p, r in zip(members, reports, strict=True)],
         threads=threads,
+        spare=Spares(make) if split else None,
     )
 
     cut, broken, yolo, face = outcomes
@@ -199,6 +233,42 @@ def test_parallel_checkpoints_hold_exactly_the_frames_before_them(clip):
     assert outcomes[0] == {"fed": TOTAL}
     assert len(reports[0].checkpoints) >= TOTAL // (2 * FPS)
     assert all(c["fed"] == c["frame"] for c in reports[0].checkpoints)
+
+
+class Where(SampledProcessor):
+    """Finds, in every sampled frame, its mean and the thread that looked at it."""
+
+    name = "where"
+    item_key = "seen"
+    backends = (Backend("numpy", ("numpy",)),)
+    threads: ClassVar[dict[int, int]] = {}  # frame -> thread ident, across instances
+
+    def analyse(self, index, seconds, image):
+        Where.threads[index] = threading.get_ident()
+        return super().analyse(index, seconds, image)
+
+    def detect(self, image):
+        return [{"mean": round(float(image.mean()), 3)}]
+
+
+def test_a_sampled_processor_alone_is_shared_out_among_the_threads_in_frame_order(clip):
+    alone = Where({"sample_fps": 5.0}).run(context(clip, Reports()))
+    Where.threads.clear()
+    reports = Reports()
+
+    (outcome,) = frames.run_shared(
+        clip,
+        [(Where({"sample_fps": 5.0}), context(clip, reports))],
+        threads=2,
+        spare=lambda slot: Where({"sample_fps": 5.0}),
+    )
+
+    assert outcome == alone
+    assert len(set(Where.threads.values())) == 2  # both threads looked at its frames
+    for checkpoint in reports.checkpoints:  # each holds exactly the frames before it
+        listed = [f["frame"] for f in checkpoint["partial"]["frames"]]
+        assert listed == sorted(listed) == [i for i in range(0, checkpoint["frame"], 5)]
+        assert checkpoint["sampled"] == len(listed)
 
 
 def test_unreadable_video_fails_every_member(tmp_path):

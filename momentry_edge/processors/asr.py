@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -58,6 +59,12 @@ from momentry_edge.processors.base import (
 )
 
 log = logging.getLogger(__name__)
+
+# CTranslate2's OpenMP threads otherwise spin between the model's many small steps. Alone
+# that costs nothing measurable; beside the frame pass it took about twice the CPU the
+# transcription needs, from the cores the frames run on (benchmarks/e2e_bench.py). Read
+# once, when ctranslate2 is first imported: set before any import of faster_whisper.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 SAMPLE_RATE = audio.SAMPLE_RATE
 

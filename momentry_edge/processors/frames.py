@@ -12,17 +12,21 @@ not stop the others. A processor run on its own goes through the same pass
 with one member, so it gives the same result alone or shared. Given more than
 one thread, the pass decodes on one and feeds the members on the others: the
 models (onnxruntime, MediaPipe, OpenCV) let go of the GIL for most of their work.
+A processor that looks at each frame on its own (``independent_frames``) is
+not bound to one thread: its frames are shared out among the threads, each
+looking with an instance of its own (a spare), and the findings are taken back
+in frame order.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import math
-import queue
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -45,10 +49,13 @@ REPORT_SECONDS = 1.0  # of wall time: progress (and a chance to stop) at least t
 # times as long, so saving never costs more than ~1/SAVE_SPACING of the run.
 CHEAP_SAVE = 0.01
 SAVE_SPACING = 20
-# Parallel pass: frames queued per member thread (memory stays flat), and how often a
-# blocked thread looks whether the pass is ending.
-FRAMES_IN_FLIGHT = 4
+# Parallel pass: bytes of images queued per member thread (memory stays flat; counted in
+# bytes, not frames, so that many small frames for one member, cut's, do not hold up the
+# decode while the thread is on one big frame for another), and how often a blocked
+# thread looks whether the pass is ending.
+BYTES_IN_FLIGHT = 32 << 20
 POLL_SECONDS = 0.1
+UNKNOWN_COST = 0.01  # seconds a frame is taken to cost before one was timed
 
 Outcome = dict[str, Any] | BaseException
 
@@ -73,12 +80,25 @@ class FrameProcessor(Processor):
 
     # Where this run may write files beside its result (``run_shared`` sets it before ``plan``).
     output_dir: Path | None = None
+    # True where what a frame gives depends on that frame alone: ``feed`` is then
+    # ``take(analyse(...))``, and the parallel pass may ``analyse`` frames on other
+    # instances of the processor (same settings, planned alike) on other threads,
+    # handing each finding to this one's ``take`` in frame order.
+    independent_frames: ClassVar[bool] = False
 
     def plan(self, info: media.MediaInfo, checkpoint: dict[str, Any] | None) -> FramePlan:
         """Start a run: reset state, restore ``checkpoint`` if usable, say what to feed."""
         raise NotImplementedError
 
     def feed(self, index: int, seconds: float, image: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def analyse(self, index: int, seconds: float, image: np.ndarray) -> Any:
+        """What one frame gives (``independent_frames`` only): no state of the run changes."""
+        raise NotImplementedError
+
+    def take(self, index: int, seconds: float, found: Any) -> None:
+        """Record what ``analyse`` gave for a frame (``independent_frames`` only; in order)."""
         raise NotImplementedError
 
     def checkpoint(self, done: int) -> dict[str, Any]:
@@ -115,6 +135,10 @@ class _Member:
         self.saved = -1  # frame count of the last checkpoint saved
         self.next_save = 0.0  # monotonic time before which no checkpoint is saved
         self.busy = 0.0  # seconds spent in feed (parallel pass: how threads are shared out)
+        # Parallel pass, independent frames: the instance each thread analyses with, and
+        # what was found, by frame index, until it is taken in order at the next meeting.
+        self.lanes: list[FrameProcessor] = []
+        self.found: dict[int, tuple[float, Any]] = {}
 
     def wants(self, index: int) -> bool:
         plan = self.plan
@@ -128,12 +152,18 @@ class _Member:
 
 
 def run_shared(
-    media_path: Path, members: Sequence[tuple[FrameProcessor, RunContext]], threads: int = 1
+    media_path: Path,
+    members: Sequence[tuple[FrameProcessor, RunContext]],
+    threads: int = 1,
+    spare: Callable[[int], FrameProcessor | None] | None = None,
 ) -> list[Outcome]:
     """Decode ``media_path`` once and feed every member; each member's result or error.
 
     With ``threads`` > 1, one thread decodes and up to ``threads`` others feed the
     members (see ``_Parallel``); results, reports and checkpoints are the same.
+    ``spare(i)`` gives another instance of member ``i``'s processor (same settings,
+    not in use elsewhere) or None: a member with ``independent_frames`` has its
+    frames analysed on every thread, one spare a thread besides itself.
     A ``Stop`` from any member's report (cancel, shutdown, timeout: all job-wide)
     ends the pass after every member has saved its checkpoint; each unfinished
     member's outcome is then that ``Stop``.
@@ -157,6 +187,9 @@ def run_shared(
     first = min(m.plan.first for m in active)  # type: ignore[union-attr]
     clock = _ReportClock(max(1, round(CHECKPOINT_SECONDS * info.fps)), first)
     feeder = _Parallel if threads > 1 else _Serial
+    if threads > 1 and spare is not None:
+        for m in active:
+            m.lanes = _lanes(m, spare, info, threads)
     stop = None
     try:
         with feeder(media_path, first, active, outcomes, clock, threads) as fed:
@@ -190,6 +223,31 @@ def run_shared(
     # throw the finished results away; the job notices it next.
     _report_all(active, outcomes, done, done, final=True)
     return outcomes  # type: ignore[return-value]
+
+
+def _lanes(
+    m: _Member, spare: Callable[[int], FrameProcessor | None], info: media.MediaInfo, threads: int
+) -> list[FrameProcessor]:
+    """The member and ``threads - 1`` spares planned alike, one per thread; [] when the
+    member's frames are not independent or a spare cannot be had (it is fed on one thread)."""
+    if not m.processor.independent_frames:
+        return []
+    lanes = [m.processor]
+    for _ in range(threads - 1):
+        try:
+            other = spare(m.slot)
+            if other is None or type(other) is not type(m.processor):
+                return []
+            other.output_dir = m.ctx.output_dir
+            plan = other.plan(info, None)
+        except Exception as exc:  # the member still runs, on one thread
+            log.warning("no spare %s for the frame pass: %s", m.processor.name, exc)
+            return []
+        assert m.plan is not None
+        if (plan.step, plan.size, plan.fmt) != (m.plan.step, m.plan.size, m.plan.fmt):
+            return []
+        lanes.append(other)
+    return lanes
 
 
 class _ReportClock:
@@ -258,7 +316,11 @@ class _Parallel:
     point, and the caller reports and takes checkpoints as a single thread would.
     There it also shares the members out again, the ones that took longest so far
     first, each onto the thread with the least work (a member is only ever fed by
-    one thread at a time). Leaving the ``with`` block ends and joins every thread.
+    one thread at a time). A member with lanes (independent frames, a spare per
+    thread) is not shared out: each of its frames goes to the thread given the least
+    work since the last meeting (by what a frame of each member took so far), and
+    what they found is taken in frame order at the next meeting. Leaving the
+    ``with`` block ends and joins every thread.
     """
 
     def __init__(
@@ -276,11 +338,16 @@ class _Parallel:
         self.done = 0
         self.ended = False
         self.error: BaseException | None = None
-        count = min(threads, len(active))
-        self.owner = _share_out(self.members, count)
-        self.queues: list[queue.Queue[Any]] = [queue.Queue(FRAMES_IN_FLIGHT) for _ in range(count)]
+        count = threads if any(m.lanes for m in active) else min(threads, len(active))
+        self.owner = _share_out([m for m in active if not m.lanes], count)
+        # Seconds and frames each thread spent on each member (a thread writes only its
+        # own), and the work the decode gave each thread since the last meeting.
+        self.spent = [collections.Counter[int]() for _ in range(count)]
+        self.looks = [collections.Counter[int]() for _ in range(count)]
+        self.backlog = [0.0] * count
         self.barrier = threading.Barrier(count + 2)  # the member threads, decode, the caller
         self.quit = threading.Event()
+        self.queues = [_Inbox(BYTES_IN_FLIGHT, self.quit) for _ in range(count)]
         self.threads = [threading.Thread(target=self._decode, name="frames-decode")]
         self.threads += [
             threading.Thread(target=self._work, args=(i,), name=f"frames-{i}") for i in range(count)
@@ -306,11 +373,12 @@ class _Parallel:
     def __iter__(self) -> Iterator[int]:
         while True:
             self._meet()
+            self._take_found()
             self._prune()
             if self.ended:
                 break
             yield self.done
-            self.owner = _share_out(self.active, len(self.queues))
+            self.owner = _share_out([m for m in self.active if not m.lanes], len(self.queues))
             self._meet()
         for thread in self.threads:
             thread.join()
@@ -326,6 +394,27 @@ class _Parallel:
     def _prune(self) -> None:
         self.active[:] = [m for m in self.active if self.outcomes[m.slot] is None]
 
+    def _take_found(self) -> None:
+        """Every thread is at the meeting: hand each member what its lanes found, in order."""
+        for m in self.members:
+            found, m.found = m.found, {}
+            if self.outcomes[m.slot] is not None:
+                continue
+            try:
+                for index in sorted(found):
+                    m.processor.take(index, *found[index])
+            except Exception as exc:
+                self.outcomes[m.slot] = exc
+
+    def _thread_for(self, m: _Member) -> int:
+        """The thread to feed ``m`` a frame: its owner, or with lanes the least busy one."""
+        looks = sum(c[m.slot] for c in self.looks)
+        cost = sum(c[m.slot] for c in self.spent) / looks if looks else UNKNOWN_COST
+        backlog = self.backlog
+        thread = self.owner[m.slot] if not m.lanes else backlog.index(min(backlog))
+        backlog[thread] += cost
+        return thread
+
     def _decode(self) -> None:
         scaler = VideoReformatter()
         try:
@@ -337,12 +426,17 @@ class _Parallel:
                     if not wanting or self.quit.is_set():
                         break
                     images = _convert(frame, index, wanting, scaler)
-                    feeding = {self.owner[m.slot] for m in wanting if m.wants(index)}
-                    for thread in sorted(feeding):
-                        self._put(self.queues[thread], (index, seconds, images))
+                    tasks: dict[int, list[_Member]] = {}
+                    for m in wanting:
+                        if m.wants(index):
+                            tasks.setdefault(self._thread_for(m), []).append(m)
+                    for thread, members in sorted(tasks.items()):
+                        size = sum(images[key].nbytes for key in {m.key for m in members})
+                        self.queues[thread].put((index, seconds, images, members), size)
                     self.done = index + 1
                     if self.clock.due(self.done):
                         self._rendezvous(self.done)
+                        self.backlog = [0.0] * len(self.queues)
         except threading.BrokenBarrierError:
             return  # the caller left
         except BaseException as exc:  # MediaError for the caller, or a bug: raised there
@@ -354,7 +448,7 @@ class _Parallel:
     def _rendezvous(self, mark: int | object) -> None:
         """Tell the member threads to meet at ``mark`` once they have fed what came before."""
         for q in self.queues:
-            self._put(q, mark)
+            q.put(mark)
         self.barrier.wait()
         if mark is not _END:
             self.barrier.wait()  # after the reports
@@ -362,7 +456,7 @@ class _Parallel:
     def _work(self, thread: int) -> None:
         q = self.queues[thread]
         try:
-            while (item := self._get(q)) is not None:
+            while (item := q.get()) is not None:
                 if item is _END:
                     self.barrier.wait()
                     return
@@ -370,11 +464,17 @@ class _Parallel:
                     self.barrier.wait()
                     self.barrier.wait()  # after the reports and sharing out
                     continue
-                index, seconds, images = item
-                for m in self.members:
-                    # Members that failed are no one's (their outcome is kept).
-                    if self.owner.get(m.slot) == thread and m.wants(index):
+                index, seconds, images, members = item
+                for m in members:
+                    if self.outcomes[m.slot] is not None:
+                        continue  # it failed: its outcome is kept
+                    started = time.perf_counter()
+                    if m.lanes:
+                        _analyse(m, thread, self.outcomes, index, seconds, images)
+                    else:
                         _feed(m, self.outcomes, index, seconds, images)
+                    self.spent[thread][m.slot] += time.perf_counter() - started
+                    self.looks[thread][m.slot] += 1
         except threading.BrokenBarrierError:
             return  # the pass ends early
         except BaseException as exc:  # a bug here: end the pass, the caller raises it
@@ -382,17 +482,38 @@ class _Parallel:
             self.quit.set()
             self.barrier.abort()
 
-    def _put(self, q: queue.Queue[Any], item: Any) -> None:
-        while not self.quit.is_set():
-            with contextlib.suppress(queue.Full):
-                q.put(item, timeout=POLL_SECONDS)
-                return
 
-    def _get(self, q: queue.Queue[Any]) -> Any:
-        while not self.quit.is_set():
-            with contextlib.suppress(queue.Empty):
-                return q.get(timeout=POLL_SECONDS)
-        return None
+class _Inbox:
+    """One member thread's queue, holding at most ``limit`` bytes of images (and always at
+    least one item). Both ends give up once ``quit`` is set."""
+
+    def __init__(self, limit: int, quit: threading.Event) -> None:
+        self.limit, self.quit = limit, quit
+        self.items: collections.deque[tuple[Any, int]] = collections.deque()
+        self.bytes = 0
+        self.changed = threading.Condition()
+
+    def put(self, item: Any, size: int = 0) -> None:
+        with self.changed:
+            while not self.quit.is_set():
+                if not self.items or self.bytes + size <= self.limit:
+                    self.items.append((item, size))
+                    self.bytes += size
+                    self.changed.notify()
+                    return
+                self.changed.wait(POLL_SECONDS)
+
+    def get(self) -> Any:
+        """The next item; None once the pass is ending."""
+        with self.changed:
+            while not self.quit.is_set():
+                if self.items:
+                    item, size = self.items.popleft()
+                    self.bytes -= size
+                    self.changed.notify()
+                    return item
+                self.changed.wait(POLL_SECONDS)
+            return None
 
 
 _END = object()  # the last mark in a member thread's queue
@@ -442,6 +563,21 @@ def _feed(
     finally:
         m.busy += time.perf_counter() - started
     return True
+
+
+def _analyse(
+    m: _Member,
+    thread: int,
+    outcomes: list[Outcome | None],
+    index: int,
+    seconds: float,
+    images: dict[tuple[Any, str], np.ndarray],
+) -> None:
+    """Look at one frame of a member with lanes, with this thread's instance."""
+    try:
+        m.found[index] = (seconds, m.lanes[thread].analyse(index, seconds, images[m.key]))
+    except Exception as exc:
+        outcomes[m.slot] = exc
 
 
 def _report_all(
@@ -508,6 +644,7 @@ class SampledProcessor(FrameProcessor):
     fields in ``summarize``. Frames with nothing found are not listed.
     """
 
+    independent_frames = True
     item_key: ClassVar[str]
     backends: ClassVar[Sequence[Backend]]
     default_fps: ClassVar[float] = 1.0
@@ -581,8 +718,13 @@ class SampledProcessor(FrameProcessor):
         return FramePlan(resume=resume, step=self._step, size=size, fmt=self.fmt)
 
     def feed(self, index: int, seconds: float, image: np.ndarray) -> None:
+        self.take(index, seconds, self.analyse(index, seconds, image))
+
+    def analyse(self, index: int, seconds: float, image: np.ndarray) -> list[dict[str, Any]]:
+        return self.detect(image)
+
+    def take(self, index: int, seconds: float, items: list[dict[str, Any]]) -> None:
         self._sampled += 1
-        items = self.detect(image)
         if items:
             self._frames.append(
                 {"frame": index, "timestamp": round(seconds, 3), self.item_key: items}

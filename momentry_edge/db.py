@@ -390,13 +390,44 @@ def fetch(model: type[M], sql: str, *params: Any) -> list[M]:
     """The rows ``sql`` returns (``SELECT *`` or ``RETURNING *`` of ``model``'s table) as
     model instances, as peewee would give them."""
     cursor = execute(sql, *params)
-    fields = [model._meta.columns[column[0]] for column in cursor.description]
+    plan = _reading(model, tuple(column[0] for column in cursor.description))
     found = []
     for row in cursor.fetchall():
         instance = model(__no_default__=True)
-        instance.__data__ = {f.name: f.python_value(v) for f, v in zip(fields, row, strict=True)}
+        instance.__data__ = {
+            name: value if convert is None or value is None else convert(value)
+            for (name, convert), value in zip(plan, row, strict=True)
+        }
         found.append(instance)
     return found
+
+
+# Fields whose values both databases return as peewee gives them (str, int, float):
+# ``fetch`` takes them as they come instead of through python_value.
+_AS_STORED = (
+    pw.AutoField,
+    pw.IntegerField,
+    pw.BigIntegerField,
+    pw.SmallIntegerField,
+    pw.FloatField,
+    pw.DoubleField,
+    pw.CharField,
+    pw.TextField,
+)
+_readings: dict[tuple[type[pw.Model], tuple[str, ...]], list[tuple[str, Any]]] = {}
+
+
+def _reading(model: type[pw.Model], columns: tuple[str, ...]) -> list[tuple[str, Any]]:
+    """(field name, converter or None) for each column of a result of ``model``'s table."""
+    plan = _readings.get((model, columns))
+    if plan is None:
+        plan = []
+        for column in columns:
+            field = model._meta.columns[column]
+            kind = type(field.rel_field if isinstance(field, pw.ForeignKeyField) else field)
+            plan.append((field.name, None if kind in _AS_STORED else field.python_value))
+        _readings[(model, columns)] = plan
+    return plan
 
 
 def insert(instance: pw.Model) -> None:

@@ -1,6 +1,8 @@
 """Job lifecycle: the one module that changes job and processor-run state.
 
-Every transition is one transaction and publishes one event after it commits.
+Every transition is one transaction and publishes one event after it commits; a worker
+draining a backlog finishes one job and claims the next in a single commit
+(``finish_and_claim``), and a run's start is written with the run's next write.
 Order in line is ``priority DESC, seq, id``; ``seq`` is the time a job entered
 the line (nanoseconds), so FIFO holds across nodes and ``prioritize`` is a
 single UPDATE that gives a job a seq below every other pending one.
@@ -505,6 +507,18 @@ def retry(job: Job, now: float | None = None) -> Job:
 CLAIM_BATCH = 50
 
 
+@dataclass(frozen=True)
+class ClaimRequest:
+    """What a worker asks of ``claim`` (see there), to hand to ``finish_and_claim``."""
+
+    owner: str
+    node: str
+    limit: int
+    lease_seconds: float
+    can_run: set[str] | None = None
+    cluster_can_run: set[str] | None = None
+
+
 def claim(
     owner: str,
     node: str,
@@ -521,44 +535,58 @@ def claim(
     live node has (``cluster_can_run``); a processor no node can run does not hold a
     job back: it fails there with its reason instead of waiting forever.
     """
+    request = ClaimRequest(owner, node, limit, lease_seconds, can_run, cluster_can_run)
     now = _now(now)
+    with _claim_lock, db.write_transaction(Job._meta.database):
+        job, promoted = _claim(request, now)
+    _announce_claim(job, promoted, node)
+    return job
+
+
+def _claim(request: ClaimRequest, now: float) -> tuple[Job | None, int]:
+    """Inside a write transaction: the job claimed, if any, and how many retries fell due."""
+    promoted = db.execute(
+        "UPDATE job SET status = ?, next_attempt_at = NULL"
+        " WHERE status = ? AND next_attempt_at <= ?",
+        JobStatus.PENDING,
+        JobStatus.RETRYING,
+        now,
+    ).rowcount
+    if request.limit <= 0:
+        return None, promoted
+    (running,) = db.execute(
+        "SELECT COUNT(*) FROM job WHERE status = ? AND node = ?",
+        JobStatus.PROCESSING,
+        request.node,
+    ).fetchone()
+    if running >= request.limit:
+        return None, promoted
     database = Job._meta.database
-    with _claim_lock, db.write_transaction(database):
-        promoted = db.execute(
-            "UPDATE job SET status = ?, next_attempt_at = NULL"
-            " WHERE status = ? AND next_attempt_at <= ?",
-            JobStatus.PENDING,
-            JobStatus.RETRYING,
-            now,
-        ).rowcount
-        if limit <= 0:
-            return None
-        (running,) = db.execute(
-            "SELECT COUNT(*) FROM job WHERE status = ? AND node = ?", JobStatus.PROCESSING, node
-        ).fetchone()
-        if running >= limit:
-            return None
-        job_id = _next_claimable(database, can_run, cluster_can_run or set(), now)
-        if job_id is None:
-            return None
-        (job,) = db.fetch(
-            Job,
-            "UPDATE job SET status = ?, lease_owner = ?, node = ?, lease_until = ?,"
-            " started_at = ?, cancel_requested = ? WHERE id = ? RETURNING *",
-            JobStatus.PROCESSING,
-            owner,
-            node,
-            now + lease_seconds,
-            now,
-            False,
-            job_id,
-        )
-        # The worker reads the file at once: in hand, not loaded lazily later.
-        job.file = db.fetch(MediaFile, "SELECT * FROM media_file WHERE id = ?", job.file_id)[0]
+    job_id = _next_claimable(database, request.can_run, request.cluster_can_run or set(), now)
+    if job_id is None:
+        return None, promoted
+    (job,) = db.fetch(
+        Job,
+        "UPDATE job SET status = ?, lease_owner = ?, node = ?, lease_until = ?,"
+        " started_at = ?, cancel_requested = ? WHERE id = ? RETURNING *",
+        JobStatus.PROCESSING,
+        request.owner,
+        request.node,
+        now + request.lease_seconds,
+        now,
+        False,
+        job_id,
+    )
+    # The worker reads the file at once: in hand, not loaded lazily later.
+    job.file = db.fetch(MediaFile, "SELECT * FROM media_file WHERE id = ?", job.file_id)[0]
+    return job, promoted
+
+
+def _announce_claim(job: Job | None, promoted: int, node: str) -> None:
     if promoted:
         bus.publish("job.retry_due", count=promoted)
-    bus.publish("job.started", task_id=job.task_id, node=node)
-    return job
+    if job is not None:
+        bus.publish("job.started", task_id=job.task_id, node=node)
 
 
 def _next_claimable(
@@ -613,19 +641,40 @@ def pending_runs(job_id: int) -> list[ProcessorRun]:
     )
 
 
+@dataclass(frozen=True)
+class Started:
+    """A run's start not yet written: the worker writes it with the run's next write (its
+    first progress report, or how it ended), which saves the start a commit of its own."""
+
+    at: float
+    backend: str | None
+    model: str | None
+
+
+# What a start sets, appended to the SET list of the run's next write.
+_START_SET = ", attempts = attempts + 1, started_at = ?, backend = ?, model = ?"
+
+
+def _start_params(started: Started | None) -> list[Any]:
+    return [] if started is None else [started.at, started.backend, started.model]
+
+
 @db.retried
-def start_run(run: ProcessorRun, backend: str | None, model: str | None) -> None:
+def start_run(
+    run: ProcessorRun | int, backend: str | None, model: str | None, at: float | None = None
+) -> None:
+    """Mark the run running (``at``: when it began, if before now)."""
     now = time.time()
     db.execute(
         "UPDATE processor_run SET status = ?, attempts = attempts + 1, started_at = ?,"
         " completed_at = NULL, error = NULL, backend = ?, model = ?, updated_at = ?"
         " WHERE id = ?",
         RunStatus.RUNNING,
-        now,
+        _now(at),
         backend,
         model,
         now,
-        run.id,
+        getattr(run, "id", run),
     )
 
 
@@ -639,38 +688,30 @@ def report(
     checkpoint: dict[str, Any] | None,
     lease_seconds: float,
     started_at: float | None = None,
+    run_started: Started | None = None,
 ) -> bool:
     """Save progress (and a checkpoint), renew the lease; returns whether cancel was asked.
 
-    ``started_at`` (the claim's) tells this claim from a later one of the same job.
+    ``started_at`` (the claim's) tells this claim from a later one of the same job;
+    ``run_started``: the run's start, when it is not written yet.
     """
     now = time.time()
+    sql = "UPDATE processor_run SET progress_current = ?, progress_total = ?, updated_at = ?"
+    params: list[Any] = [current, total, now]
+    if checkpoint is not None:
+        sql += ", last_checkpoint = ?"
+        params.append(ProcessorRun.last_checkpoint.db_value(checkpoint))
+    if run_started is not None:
+        sql += ", status = ?, completed_at = NULL, error = NULL" + _START_SET
+        params += [RunStatus.RUNNING, *_start_params(run_started)]
     with Job._meta.database.atomic():
-        if checkpoint is None:
-            db.execute(
-                "UPDATE processor_run SET progress_current = ?, progress_total = ?,"
-                " updated_at = ? WHERE id = ?",
-                current,
-                total,
-                now,
-                run_id,
-            )
-        else:
-            db.execute(
-                "UPDATE processor_run SET progress_current = ?, progress_total = ?,"
-                " updated_at = ?, last_checkpoint = ? WHERE id = ?",
-                current,
-                total,
-                now,
-                ProcessorRun.last_checkpoint.db_value(checkpoint),
-                run_id,
-            )
+        db.execute(sql + " WHERE id = ?", *params, run_id)
         progress = job_progress(job_id)
         sql = (
             "UPDATE job SET progress = ?, lease_until = ?"
             " WHERE id = ? AND lease_owner = ? AND status = ?"
         )
-        params: list[Any] = [progress, now + lease_seconds, job_id, owner, JobStatus.PROCESSING]
+        params = [progress, now + lease_seconds, job_id, owner, JobStatus.PROCESSING]
         if started_at is not None:
             sql += " AND started_at = ?"
             params.append(started_at)
@@ -713,20 +754,34 @@ def _progress(runs: Sequence[tuple[str, int, int]]) -> int:
     return int(100 * sum(parts) / len(parts))
 
 
+@dataclass(frozen=True)
+class Completion:
+    """A run that completed, with where its document is and its start if not written yet."""
+
+    run_id: int
+    output_path: str
+    started: Started | None = None
+
+
 @db.retried
-def complete_run(run: ProcessorRun, output_path: str) -> None:
+def complete_run(run: ProcessorRun | int, output_path: str, started: Started | None = None) -> None:
+    _complete(Completion(getattr(run, "id", run), output_path, started))
+
+
+def _complete(done: Completion) -> None:
     now = time.time()
     # Progress shows the run whole: its own total when it reported one, else 1 of 1.
     db.execute(
         "UPDATE processor_run SET status = ?, output_path = ?, completed_at = ?, error = NULL,"
         " progress_current = CASE WHEN progress_total > 0 THEN progress_total ELSE 1 END,"
         " progress_total = CASE WHEN progress_total > 0 THEN progress_total ELSE 1 END,"
-        " updated_at = ? WHERE id = ?",
+        f" updated_at = ?{_START_SET if done.started else ''} WHERE id = ?",
         RunStatus.COMPLETED,
-        output_path,
+        done.output_path,
         now,
         now,
-        run.id,
+        *_start_params(done.started),
+        done.run_id,
     )
 
 
@@ -747,19 +802,25 @@ def skip_run(run: ProcessorRun, reason: str, output_path: str | None = None) -> 
 
 @db.retried
 def fail_run(
-    run: ProcessorRun, error: str, *, transient: bool, output_path: str | None = None
+    run: ProcessorRun,
+    error: str,
+    *,
+    transient: bool,
+    output_path: str | None = None,
+    started: Started | None = None,
 ) -> None:
     """``output_path``: the failed document written for it, when one could be."""
     now = time.time()
     db.execute(
         "UPDATE processor_run SET status = ?, error = ?, transient = ?, output_path = ?,"
-        " completed_at = ?, updated_at = ? WHERE id = ?",
+        f" completed_at = ?, updated_at = ?{_START_SET if started else ''} WHERE id = ?",
         RunStatus.FAILED,
         error,
         transient,
         output_path,
         now,
         now,
+        *_start_params(started),
         run.id,
     )
 
@@ -790,12 +851,14 @@ def documented(run: ProcessorRun, output_path: str) -> None:
 
 
 @db.retried
-def release_run(run: ProcessorRun) -> None:
+def release_run(run: ProcessorRun, started: Started | None = None) -> None:
     """Back to pending, keeping the checkpoint (shutdown or cancel mid-run)."""
+    start = ", completed_at = NULL, error = NULL" + _START_SET if started else ""
     db.execute(
-        "UPDATE processor_run SET status = ?, updated_at = ? WHERE id = ?",
+        f"UPDATE processor_run SET status = ?, updated_at = ?{start} WHERE id = ?",
         RunStatus.PENDING,
         time.time(),
+        *_start_params(started),
         run.id,
     )
 
@@ -900,45 +963,95 @@ def _announce_recovered(task_id: str, status: str) -> None:
 
 
 @db.retried
-def finish(job: Job, owner: str, policy: RetryPolicy, now: float | None = None) -> str:
-    """Decide a run's outcome from its processors: done, retry later, or final."""
+def finish(
+    job: Job,
+    owner: str,
+    policy: RetryPolicy,
+    now: float | None = None,
+    completed: Sequence[Completion] = (),
+) -> str:
+    """Decide a run's outcome from its processors: done, retry later, or final.
+
+    ``completed``: runs that completed and are not recorded yet (the job's last), recorded
+    in the same commit, as ``complete_run`` would (whoever holds the job now).
+    """
     now = _now(now)
     with db.write_transaction(Job._meta.database):
-        claimed, job = job, get(job.id)
-        if not _still_held(job, claimed, owner):
-            return job.status  # the reaper or a user took it meanwhile
-        runs = db.fetch(ProcessorRun, "SELECT * FROM processor_run WHERE job_id = ?", job.id)
-        if job.cancel_requested:
-            status = _finalise(job, JobStatus.CANCELLED, "cancelled by user", now, runs)
-        else:
-            failed = [r for r in runs if r.status == RunStatus.FAILED]
-            retryable = [
-                r
-                for r in failed
-                if r.transient
-                and r.attempts <= job.max_retries
-                and job.options.get("retry_on_failure", True)
-            ]
-            if retryable:
-                status = _schedule_retry(job, retryable, policy, now)
-            else:
-                done = sum(r.status in db.RUN_DONE for r in runs)
-                status = (
-                    JobStatus.COMPLETED
-                    if not failed
-                    else JobStatus.PARTIAL
-                    if done
-                    else JobStatus.FAILED
-                )
-                error = "; ".join(f"{r.processor}: {r.error}" for r in failed) or None
-                status = _finalise(job, status, error, now, runs)
+        status, job, ended = _finish(job, owner, policy, now, completed)
+    if ended:
+        _announce_finish(job, status)
+    return status
+
+
+@db.retried
+def finish_and_claim(
+    job: Job,
+    owner: str,
+    policy: RetryPolicy,
+    request: ClaimRequest,
+    completed: Sequence[Completion] = (),
+) -> tuple[str, Job | None]:
+    """``finish``, then ``claim`` the next job for ``request`` in the same commit: a worker
+    draining a backlog commits once a job, not twice. A crash before the commit leaves
+    both jobs as they were; after it, the next job is held like any claimed one (its
+    lease runs out, the reaper recovers it). No next job when another thread of this
+    process is claiming at that moment (the caller then claims on its own)."""
+    now = time.time()
+    database = Job._meta.database
+    following, promoted = None, 0
+    # The claim lock before the write lock, as in claim, and only if free: a thread that
+    # holds it may be waiting out a busy database, and this finish must not wait for it.
+    if _claim_lock.acquire(blocking=False):
+        try:
+            with db.write_transaction(database):
+                status, job, ended = _finish(job, owner, policy, now, completed)
+                following, promoted = _claim(request, now)
+        finally:
+            _claim_lock.release()
+    else:  # finished alone; the worker claims its next job after
+        with db.write_transaction(database):
+            status, job, ended = _finish(job, owner, policy, now, completed)
+    if ended:
+        _announce_finish(job, status)
+    _announce_claim(following, promoted, request.node)
+    return status, following
+
+
+def _finish(
+    job: Job, owner: str, policy: RetryPolicy, now: float, completed: Sequence[Completion]
+) -> tuple[str, Job, bool]:
+    """Inside a write transaction: (status, the job's row, whether this ended the run)."""
+    for done in completed:
+        _complete(done)
+    claimed, job = job, get(job.id)
+    if not _still_held(job, claimed, owner):
+        return job.status, job, False  # the reaper or a user took it meanwhile
+    runs = db.fetch(ProcessorRun, "SELECT * FROM processor_run WHERE job_id = ?", job.id)
+    if job.cancel_requested:
+        return _finalise(job, JobStatus.CANCELLED, "cancelled by user", now, runs), job, True
+    failed = [r for r in runs if r.status == RunStatus.FAILED]
+    retryable = [
+        r
+        for r in failed
+        if r.transient
+        and r.attempts <= job.max_retries
+        and job.options.get("retry_on_failure", True)
+    ]
+    if retryable:
+        return _schedule_retry(job, retryable, policy, now), job, True
+    done = sum(r.status in db.RUN_DONE for r in runs)
+    status = JobStatus.COMPLETED if not failed else JobStatus.PARTIAL if done else JobStatus.FAILED
+    error = "; ".join(f"{r.processor}: {r.error}" for r in failed) or None
+    return _finalise(job, status, error, now, runs), job, True
+
+
+def _announce_finish(job: Job, status: str) -> None:
     final = status in db.FINAL_STATES
     # callback: whether this ending owes one, so the callback sender wakes only then.
     extra = {"callback": bool(job.options.get("callback_url"))} if final else {}
     bus.publish(
         "job.finished" if final else "job.retrying", task_id=job.task_id, status=status, **extra
     )
-    return status
 
 
 def _schedule_retry(job: Job, runs: list[ProcessorRun], policy: RetryPolicy, now: float) -> str:

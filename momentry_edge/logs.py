@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import logging
 import logging.handlers
+import os
 import sys
 from contextvars import ContextVar
 from pathlib import Path
+from typing import Any
 
 from .clock import iso
 from .terminal import json_line, printable
@@ -50,14 +52,29 @@ class Readable(logging.Formatter):
         return printable(text, multiline=True)
 
 
+class RotatingFile(logging.handlers.RotatingFileHandler):
+    """Rotated by size as its base class is, but checked by the file's position before a
+    line is written: the base formats every line twice and stats the file twice a line
+    to check. A file rotates once it has reached ``maxBytes`` (its last line may end past it)."""
+
+    def _open(self) -> Any:
+        stream = super()._open()
+        # Only a regular file rotates (the base class's rule, bpo-45401), looked at once.
+        self._regular = os.path.isfile(self.baseFilename)
+        return stream
+
+    def shouldRollover(self, record: logging.LogRecord) -> bool:
+        if self.stream is None:  # delayed, or closed by a rollover that failed
+            self.stream = self._open()
+        return self.maxBytes > 0 and self._regular and self.stream.tell() >= self.maxBytes
+
+
 def setup(data_dir: Path, level: str) -> Path:
     """Send logs to a rotated JSON-lines file and to stderr; returns the file's path."""
     folder = data_dir / "logs"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "momentry-edge.log"
-    to_file = logging.handlers.RotatingFileHandler(
-        path, maxBytes=10 << 20, backupCount=5, encoding="utf-8"
-    )
+    to_file = RotatingFile(path, maxBytes=10 << 20, backupCount=5, encoding="utf-8")
     to_file.setFormatter(JsonLines())
     to_stderr = logging.StreamHandler()
     to_stderr.setFormatter(Readable())

@@ -56,6 +56,10 @@ from .provision import Provisioner
 log = logging.getLogger(__name__)
 
 REPORT_INTERVAL = 0.5  # seconds between progress writes that carry no checkpoint
+# A run's start is written with the run's next write (its first report, or how it ended);
+# one that has not written for this long is marked running on its own (_Starter).
+START_DELAY = 0.2
+_CPUS = os.cpu_count() or 1
 # Local events after which a job may be claimable here: those that may free work for
 # other nodes too, and those that concern this node alone.
 WAKE_EVENTS = cluster.WAKE_EVENTS | {"job.extended", "job.retry_due", "queue.unblocked"}
@@ -134,6 +138,7 @@ class Workers:
         # each with the threads it runs on.
         self._in_hand: dict[int, int] = {}
         self._hand_lock = threading.Lock()
+        self._starter = _Starter()
         self.huey = Huey("momentry-edge", storage_class=BlockingMemoryStorage, results=False)
         self._drain_task = self.huey.task(name="drain")(self._drain)
         self.consumer = InProcessConsumer(
@@ -166,6 +171,7 @@ class Workers:
         self.stopping.set()
         self.huey.storage.close()
         self.consumer.stop(graceful=True)
+        self._starter.stop()
 
     def kick(self, delay: float | None = None) -> None:
         """Wake idle workers (after ``delay`` seconds) to look for claimable jobs."""
@@ -206,27 +212,45 @@ class Workers:
     # -- running jobs ------------------------------------------------------------------------
 
     def _drain(self) -> None:
+        job: Job | None = None
         while not self.stopping.is_set():
-            try:
-                job = self._claim()
-            except Exception:
-                # The database away (locked, full, connection lost): look again shortly
-                # rather than let the error end this drain.
-                retry = self.config.queue.poll_interval
-                log.exception("claiming the next job failed; trying again in %g s", retry)
-                db.release_connection()
-                self.kick(delay=retry)
-                return
             if job is None:
-                db.release_connection()
-                return
-            self.run_job(job)
+                try:
+                    job = self._claim()
+                except Exception:
+                    # The database away (locked, full, connection lost): look again shortly
+                    # rather than let the error end this drain.
+                    retry = self.config.queue.poll_interval
+                    log.exception("claiming the next job failed; trying again in %g s", retry)
+                    db.release_connection()
+                    self.kick(delay=retry)
+                    return
+                if job is None:
+                    db.release_connection()
+                    return
+            job = self.run_job(job)  # the next one, when its finish claimed one
+        if job is not None:  # claimed as the service began to stop: back to its place
+            try:
+                jobs.requeue(job, self.owner)
+            except Exception as exc:  # its lease runs out and the reaper recovers it
+                log.warning("job %s not given back at shutdown: %s", job.task_id, exc)
 
     def _claim(self) -> Job | None:
+        request = self._claim_request()
+        return jobs.claim(
+            request.owner,
+            request.node,
+            request.limit,
+            request.lease_seconds,
+            can_run=request.can_run,
+            cluster_can_run=request.cluster_can_run,
+        )
+
+    def _claim_request(self) -> jobs.ClaimRequest:
         lease = self.config.queue.lease_seconds
         # A coming processor counts as runnable elsewhere: its jobs are skipped, not failed.
         others = (cluster.cluster_processors(within=lease) - self.can_run) | self.coming
-        return jobs.claim(
+        return jobs.ClaimRequest(
             self.owner,
             self.node,
             self.effective_limit(),
@@ -237,7 +261,9 @@ class Workers:
             cluster_can_run=self.can_run | others,
         )
 
-    def run_job(self, job: Job) -> str:
+    def run_job(self, job: Job) -> Job | None:
+        """Run ``job``; returns the next job when its finish claimed one (_run_job)."""
+        following: list[Job] = []
         context = logs.current_task.set(job.task_id)
         with self._hand_lock:
             # Counted for its whole budget until it knows what it uses (_run_job).
@@ -248,14 +274,15 @@ class Workers:
             # is woken: the next claim comes when a job ends.
             if running < self.effective_limit():
                 self.kick()
-            return self._run_job(job)
+            self._run_job(job, following)
         except Exception as exc:
-            return self._give_back(job, exc)
+            self._give_back(job, exc)
         finally:
             with self._hand_lock:
                 self._in_hand.pop(job.id, None)
             logs.current_task.reset(context)
             db.release_connection()
+        return following[0] if following else None
 
     def _give_back(self, job: Job, exc: Exception) -> str:
         """After an error outside the processors (recording a run failed even after the
@@ -281,7 +308,9 @@ class Workers:
                 log.warning("job %s: failed documents not written: %s", job.task_id, again)
         return status  # back in line: job.recovered wakes a worker for it
 
-    def _run_job(self, job: Job) -> str:
+    def _run_job(self, job: Job, following: list[Job]) -> str:
+        """Run ``job``; a worker that goes on draining claims the next one in the commit
+        that finishes this one, and puts it in ``following``."""
         log.info("job %s started: %s", job.task_id, ", ".join(job.processors))
         out_dir = outputs.results_dir(self.config.data_dir, job.file.file_uuid)
         deadline = time.monotonic() + (job.task_timeout or self.config.queue.task_timeout)
@@ -295,13 +324,27 @@ class Workers:
         parts, frame_threads, threads = self._threads(batches)
         with self._hand_lock:
             self._in_hand[job.id] = threads
-        if threads < self._budget():
-            self.kick()  # threads it does not need may go to another job
+            running = len(self._in_hand)
+        # Threads it does not need may go to another job, if the limit lets one more run.
+        if threads < self._budget() and running < self.effective_limit():
+            self.kick()
         halt = _Halt()
+        ledger = _Ledger(runs)
         part = functools.partial(
-            self._run_part, job, Path(job.file.path), out_dir, deadline, guard, halt, frame_threads
+            self._run_part,
+            job,
+            Path(job.file.path),
+            out_dir,
+            deadline,
+            guard,
+            halt,
+            ledger,
+            frame_threads,
         )
         error = _side_by_side([functools.partial(part, batch) for batch in batches], parts)
+        if error is not None or halt.reason is not None:
+            for done in ledger.completions:  # recorded on their own, as the job is not finished
+                jobs.complete_run(done.run_id, done.output_path, done.started)
         if error is not None:
             raise error  # outside the processors: the job is given back (run_job)
         if halt.reason == StopReason.SHUTDOWN:
@@ -311,7 +354,13 @@ class Workers:
         if halt.reason == StopReason.LEASE:
             log.warning("job %s: lease lost, another worker has it", job.task_id)
             return JobStatus.PROCESSING
-        status = jobs.finish(job, self.owner, self.policy)
+        if self.stopping.is_set():
+            status = jobs.finish(job, self.owner, self.policy, completed=ledger.completions)
+        else:
+            status, claimed = jobs.finish_and_claim(
+                job, self.owner, self.policy, self._claim_request(), ledger.completions
+            )
+            following.extend([claimed] if claimed else [])
         log.info("job %s %s", job.task_id, status)
         if status == JobStatus.RETRYING:
             self.kick(delay=Job.get_by_id(job.id).next_attempt_at - time.time())
@@ -339,6 +388,7 @@ class Workers:
         deadline: float,
         guard: ingest.FileGuard,
         halt: _Halt,
+        ledger: _Ledger,
         frame_threads: int,
         batch: list[ProcessorRun],
     ) -> None:
@@ -347,14 +397,17 @@ class Workers:
             return  # the job is stopping: these runs stay to do
         if problem := guard.problem():
             for run in batch:
+                ledger.settled(run)
                 self._fail(job, run, None, run.last_checkpoint, problem, False, out_dir)
             return
         with contextlib.suppress(Stop):  # halt has the reason; _run_job acts on it
-            self._run_batch(job, batch, media_path, out_dir, deadline, guard, halt, frame_threads)
+            self._run_batch(
+                job, batch, media_path, out_dir, deadline, guard, halt, ledger, frame_threads
+            )
 
     def _budget(self) -> int:
         """The threads one job may use (``queue.job_threads``)."""
-        return self.config.queue.job_threads or os.cpu_count() or 1
+        return self.config.queue.job_threads or _CPUS
 
     def _threads(self, batches: list[list[ProcessorRun]]) -> tuple[int, int, int]:
         """How many parts of a job run at once; the threads the frame pass gets (what the
@@ -410,6 +463,7 @@ class Workers:
         deadline: float,
         guard: ingest.FileGuard,
         halt: _Halt,
+        ledger: _Ledger,
         frame_threads: int,
     ) -> None:
         """Run one processor, or several sharing their work (one decode, one transcription).
@@ -418,7 +472,7 @@ class Workers:
         with self._loaded.lending() as take:
             started = []
             for run in runs:
-                tracker = _Reporter(self, job, run, deadline, guard, halt)
+                tracker = _Reporter(self, job, run, deadline, guard, halt, ledger)
                 try:
                     processor = take(run.processor)
                     begun = self._begin(job, run, processor, media_path, out_dir, tracker)
@@ -427,6 +481,8 @@ class Workers:
                     continue
                 if begun is not None:
                     started.append((run, processor, begun, tracker))
+                else:
+                    ledger.settled(run)  # skipped
             members = [(processor, ctx) for _, processor, ctx, _ in started]
             if members and isinstance(members[0][0], FrameProcessor):
                 names = [run.processor for run, *_ in started]
@@ -449,7 +505,8 @@ class Workers:
                     raise  # the database away past every retry: the whole job is given back
                 except Exception as exc:  # e.g. its output cannot be written: others settle
                     log.error("job %s: %s not recorded", job.task_id, run.processor, exc_info=exc)
-                    jobs.fail_run(run, f"{type(exc).__name__}: {exc}", transient=True)
+                    error = f"{type(exc).__name__}: {exc}"
+                    jobs.fail_run(run, error, transient=True, started=tracker.take_start())
             if stop is not None:
                 raise stop
 
@@ -476,7 +533,14 @@ class Workers:
             state = self.provision.readiness(run.processor, state)  # e.g. why a pull failed
         if not state.ready:
             raise ProcessorError(state.reason or "not ready", transient=False)
-        jobs.start_run(run, processor.backend, processor.model)
+        start = _Start(run.id, processor.backend, processor.model)
+        if job.crash_count:
+            # It has taken the process down before: marked running at once, so that a crash
+            # loop names the run it happens in (jobs._recover).
+            start.write()
+        else:
+            self._starter.add(start)
+        tracker.start = start
         if run.last_checkpoint:
             log.info("job %s: %s resumes from its checkpoint", job.task_id, run.processor)
         return RunContext(
@@ -498,7 +562,13 @@ class Workers:
         guard: ingest.FileGuard | None,
     ) -> Stop | None:
         """Record how a run ended: its result, or the exception it ended with."""
+        last = tracker.ledger.settled(run)
         problem = guard.problem() if guard is not None else None
+
+        def fail(error: str, transient: bool) -> None:
+            checkpoint, started = tracker.checkpoint, tracker.take_start()
+            self._fail(job, run, processor, checkpoint, error, transient, out_dir, started)
+
         if problem and not isinstance(outcome, BaseException):
             outcome = PermanentError(problem)  # a result for content that is no longer there
         if isinstance(outcome, Stop):
@@ -507,7 +577,7 @@ class Workers:
                 if limit is None:
                     limit, source = self.config.queue.task_timeout, "queue.task_timeout"
                 error = f"timed out after {limit:g} s ({source})"
-                self._fail(job, run, processor, tracker.checkpoint, error, True, out_dir)
+                fail(error, True)
                 return outcome
             if outcome.reason == StopReason.CANCELLED and tracker.checkpoint and processor:
                 try:
@@ -524,18 +594,18 @@ class Workers:
                 except OSError as exc:  # the checkpoint in the database is kept all the same
                     log.warning("job %s: partial output not written: %s", job.task_id, exc)
                     self._check_disk()
-            jobs.release_run(run)
+            jobs.release_run(run, tracker.take_start())
             return outcome
         if isinstance(outcome, ProcessorError):
             # A read error because the file went away is reported as just that.
             error = problem or str(outcome) or type(outcome).__name__
             log.warning("job %s: %s failed: %s", job.task_id, run.processor, error)
             transient = outcome.transient and not problem
-            self._fail(job, run, processor, tracker.checkpoint, error, transient, out_dir)
+            fail(error, transient)
         elif isinstance(outcome, BaseException):
             log.error("job %s: %s crashed", job.task_id, run.processor, exc_info=outcome)
             error = f"{type(outcome).__name__}: {outcome}"
-            self._fail(job, run, processor, tracker.checkpoint, error, True, out_dir)
+            fail(error, True)
             if isinstance(outcome, OSError):
                 self._check_disk()
         else:
@@ -556,10 +626,16 @@ class Workers:
                 # a full disk holds back new starts meanwhile (queue.min_free_disk_mb).
                 error = f"cannot write the result: {exc}"
                 log.error("job %s: %s %s", job.task_id, run.processor, error)
-                self._fail(job, run, processor, tracker.checkpoint, error, True, out_dir)
+                fail(error, True)
                 self._check_disk()
                 return None
-            jobs.complete_run(run, str(path))
+            done = jobs.Completion(run.id, str(path), tracker.take_start())
+            if last and tracker.halt.reason is None:
+                # The job's last run: recorded with the job's finish, in one commit. A crash
+                # before it leaves the run to do again, as a crash before complete_run would.
+                tracker.ledger.completions.append(done)
+            else:
+                jobs.complete_run(run, done.output_path, done.started)
             log.info("job %s: %s completed", job.task_id, run.processor)
         return None
 
@@ -572,11 +648,12 @@ class Workers:
         error: str,
         transient: bool,
         out_dir: Path,
+        started: jobs.Started | None = None,
     ) -> None:
         """Record a failed run, and write its document (with the result so far) so the
         results folder tells a failed processor from one that has not run."""
         path = self._write_failed(job, run, processor, checkpoint, error, out_dir)
-        jobs.fail_run(run, error, transient=transient, output_path=path)
+        jobs.fail_run(run, error, transient=transient, output_path=path, started=started)
 
     def document_failures(self, task_ids: Collection[str]) -> None:
         """Write the failed documents of these jobs' runs that have none: a run parked
@@ -766,6 +843,7 @@ class _Reporter:
         deadline: float,
         guard: ingest.FileGuard | None,
         halt: _Halt,
+        ledger: _Ledger,
     ) -> None:
         self.workers = workers
         self.job = job
@@ -773,6 +851,8 @@ class _Reporter:
         self.deadline = deadline
         self.guard = guard
         self.halt = halt  # shared by the job's parts
+        self.ledger = ledger  # shared by the job's parts
+        self.start: _Start | None = None  # once the run has begun (Workers._begin)
         self.checkpoint: dict[str, Any] | None = run.last_checkpoint
         self._last_write = 0.0
         self._quiet_until = 0.0  # after a failed write, no writes until then
@@ -789,6 +869,7 @@ class _Reporter:
         if due and now >= self._quiet_until:
             self._last_write = now
             lease = self.workers.config.queue.lease_seconds
+            started = self.take_start()
             try:
                 cancel = jobs.report(
                     self.job.id,
@@ -799,11 +880,14 @@ class _Reporter:
                     checkpoint=self.checkpoint if self._unsaved else None,
                     lease_seconds=lease,
                     started_at=self.job.started_at,
+                    run_started=started,
                 )
                 self._unsaved = False
             except jobs.LeaseLost:
+                self._put_back(started)  # rolled back with the rest
                 raise self.halt.stop(StopReason.LEASE) from None
             except db.OUTAGE_ERRORS as exc:
+                self._put_back(started)  # not written: the next write carries it
                 # Progress is bookkeeping: the run goes on (its lease kept by the heartbeat)
                 # and the next report past the pause saves the latest checkpoint.
                 pause = lease / 3
@@ -826,3 +910,112 @@ class _Reporter:
             raise self.halt.stop(StopReason.SHUTDOWN)
         if now > self.deadline:
             raise self.halt.stop(StopReason.TIMEOUT)
+
+    def take_start(self) -> jobs.Started | None:
+        """The run's start for the caller's write to carry, if it is not written yet."""
+        return self.start.take() if self.start is not None else None
+
+    def _put_back(self, started: jobs.Started | None) -> None:
+        if self.start is not None and started is not None:
+            self.start.put_back(started)
+
+
+class _Start:
+    """A run's start (time, backend, model) until it is written: by the run's next write
+    (``take``), or on its own by the _Starter once START_DELAY has passed without one, so a
+    run that does not report soon still shows as running. Whoever takes it writes it."""
+
+    def __init__(self, run_id: int, backend: str | None, model: str | None) -> None:
+        self.run_id = run_id
+        self.due = time.monotonic() + START_DELAY
+        self._lock = threading.Lock()
+        self._unwritten: jobs.Started | None = jobs.Started(time.time(), backend, model)
+
+    @property
+    def written(self) -> bool:
+        return self._unwritten is None
+
+    def take(self) -> jobs.Started | None:
+        # Waits for a write of its own under way, so the start is never written twice.
+        with self._lock:
+            started, self._unwritten = self._unwritten, None
+            return started
+
+    def put_back(self, started: jobs.Started) -> None:
+        """The write that was to carry it failed."""
+        with self._lock:
+            self._unwritten = self._unwritten or started
+
+    def write(self) -> None:
+        """Write it on its own (start_run), unless taken meanwhile."""
+        with self._lock:
+            if self._unwritten is not None:
+                started = self._unwritten
+                jobs.start_run(self.run_id, started.backend, started.model, at=started.at)
+                self._unwritten = None
+
+
+class _Starter:
+    """A thread that writes the starts (_Start) of runs that went START_DELAY without a
+    write of their own, oldest first; started with the first start it is given."""
+
+    def __init__(self) -> None:
+        self._ready = threading.Condition()
+        self._starts: deque[_Start] = deque()  # in order of due time: one delay for all
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def add(self, start: _Start) -> None:
+        with self._ready:
+            if self._thread is None and not self._stopped:
+                self._thread = threading.Thread(target=self._run, name="run-starter", daemon=True)
+                self._thread.start()
+            self._starts.append(start)
+            if len(self._starts) == 1:
+                self._ready.notify()
+
+    def stop(self) -> None:
+        with self._ready:
+            self._stopped = True
+            self._ready.notify()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                # Starts already written by their runs leave without waiting for their time.
+                while self._starts and self._starts[0].written:
+                    self._starts.popleft()
+                if self._stopped:
+                    return
+                if not self._starts:
+                    self._ready.wait()
+                    continue
+                wait = self._starts[0].due - time.monotonic()
+                if wait > 0:
+                    self._ready.wait(wait)
+                    continue
+                start = self._starts.popleft()
+            try:
+                start.write()
+            except Exception as exc:  # the database away: the run's next write carries it
+                log.warning("a run's start not written: %s", exc)
+            finally:
+                db.release_connection()
+
+
+class _Ledger:
+    """The runs of a claimed job still to settle, and the completions left for the job's
+    finish to record in its own commit (the last run's)."""
+
+    def __init__(self, runs: list[ProcessorRun]) -> None:
+        self._lock = threading.Lock()
+        self._left = {run.id for run in runs}
+        self.completions: list[jobs.Completion] = []
+
+    def settled(self, run: ProcessorRun) -> bool:
+        """Note ``run`` settled; whether it was the last."""
+        with self._lock:
+            self._left.discard(run.id)
+            return not self._left

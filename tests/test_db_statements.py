@@ -71,6 +71,84 @@ def test_written_out_statements_match_peewee(tmp_path, database_url):
         database.close()
 
 
+def test_a_start_rides_on_the_next_write_and_a_finish_claims_the_next_job(tmp_path, database_url):
+    database = db.connect(database_url, tmp_path / "data")
+    try:
+        jobs.init_queue_state(1, False)
+        files = [
+            MediaFile.create(
+                file_uuid=c * 32, path=f"/drop/{c}.mp4", watch_root="/drop", rel_path=c, name=c
+            )
+            for c in "ab"
+        ]
+        first, _ = jobs.submit(files[0], ["noop", "stamp"], max_retries=0)
+        second, _ = jobs.submit(files[1], ["noop"], max_retries=0)
+        claimed = jobs.claim("owner", "node", 1, 60)
+        assert claimed is not None and claimed.id == first.id
+        noop, stamp = jobs.pending_runs(first.id)
+
+        # A run's start carried by its first progress report...
+        started = jobs.Started(100.0, "builtin", "m1")
+        jobs.report(
+            first.id,
+            noop.id,
+            "owner",
+            current=1,
+            total=2,
+            checkpoint=None,
+            lease_seconds=60,
+            run_started=started,
+        )
+        run = ProcessorRun.get_by_id(noop.id)
+        assert (run.status, run.attempts, run.started_at, run.backend, run.model) == (
+            RunStatus.RUNNING,
+            1,
+            100.0,
+            "builtin",
+            "m1",
+        )
+        jobs.complete_run(noop, "/out/noop.json")
+        assert ProcessorRun.get_by_id(noop.id).attempts == 1
+
+        # ...and by the job's finish, which records the last run and, with a limit of one,
+        # can claim the next job only because the same commit ends this one.
+        last = jobs.Completion(stamp.id, "/out/stamp.json", jobs.Started(101.0, None, None))
+        policy = jobs.RetryPolicy(retry_delay=1, max_crashes=3, lease_seconds=60)
+        request = jobs.ClaimRequest("owner", "node", 1, 60)
+        status, following = jobs.finish_and_claim(claimed, "owner", policy, request, [last])
+        assert status == JobStatus.COMPLETED
+        assert following is not None and following.id == second.id
+        assert following.__data__ == Job.get_by_id(second.id).__data__
+        assert following.status == JobStatus.PROCESSING and following.lease_owner == "owner"
+        assert following.file.__data__ == MediaFile.get_by_id(files[1].id).__data__
+        run = ProcessorRun.get_by_id(stamp.id)
+        assert (run.status, run.attempts, run.started_at, run.output_path) == (
+            RunStatus.COMPLETED,
+            1,
+            101.0,
+            "/out/stamp.json",
+        )
+        assert (run.progress_current, run.progress_total) == (1, 1)
+        ended = Job.get_by_id(first.id)
+        assert (ended.status, ended.progress, ended.lease_owner) == (JobStatus.COMPLETED, 100, None)
+
+        # A release and a failure carry a start the same way.
+        (run,) = jobs.pending_runs(second.id)
+        jobs.release_run(run, jobs.Started(102.0, "b", "m"))
+        run = ProcessorRun.get_by_id(run.id)
+        assert (run.status, run.attempts, run.started_at) == (RunStatus.PENDING, 1, 102.0)
+        jobs.fail_run(run, "broke", transient=False, started=jobs.Started(103.0, "b", "m"))
+        run = ProcessorRun.get_by_id(run.id)
+        assert (run.status, run.attempts, run.started_at, run.error) == (
+            RunStatus.FAILED,
+            2,
+            103.0,
+            "broke",
+        )
+    finally:
+        database.close()
+
+
 def _file_row(name: str, **extra: object) -> dict:
     return {
         "file_uuid": name.encode().hex()[:32].ljust(32, "0"),

@@ -134,6 +134,25 @@ def test_kill_9_mid_job_resumes_from_checkpoint_and_runs_nothing_twice(start_ser
     assert jobs["total"] == 2 and {j["status"] for j in jobs["jobs"]} == {"completed"}
 
 
+def test_a_run_that_does_not_report_shows_running_and_is_counted_once(start_service, tmp_path):
+    # A run's start is written with its next write, or on its own when none comes soon.
+    hold = tmp_path / "quiet.hold"
+    hold.touch()
+    svc = start_service(
+        service={"plugins": ["workloads:Quiet"]},
+        **{"processors.quiet": {"hold_while_exists": str(hold)}},
+    )
+    task = svc.submit("quiet.mp4", ["quiet"])["task_id"]
+    run = wait_for(lambda: (r := svc.job(task)["processors"]["quiet"])["status"] == "running" and r)
+    assert run["attempts"] == 1 and run["started_at"]
+    hold.unlink()
+    job = svc.wait_status(task, "completed")
+    done = job["processors"]["quiet"]
+    assert (done["attempts"], done["started_at"]) == (1, run["started_at"])
+    result = json.loads((svc.data_dir / "results" / job["file_uuid"] / "quiet.json").read_text())
+    assert result["result"] == {"attempt": 1}
+
+
 def test_transient_failures_back_off_then_dead_list_then_retry_reruns_only_failed(start_service):
     svc = start_service(queue={"max_retries": 3, "retry_delay": 0.3})
     svc.marker.write_text("storage is down")

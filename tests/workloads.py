@@ -67,6 +67,19 @@ class Flaky(Processor):
         return {"attempt": ctx.attempt}
 
 
+class Quiet(Processor):
+    """Runs while the file named by ``hold_while_exists`` exists and never reports: a run
+    that says nothing until it ends."""
+
+    name = "quiet"
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        marker = Path(self.settings["hold_while_exists"])
+        while marker.exists():
+            time.sleep(0.02)
+        return {"attempt": ctx.attempt}
+
+
 class Crash(Processor):
     """Takes the whole service process down, as a segfaulting model would."""
 

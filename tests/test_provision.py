@@ -301,16 +301,7 @@ def test_a_model_that_cannot_be_had_fails_its_processor_alone_with_the_fix(
             models={"auto_pull": True},
             **{"processors.asr": {"model": WHISPER}},
         )
-        asr = wait_for(
-            lambda: (
-                (a := svc.get("/api/v1/processors")["processors"]["asr"])
-                .get("pull", {})
-                .get("state")
-                == "failed"
-                and a
-            ),
-            timeout=30,
-        )
+        asr = failed_pull(svc, timeout=30)
         assert asr["ready"] is False and "could not be pulled" in asr["reason"]
         assert asr["pull"]["retry_at"]  # tried again later, not in a loop
         wait_for(lambda: svc.get("/api/v1/processors")["processors"]["yolo"]["ready"])
@@ -342,6 +333,16 @@ def test_a_model_that_cannot_be_had_fails_its_processor_alone_with_the_fix(
     assert yolo["status"] == "completed" and yolo["model"] == "yolov8n"
 
 
+def failed_pull(svc, timeout: float) -> dict:
+    """asr's entry in /api/v1/processors once its pull has failed."""
+
+    def failed() -> dict | None:
+        asr = svc.get("/api/v1/processors")["processors"]["asr"]
+        return asr if asr.get("pull", {}).get("state") == "failed" else None
+
+    return wait_for(failed, timeout=timeout)
+
+
 def _screen(status: dict) -> str:
     """What `momentry-edge tui` shows for this queue status."""
     console = Console(width=150, height=40, record=True, file=io.StringIO())
@@ -359,16 +360,7 @@ def test_a_first_start_pull_that_would_leave_too_little_disk_is_refused_and_the_
             queue={"min_free_disk_mb": 64},
             **{"processors.asr": {"model": WHISPER, "models_dir": str(small)}},
         )
-        asr = wait_for(
-            lambda: (
-                (a := svc.get("/api/v1/processors")["processors"]["asr"])
-                .get("pull", {})
-                .get("state")
-                == "failed"
-                and a
-            ),
-            timeout=60,
-        )
+        asr = failed_pull(svc, timeout=60)
         need = models.load_catalog().get(WHISPER).size / models.MB
         assert asr["ready"] is False and "could not be pulled" in asr["reason"]
         for words in (f"needs {need:,.1f} MB", "MB free", "queue.min_free_disk_mb = 64 MB"):

@@ -45,8 +45,9 @@ log = logging.getLogger(__name__)
 CHECKPOINT_SECONDS = 2.0  # of video between checkpoints: a resume redoes at most this much
 REPORT_SECONDS = 1.0  # of wall time: progress (and a chance to stop) at least this often
 # Partial results grow with the video, and so does the cost of saving them. A save
-# that took longer than CHEAP_SAVE seconds delays the next one by SAVE_SPACING
-# times as long, so saving never costs more than ~1/SAVE_SPACING of the run.
+# that took more than CHEAP_SAVE seconds of CPU delays the next one by SAVE_SPACING
+# times as long, so saving never costs more than ~1/SAVE_SPACING of the run. CPU, not
+# wall time: on a busy machine a cheap save that waited for a core is still cheap.
 CHEAP_SAVE = 0.01
 SAVE_SPACING = 20
 # Parallel pass: bytes of images queued per member thread (memory stays flat; counted in
@@ -592,7 +593,7 @@ def _report_all(
     for m in list(members):
         if not final and m.plan is not None and done <= m.plan.resume:
             continue  # still before its resume point: nothing new to save
-        now = time.monotonic()
+        now, cpu = time.monotonic(), time.thread_time()
         checkpoint = None
         try:
             if final or now >= m.next_save:
@@ -607,7 +608,7 @@ def _report_all(
             continue
         if checkpoint is not None:
             m.saved = done
-            spent = time.monotonic() - now
+            spent = time.thread_time() - cpu
             m.next_save = now + SAVE_SPACING * spent if spent > CHEAP_SAVE else 0.0
     return first_stop
 

@@ -558,7 +558,13 @@ def _claim(request: ClaimRequest, now: float) -> tuple[Job | None, int]:
         JobStatus.RETRYING,
         now,
     ).rowcount
-    limit = request.limit if isinstance(request.limit, int) else request.limit(queue_state())
+    limit = request.limit
+    if not isinstance(limit, int):
+        # PostgreSQL: shared-locked, so a pause or a new limit commits (and is answered)
+        # only after this claim; SQLite's write lock already keeps them apart.
+        lock = " FOR SHARE" if db.is_postgres(Job._meta.database) else ""
+        (state,) = db.fetch(QueueState, "SELECT * FROM queue_state WHERE id = 1" + lock)
+        limit = limit(state)
     if limit <= 0:
         return None, promoted
     (running,) = db.execute(

@@ -196,6 +196,8 @@ def write_config(
             "node_id": node_id,
         },
         "queue": queue,
+        # The queue alone: no model pull beside it (a fresh data dir would start one).
+        "models": {"auto_pull": False},
     }
     path = root / name
     path.write_text(toml(settings), encoding="utf-8")

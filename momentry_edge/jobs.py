@@ -16,7 +16,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -509,11 +509,16 @@ CLAIM_BATCH = 50
 
 @dataclass(frozen=True)
 class ClaimRequest:
-    """What a worker asks of ``claim`` (see there), to hand to ``finish_and_claim``."""
+    """What a worker asks of ``claim`` (see there), to hand to ``finish_and_claim``.
+
+    ``limit``: how many jobs may run on the node, or how to tell from the queue state
+    (paused, max_concurrent, ...), which the claim reads in its own transaction: a
+    pause or a lower limit acknowledged before the claim commits holds it back.
+    """
 
     owner: str
     node: str
-    limit: int
+    limit: int | Callable[[QueueState], int]
     lease_seconds: float
     can_run: set[str] | None = None
     cluster_can_run: set[str] | None = None
@@ -522,14 +527,15 @@ class ClaimRequest:
 def claim(
     owner: str,
     node: str,
-    limit: int,
+    limit: int | Callable[[QueueState], int],
     lease_seconds: float,
     *,
     can_run: set[str] | None = None,
     cluster_can_run: set[str] | None = None,
     now: float | None = None,
 ) -> Job | None:
-    """Atomically take the next job in line, if fewer than ``limit`` run on ``node``.
+    """Atomically take the next job in line, if fewer than ``limit`` run on ``node``
+    (see ``ClaimRequest``).
 
     With ``can_run`` the node skips jobs that need a processor it lacks but another
     live node has (``cluster_can_run``); a processor no node can run does not hold a
@@ -552,14 +558,21 @@ def _claim(request: ClaimRequest, now: float) -> tuple[Job | None, int]:
         JobStatus.RETRYING,
         now,
     ).rowcount
-    if request.limit <= 0:
+    limit = request.limit
+    if not isinstance(limit, int):
+        # PostgreSQL: shared-locked, so a pause or a new limit commits (and is answered)
+        # only after this claim; SQLite's write lock already keeps them apart.
+        lock = " FOR SHARE" if db.is_postgres(Job._meta.database) else ""
+        (state,) = db.fetch(QueueState, "SELECT * FROM queue_state WHERE id = 1" + lock)
+        limit = limit(state)
+    if limit <= 0:
         return None, promoted
     (running,) = db.execute(
         "SELECT COUNT(*) FROM job WHERE status = ? AND node = ?",
         JobStatus.PROCESSING,
         request.node,
     ).fetchone()
-    if running >= request.limit:
+    if running >= limit:
         return None, promoted
     database = Job._meta.database
     job_id = _next_claimable(database, request.can_run, request.cluster_can_run or set(), now)

@@ -38,7 +38,7 @@ from huey.storage import MemoryStorage
 
 from . import cluster, db, ingest, jobs, logs, outputs
 from .config import Config
-from .db import Job, JobStatus, ProcessorRun
+from .db import Job, JobStatus, ProcessorRun, QueueState
 from .events import Event, bus
 from .gate import Gate
 from .processors import Registry, asr, frames
@@ -201,8 +201,9 @@ class Workers:
         with self._hand_lock:
             return set(self._in_hand)
 
-    def effective_limit(self) -> int:
-        state = jobs.queue_state()
+    def effective_limit(self, state: QueueState | None = None) -> int:
+        """How many jobs may run here now, by the queue's state (read now if not given)."""
+        state = state or jobs.queue_state()
         with self._hand_lock:
             threads = list(self._in_hand.values())
         return self.gate.effective_limit(
@@ -253,7 +254,7 @@ class Workers:
         return jobs.ClaimRequest(
             self.owner,
             self.node,
-            self.effective_limit(),
+            self.effective_limit,  # by the state the claim reads in its transaction
             lease,
             # Only when another node can run something this one cannot must it look
             # past the head of the line.
@@ -271,10 +272,12 @@ class Workers:
             running = len(self._in_hand)
         try:
             # Another worker may take the next job while this one runs; at the limit none
-            # is woken: the next claim comes when a job ends.
-            if running < self.effective_limit():
+            # is woken: the next claim comes when a job ends. A change of the queue's state
+            # meanwhile wakes the workers itself (queue.resumed, ...).
+            state = jobs.queue_state()
+            if running < self.effective_limit(state):
                 self.kick()
-            self._run_job(job, following)
+            self._run_job(job, following, state)
         except Exception as exc:
             self._give_back(job, exc)
         finally:
@@ -308,7 +311,7 @@ class Workers:
                 log.warning("job %s: failed documents not written: %s", job.task_id, again)
         return status  # back in line: job.recovered wakes a worker for it
 
-    def _run_job(self, job: Job, following: list[Job]) -> str:
+    def _run_job(self, job: Job, following: list[Job], state: QueueState) -> str:
         """Run ``job``; a worker that goes on draining claims the next one in the commit
         that finishes this one, and puts it in ``following``."""
         log.info("job %s started: %s", job.task_id, ", ".join(job.processors))
@@ -326,7 +329,7 @@ class Workers:
             self._in_hand[job.id] = threads
             running = len(self._in_hand)
         # Threads it does not need may go to another job, if the limit lets one more run.
-        if threads < self._budget() and running < self.effective_limit():
+        if threads < self._budget() and running < self.effective_limit(state):
             self.kick()
         halt = _Halt()
         ledger = _Ledger(runs)

@@ -7,7 +7,15 @@ import peewee as pw
 import pytest
 
 from momentry_edge import db, jobs
-from momentry_edge.db import FileState, Job, JobStatus, MediaFile, ProcessorRun, RunStatus
+from momentry_edge.db import (
+    FileState,
+    Job,
+    JobStatus,
+    MediaFile,
+    ProcessorRun,
+    QueueState,
+    RunStatus,
+)
 
 
 def test_written_out_statements_match_peewee(tmp_path, database_url):
@@ -145,6 +153,46 @@ def test_a_start_rides_on_the_next_write_and_a_finish_claims_the_next_job(tmp_pa
             103.0,
             "broke",
         )
+    finally:
+        database.close()
+
+
+def test_a_claim_heeds_the_queue_state_as_of_its_own_commit(tmp_path, database_url):
+    """A worker builds its request, then the queue is paused (or its limit lowered) and
+    the API answers: the claim that follows must not start a job all the same."""
+    database = db.connect(database_url, tmp_path / "data")
+    try:
+        jobs.init_queue_state(2, False)
+        files = [
+            MediaFile.create(
+                file_uuid=c * 32, path=f"/drop/{c}.mp4", watch_root="/drop", rel_path=c, name=c
+            )
+            for c in "abc"
+        ]
+        queued = [jobs.submit(f, ["noop"], max_retries=0)[0] for f in files]
+
+        def limit(state: QueueState) -> int:  # the rule Workers.effective_limit applies
+            return 0 if state.paused else state.max_concurrent
+
+        request = jobs.ClaimRequest("owner", "node", limit, 60)
+        policy = jobs.RetryPolicy(retry_delay=1, max_crashes=3, lease_seconds=60)
+        first = jobs.claim(request.owner, request.node, request.limit, 60)
+        assert first is not None and first.id == queued[0].id
+
+        jobs.set_paused(True)
+        assert jobs.claim(request.owner, request.node, request.limit, 60) is None
+        (run,) = jobs.pending_runs(first.id)
+        jobs.complete_run(run, "/out/noop.json")
+        status, following = jobs.finish_and_claim(first, "owner", policy, request)
+        assert (status, following) == (JobStatus.COMPLETED, None)
+        assert [Job.get_by_id(j.id).status for j in queued[1:]] == [JobStatus.PENDING] * 2
+
+        jobs.set_paused(False)
+        second = jobs.claim(request.owner, request.node, request.limit, 60)
+        assert second is not None and second.id == queued[1].id
+        jobs.set_concurrency(1, None, ceiling=8)  # one runs already: no second one now
+        assert jobs.claim(request.owner, request.node, request.limit, 60) is None
+        assert Job.get_by_id(queued[2].id).status == JobStatus.PENDING
     finally:
         database.close()
 

@@ -209,6 +209,7 @@ class Counter(FrameProcessor):
 
     def plan(self, info, checkpoint):
         self.fed = checkpoint["frame"] if checkpoint else 0
+        self.seen = list(range(self.fed))
         self.threads = set()  # that fed it
         return FramePlan(resume=self.fed)
 
@@ -217,9 +218,11 @@ class Counter(FrameProcessor):
         if index != self.fed:
             raise RuntimeError(f"fed frame {index} after {self.fed} frames")
         self.fed += 1
+        self.seen.append(index)
 
     def checkpoint(self, done):
-        return {"frame": done, "fed": self.fed}
+        # The live list, not a copy: a checkpoint reported later must not change.
+        return {"frame": done, "fed": self.fed, "seen": self.seen}
 
     def finish(self, done):
         return {"fed": self.fed}
@@ -275,12 +278,12 @@ class Holding(Reports):
         self.seen = None
 
     def __call__(self, current, total, checkpoint):
-        super().__call__(current, total, checkpoint)
         if checkpoint is not None and self.seen is None:
             deadline = time.monotonic() + 60  # so that a pass that waits for it fails
             while self.reached() < current + FPS and time.monotonic() < deadline:
                 time.sleep(0.01)
             self.seen = (current, self.reached())
+        super().__call__(current, total, checkpoint)  # the checkpoint as it is now
 
 
 def test_the_threads_go_on_while_the_caller_reports(clip):
@@ -300,7 +303,7 @@ def test_the_threads_go_on_while_the_caller_reports(clip):
     reported, reached = reports[0].seen
     assert reached >= reported + FPS  # both went on while the caller was in the report
     # Yet every checkpoint holds exactly the frames before it.
-    assert all(c["fed"] == c["frame"] for c in reports[0].checkpoints)
+    assert all(c["seen"] == list(range(c["frame"])) for c in reports[0].checkpoints)
     for checkpoint in reports[1].checkpoints:
         listed = [f["frame"] for f in checkpoint["partial"]["frames"]]
         assert listed == list(range(0, checkpoint["frame"], 5))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import logging
 import math
 import threading
@@ -587,7 +588,8 @@ class _Parallel:
             return None, 0.0
         cpu = time.thread_time()
         try:
-            return m.processor.checkpoint(done), time.thread_time() - cpu
+            # A copy: it is reported after this thread has fed the member more frames.
+            return copy.deepcopy(m.processor.checkpoint(done)), time.thread_time() - cpu
         except Exception as exc:
             self._fail(m, done - 1, exc)  # no report at this mark
             return None, 0.0

@@ -506,6 +506,7 @@ class _Parallel:
         return thread
 
     def _mark(self, done: int, last: bool = False) -> None:
+        """Put a mark in every queue (after the frames before ``done``), for the caller too."""
         owner = self.owner if last else self._reshare()
         mark = _Mark(self.seq, done, owner, last)
         self.seq += 1

@@ -2,6 +2,7 @@
 against each model called directly, one after another, on the same video.
 
     .venv/bin/python benchmarks/e2e_bench.py [--seconds 120] [--work DIR] [--keep-video]
+        [--service-only]
 
 The video (made once with PyAV, kept with ``--keep-video``): ``--seconds`` of 1280x720
 25 fps H.264 + AAC; espeak-ng sentences every 7.5 s; a new scene every 6 s, in turn
@@ -244,13 +245,22 @@ def through_service(work: Path, models_dir: Path, warmup: Path, video: Path) -> 
     with service_process(root) as (url, proc), httpx.Client(base_url=url, timeout=30) as client:
         warm_seconds, _ = scan(client, root / "drop", warmup)
         print(f"service warm-up job: {warm_seconds:.1f} s", file=sys.stderr)
+        ps = psutil.Process(proc.pid)
+        cpu = sum(ps.cpu_times()[:2])
         with PeakRss(proc.pid) as rss:
             wall, job = scan(client, root / "drop", video)
+        cpu = sum(ps.cpu_times()[:2]) - cpu
         counts = {}
         for name in job["processors"]:
             reply = client.get(f"/api/v1/files/{job['file_uuid']}/results/{name}")
             counts[name] = count(name, reply.json()["result"])
-        return {"wall": wall, "peak_rss": rss.peak, "vm_hwm": vm_hwm(proc.pid), "counts": counts}
+        return {
+            "wall": wall,
+            "cpu": cpu,
+            "peak_rss": rss.peak,
+            "vm_hwm": vm_hwm(proc.pid),
+            "counts": counts,
+        }
 
 
 def count(name: str, result: dict[str, Any]) -> int:
@@ -464,6 +474,25 @@ def report(
         f"{platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}, "
         f"git {revision()}; load average {loads} at start, {load_average()} at end"
     )
+    wall = service["wall"]
+    if not parts:  # --service-only
+        counts = ", ".join(f"{name} {n}" for name, n in service["counts"].items())
+        print(f"service wall, register -> done: {wall:.1f} s; n: {counts}")
+    else:
+        _table(service, parts)
+    print(
+        f"service CPU during the job: {service['cpu']:.1f} s "
+        f"({service['cpu'] / wall:.2f} cores on average)"
+    )
+    print(
+        f"service peak RSS during the job: {service['peak_rss'] / 2**20:.0f} MiB "
+        f"(process and children, sampled every {SAMPLE_EVERY:g} s); "
+        f"VmHWM {service['vm_hwm'] / 2**20:.0f} MiB"
+    )
+    print("n: speech segments (asr), frames decoded (cut), frames analysed (the others)")
+
+
+def _table(service: dict[str, Any], parts: dict[str, tuple[float, float, int]]) -> None:
     print(f"{'part':<6}{'load s':>8}{'run s':>8}{'total s':>9}{'direct n':>10}{'service n':>11}")
     for name, (load, run, done) in parts.items():
         n = service["counts"].get(name, "-")
@@ -477,12 +506,6 @@ def report(
         f"ratio service / direct sum: {wall / run_sum:.2f} against the runs alone, "
         f"{wall / (load_sum + run_sum):.2f} with the loads (goal <= 0.6)"
     )
-    print(
-        f"service peak RSS during the job: {service['peak_rss'] / 2**20:.0f} MiB "
-        f"(process and children, sampled every {SAMPLE_EVERY:g} s); "
-        f"VmHWM {service['vm_hwm'] / 2**20:.0f} MiB"
-    )
-    print("n: speech segments (asr), frames decoded (cut), frames analysed (the others)")
 
 
 def main() -> None:
@@ -495,6 +518,11 @@ def main() -> None:
         help="folder for the videos, models and the service's data",
     )
     parser.add_argument("--keep-video", action="store_true", help="keep the videos for next time")
+    parser.add_argument(
+        "--service-only",
+        action="store_true",
+        help="skip the direct calls (to compare the service side of two checkouts)",
+    )
     args = parser.parse_args()
     if shutil.which("espeak-ng") is None:
         sys.exit("espeak-ng is needed for the speech (apt-get install espeak-ng)")
@@ -514,7 +542,7 @@ def main() -> None:
         about = describe(video)
         pull_models(models_dir, AsrOptions().model, YOLO_MODEL)
         service = through_service(work, models_dir, warmup, video)
-        parts = direct(models_dir, warmup, video)
+        parts = {} if args.service_only else direct(models_dir, warmup, video)
     finally:
         shutil.rmtree(work / "service", ignore_errors=True)
         shutil.rmtree(models_dir, ignore_errors=True)

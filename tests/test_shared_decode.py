@@ -6,9 +6,11 @@ frames shared out among the threads (one spare instance a thread)."""
 from __future__ import annotations
 
 import threading
+import time
 from itertools import pairwise
 from typing import ClassVar
 
+import numpy as np
 import pytest
 from frame_media import Reports, context, scenes_video
 
@@ -207,15 +209,20 @@ class Counter(FrameProcessor):
 
     def plan(self, info, checkpoint):
         self.fed = checkpoint["frame"] if checkpoint else 0
+        self.seen = list(range(self.fed))
+        self.threads = set()  # that fed it
         return FramePlan(resume=self.fed)
 
     def feed(self, index, seconds, image):
+        self.threads.add(threading.get_ident())
         if index != self.fed:
             raise RuntimeError(f"fed frame {index} after {self.fed} frames")
         self.fed += 1
+        self.seen.append(index)
 
     def checkpoint(self, done):
-        return {"frame": done, "fed": self.fed}
+        # The live list, not a copy: a checkpoint reported later must not change.
+        return {"frame": done, "fed": self.fed, "seen": self.seen}
 
     def finish(self, done):
         return {"fed": self.fed}
@@ -233,6 +240,73 @@ def test_parallel_checkpoints_hold_exactly_the_frames_before_them(clip):
     assert outcomes[0] == {"fed": TOTAL}
     assert len(reports[0].checkpoints) >= TOTAL // (2 * FPS)
     assert all(c["fed"] == c["frame"] for c in reports[0].checkpoints)
+
+
+class Slow(Counter):
+    """A counter with work to do on each frame."""
+
+    def feed(self, index, seconds, image):
+        for _ in range(4):
+            np.asarray(image, np.float32).sum()
+        super().feed(index, seconds, image)
+
+
+def test_a_member_handed_to_another_thread_keeps_its_checkpoints_exact(clip):
+    # Shared out before any was timed, both slow members start on the same thread; one
+    # is handed to the other thread at a report point once they have been timed.
+    members = [Slow({}), Counter({}), Slow({})]
+    reports = [Reports() for _ in members]
+
+    outcomes = frames.run_shared(
+        clip, [(p, context(clip, r)) for p, r in zip(members, reports, strict=True)], threads=2
+    )
+
+    assert outcomes == [{"fed": TOTAL}] * 3
+    assert any(len(m.threads) == 2 for m in members)
+    for r in reports:
+        assert len(r.checkpoints) >= TOTAL // (2 * FPS)
+        assert all(c["fed"] == c["frame"] for c in r.checkpoints)
+
+
+class Holding(Reports):
+    """Holds the caller in its first report with a checkpoint until ``reached()`` (the
+    frames the members have gone through) is a second of video past it; keeps both."""
+
+    def __init__(self, reached):
+        super().__init__()
+        self.reached = reached
+        self.seen = None
+
+    def __call__(self, current, total, checkpoint):
+        if checkpoint is not None and self.seen is None:
+            deadline = time.monotonic() + 60  # so that a pass that waits for it fails
+            while self.reached() < current + FPS and time.monotonic() < deadline:
+                time.sleep(0.01)
+            self.seen = (current, self.reached())
+        super().__call__(current, total, checkpoint)  # the checkpoint as it is now
+
+
+def test_the_threads_go_on_while_the_caller_reports(clip):
+    Where.threads.clear()
+    counter = Counter({})
+    members = [counter, Where({"sample_fps": 5.0})]
+    reports = [Holding(lambda: min(counter.fed, max(list(Where.threads), default=0))), Reports()]
+
+    outcomes = frames.run_shared(
+        clip,
+        [(p, context(clip, r)) for p, r in zip(members, reports, strict=True)],
+        threads=2,
+        spare=lambda slot: Where({"sample_fps": 5.0}),
+    )
+
+    assert outcomes[0] == {"fed": TOTAL}
+    reported, reached = reports[0].seen
+    assert reached >= reported + FPS  # both went on while the caller was in the report
+    # Yet every checkpoint holds exactly the frames before it.
+    assert all(c["seen"] == list(range(c["frame"])) for c in reports[0].checkpoints)
+    for checkpoint in reports[1].checkpoints:
+        listed = [f["frame"] for f in checkpoint["partial"]["frames"]]
+        assert listed == list(range(0, checkpoint["frame"], 5))
 
 
 class Where(SampledProcessor):

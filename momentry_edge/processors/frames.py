@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import logging
 import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -137,9 +138,13 @@ class _Member:
         self.next_save = 0.0  # monotonic time before which no checkpoint is saved
         self.busy = 0.0  # seconds spent in feed (parallel pass: how threads are shared out)
         # Parallel pass, independent frames: the instance each thread analyses with, and
-        # what was found, by frame index, until it is taken in order at the next meeting.
+        # what was found, by frame index, until the caller takes it in order.
         self.lanes: list[FrameProcessor] = []
         self.found: dict[int, tuple[float, Any]] = {}
+        # Parallel pass: the frame it failed at (nothing from there on is fed, its reports
+        # before still happen) and the error.
+        self.fails_at: float = math.inf
+        self.error: BaseException | None = None
 
     def wants(self, index: int) -> bool:
         plan = self.plan
@@ -194,9 +199,11 @@ def run_shared(
     stop = None
     try:
         with feeder(media_path, first, active, outcomes, clock, threads) as fed:
-            # At each report point every member has been fed exactly the frames before it.
+            # At each report point every member's checkpoint holds exactly the frames
+            # before it (taken there, or now: see _Parallel).
             for done in fed:
-                stop = _report_all(active, outcomes, done, max(info.frame_count, done))
+                total = max(info.frame_count, done)
+                stop = _report_all(active, outcomes, done, total, taken=fed.taken)
                 if stop is not None:
                     break
     except media.MediaNotFoundError as e:
@@ -286,6 +293,7 @@ class _Serial:
         self.media_path, self.first, self.clock = media_path, first, clock
         self.active, self.outcomes = active, outcomes
         self.done = 0
+        self.taken: dict[int, tuple[dict[str, Any] | None, float]] = {}  # none: see _Parallel
 
     def __enter__(self) -> _Serial:
         return self
@@ -307,21 +315,44 @@ class _Serial:
                 return
 
 
-class _Parallel:
-    """Decode on one thread and feed the members on up to ``threads`` others.
+@dataclass
+class _Mark:
+    """A report point (or the end) in every member thread's queue, after the frames
+    before ``done``."""
 
-    Each member thread has a short queue of the frames its members want, so memory
-    stays flat however long the video. At a report point (and at the end) the
-    decode thread and every member thread meet the caller at a barrier: all
-    queues are empty, every member has been fed exactly the frames before the
-    point, and the caller reports and takes checkpoints as a single thread would.
-    There it also shares the members out again, the ones that took longest so far
-    first, each onto the thread with the least work (a member is only ever fed by
-    one thread at a time). A member with lanes (independent frames, a spare per
-    thread) is not shared out: each of its frames goes to the thread given the least
-    work since the last meeting (by what a frame of each member took so far), and
-    what they found is taken in frame order at the next meeting. Leaving the
-    ``with`` block ends and joins every thread.
+    seq: int
+    done: int
+    owner: dict[int, int]  # member slot -> the thread that feeds it after the mark
+    last: bool = False
+    # The checkpoints member threads took there, by slot: (the checkpoint, or None where
+    # none was due; the CPU seconds it took).
+    saves: dict[int, tuple[dict[str, Any] | None, float]] = field(default_factory=dict)
+
+
+class _Parallel:
+    """Decode on one thread and feed the members on up to ``threads`` others; nobody but
+    the caller waits at a report point.
+
+    Each member thread has a queue of the frames its members want, bounded in bytes so
+    memory stays flat however long the video. At a report point the decode thread puts
+    a mark in every queue and goes on decoding. A member with lanes (independent frames,
+    a spare per thread) has each frame analysed on the thread with the least work still
+    queued; its run state changes only in ``take``, which the caller does in frame
+    order, so the caller takes its checkpoints too. Any other member (cut: ``feed``
+    changes its state) is fed by one thread at a time; reaching a mark, having fed it
+    exactly the frames before, that thread takes its checkpoint (when one is due) and
+    goes on at once. The caller waits until every thread has passed the mark, takes
+    what the lanes found before it, in order, and reports as a single thread would,
+    while the threads work on the frames after it.
+
+    At each mark the decode thread may share the members without lanes out again (the
+    ones that took longest so far first, each onto the thread with the least time),
+    when that lowers the busiest thread's time by a tenth: a member handed over is fed
+    by its new thread only once the old one has passed the mark (the new one waits for
+    it there: the only wait besides the caller's, and rare). A member that fails (feed,
+    analyse, take, checkpoint, report) is fed nothing from the frame it failed at and
+    still reported at the marks before it. Leaving the ``with`` block ends and joins
+    every thread.
     """
 
     def __init__(
@@ -335,23 +366,31 @@ class _Parallel:
     ) -> None:
         self.media_path, self.first, self.clock = media_path, first, clock
         self.active, self.outcomes = active, outcomes
-        self.members = list(active)
+        self.members = {m.slot: m for m in active}
         self.done = 0
-        self.ended = False
         self.error: BaseException | None = None
+        self.taken: dict[int, tuple[dict[str, Any] | None, float]] = {}  # at the last mark
         count = threads if any(m.lanes for m in active) else min(threads, len(active))
         self.owner = _share_out([m for m in active if not m.lanes], count)
         # Seconds and frames each thread spent on each member (a thread writes only its
-        # own), and the work the decode gave each thread since the last meeting.
+        # own), and the work (estimated seconds) the decode gave each thread and what of
+        # it the thread did: the difference is what is still queued.
         self.spent = [collections.Counter[int]() for _ in range(count)]
         self.looks = [collections.Counter[int]() for _ in range(count)]
-        self.backlog = [0.0] * count
-        self.barrier = threading.Barrier(count + 2)  # the member threads, decode, the caller
+        self.given = [0.0] * count
+        self.worked = [0.0] * count
+        # The marks the caller has yet to report, and the last one each thread passed.
+        self.marks: collections.deque[_Mark] = collections.deque()
+        self.seq = 0  # the next mark's
+        self.passed = [-1] * count
+        self.progress = threading.Condition()
+        self.lock = threading.Lock()  # what lanes found; failures
         self.quit = threading.Event()
         self.queues = [_Inbox(BYTES_IN_FLIGHT, self.quit) for _ in range(count)]
         self.threads = [threading.Thread(target=self._decode, name="frames-decode")]
         self.threads += [
-            threading.Thread(target=self._work, args=(i,), name=f"frames-{i}") for i in range(count)
+            threading.Thread(target=self._work, args=(i, dict(self.owner)), name=f"frames-{i}")
+            for i in range(count)
         ]
 
     def __enter__(self) -> _Parallel:
@@ -365,56 +404,64 @@ class _Parallel:
 
     def __exit__(self, *exc: object) -> None:
         self.quit.set()  # a stop or an error: the others leave what they were doing
-        self.barrier.abort()
         for thread in self.threads:
             if thread.ident is not None:  # started
                 thread.join()
-        self._prune()
 
     def __iter__(self) -> Iterator[int]:
         while True:
-            self._meet()
-            self._take_found()
-            self._prune()
-            if self.ended:
+            mark = self._next_mark()
+            self._take_found(mark.done)
+            self._prune(mark.done)
+            if mark.last:
                 break
-            yield self.done
-            self.owner = _share_out([m for m in self.active if not m.lanes], len(self.queues))
-            self._meet()
+            self.taken = {
+                m.slot: mark.saves.get(m.slot, (None, 0.0)) for m in self.active if not m.lanes
+            }
+            yield mark.done
+            for m in self.members.values():  # one that failed in its report is fed no more
+                if isinstance(outcome := self.outcomes[m.slot], BaseException):
+                    self._fail(m, mark.done, outcome)
         for thread in self.threads:
             thread.join()
         if self.error is not None:
             raise self.error
 
-    def _meet(self) -> None:
-        try:
-            self.barrier.wait()
-        except threading.BrokenBarrierError:
-            raise self.error or RuntimeError("frame pass: a thread ended early") from None
+    def _next_mark(self) -> _Mark:
+        """The next mark, once every member thread has passed it."""
+        with self.progress:
+            while not (self.marks and min(self.passed) >= self.marks[0].seq):
+                if self.quit.is_set():  # a thread ended early
+                    raise self.error or RuntimeError("frame pass: a thread ended early")
+                self.progress.wait(POLL_SECONDS)
+            return self.marks.popleft()
 
-    def _prune(self) -> None:
+    def _take_found(self, done: int) -> None:
+        """Hand each member with lanes what they found before ``done``, in frame order."""
+        for m in self.active:
+            if not m.lanes or m.fails_at < done:
+                continue
+            with self.lock:
+                found = [(i, m.found.pop(i)) for i in sorted(i for i in m.found if i < done)]
+            for index, (seconds, what) in found:
+                try:
+                    m.processor.take(index, seconds, what)
+                except Exception as exc:
+                    self._fail(m, index, exc)
+                    break
+
+    def _prune(self, done: int) -> None:
+        """Members that failed before ``done`` get their error as outcome."""
+        for m in self.active:
+            if m.fails_at < done:
+                self.outcomes[m.slot] = m.error
         self.active[:] = [m for m in self.active if self.outcomes[m.slot] is None]
 
-    def _take_found(self) -> None:
-        """Every thread is at the meeting: hand each member what its lanes found, in order."""
-        for m in self.members:
-            found, m.found = m.found, {}
-            if self.outcomes[m.slot] is not None:
-                continue
-            try:
-                for index in sorted(found):
-                    m.processor.take(index, *found[index])
-            except Exception as exc:
-                self.outcomes[m.slot] = exc
-
-    def _thread_for(self, m: _Member) -> int:
-        """The thread to feed ``m`` a frame: its owner, or with lanes the least busy one."""
-        looks = sum(c[m.slot] for c in self.looks)
-        cost = sum(c[m.slot] for c in self.spent) / looks if looks else UNKNOWN_COST
-        backlog = self.backlog
-        thread = self.owner[m.slot] if not m.lanes else backlog.index(min(backlog))
-        backlog[thread] += cost
-        return thread
+    def _fail(self, m: _Member, at: float, exc: BaseException) -> None:
+        """``m`` failed at frame ``at``: the first failure counts."""
+        with self.lock:
+            if at < m.fails_at:
+                m.fails_at, m.error = at, exc
 
     def _decode(self) -> None:
         scaler = VideoReformatter()
@@ -422,66 +469,131 @@ class _Parallel:
             decoded = media.iter_decoded(self.media_path, start_frame=self.first)
             with contextlib.closing(decoded):
                 for index, seconds, frame in decoded:
-                    # Members that failed in feed or report are not waited for.
-                    wanting = [m for m in self.members if self.outcomes[m.slot] is None]
+                    wanting = [m for m in self.members.values() if index < m.fails_at]
                     if not wanting or self.quit.is_set():
                         break
                     images = _convert(frame, index, wanting, scaler)
                     tasks: dict[int, list[_Member]] = {}
+                    cost = collections.Counter[int]()
                     for m in wanting:
                         if m.wants(index):
-                            tasks.setdefault(self._thread_for(m), []).append(m)
+                            thread = self._thread_for(m, cost)
+                            tasks.setdefault(thread, []).append(m)
                     for thread, members in sorted(tasks.items()):
                         size = sum(images[key].nbytes for key in {m.key for m in members})
-                        self.queues[thread].put((index, seconds, images, members), size)
+                        self.given[thread] += cost[thread]  # as the thread adds it to worked
+                        item = (index, seconds, images, members, cost[thread])
+                        self.queues[thread].put(item, size)
                     self.done = index + 1
                     if self.clock.due(self.done):
-                        self._rendezvous(self.done)
-                        self.backlog = [0.0] * len(self.queues)
-        except threading.BrokenBarrierError:
-            return  # the caller left
+                        self._mark(self.done)
         except BaseException as exc:  # MediaError for the caller, or a bug: raised there
             self.error = exc
-        self.ended = True
-        with contextlib.suppress(threading.BrokenBarrierError):
-            self._rendezvous(_END)
+        self._mark(self.done, last=True)
 
-    def _rendezvous(self, mark: int | object) -> None:
-        """Tell the member threads to meet at ``mark`` once they have fed what came before."""
+    def _thread_for(self, m: _Member, cost: collections.Counter[int]) -> int:
+        """The thread to give ``m`` a frame: its owner, or with lanes the one with the least
+        work queued (``cost``: this frame's so far), then given so far; what the frame is
+        likely to cost is added to ``cost``."""
+        looks = sum(c[m.slot] for c in self.looks)
+        estimate = sum(c[m.slot] for c in self.spent) / looks if looks else UNKNOWN_COST
+        thread = self.owner.get(m.slot, 0)
+        if m.lanes:
+            threads = range(len(self.queues))
+            queued = [(self.given[t] - self.worked[t] + cost[t], self.given[t]) for t in threads]
+            thread = queued.index(min(queued))
+        cost[thread] += estimate
+        return thread
+
+    def _mark(self, done: int, last: bool = False) -> None:
+        """Put a mark in every queue (after the frames before ``done``), for the caller too."""
+        owner = self.owner if last else self._reshare()
+        mark = _Mark(self.seq, done, owner, last)
+        self.seq += 1
+        with self.progress:
+            self.marks.append(mark)
         for q in self.queues:
             q.put(mark)
-        self.barrier.wait()
-        if mark is not _END:
-            self.barrier.wait()  # after the reports
+        self.owner = owner
 
-    def _work(self, thread: int) -> None:
+    def _reshare(self) -> dict[int, int]:
+        """Who feeds each member without lanes after the next mark."""
+        members = [m for m in self.members.values() if not m.lanes and self.done < m.fails_at]
+        count = len(self.queues)
+        owner = _share_out(members, count)
+        better = _busiest(owner, members, count) < 0.9 * _busiest(self.owner, members, count)
+        return owner if better else self.owner
+
+    def _work(self, thread: int, owner: dict[int, int]) -> None:
+        """Feed this thread's queue; ``owner``: who fed the members without lanes since
+        the last mark."""
         q = self.queues[thread]
         try:
             while (item := q.get()) is not None:
-                if item is _END:
-                    self.barrier.wait()
-                    return
-                if isinstance(item, int):  # a report point
-                    self.barrier.wait()
-                    self.barrier.wait()  # after the reports and sharing out
+                if isinstance(item, _Mark):
+                    if not self._pass(thread, item, owner) or item.last:
+                        return
+                    owner = item.owner
                     continue
-                index, seconds, images, members = item
+                index, seconds, images, members, cost = item
                 for m in members:
-                    if self.outcomes[m.slot] is not None:
-                        continue  # it failed: its outcome is kept
-                    started = time.perf_counter()
-                    if m.lanes:
-                        _analyse(m, thread, self.outcomes, index, seconds, images)
-                    else:
-                        _feed(m, self.outcomes, index, seconds, images)
-                    self.spent[thread][m.slot] += time.perf_counter() - started
-                    self.looks[thread][m.slot] += 1
-        except threading.BrokenBarrierError:
-            return  # the pass ends early
+                    if index < m.fails_at:
+                        self._look(m, thread, index, seconds, images[m.key])
+                self.worked[thread] += cost
         except BaseException as exc:  # a bug here: end the pass, the caller raises it
             self.error = exc
             self.quit.set()
-            self.barrier.abort()
+
+    def _look(self, m: _Member, thread: int, index: int, seconds: float, image: np.ndarray) -> None:
+        """Feed ``m`` a frame, or with lanes analyse it with this thread's instance."""
+        started = time.perf_counter()
+        try:
+            if m.lanes:
+                found = m.lanes[thread].analyse(index, seconds, image)
+                with self.lock:
+                    m.found[index] = (seconds, found)
+            else:
+                m.processor.feed(index, seconds, image)
+        except Exception as exc:
+            self._fail(m, index, exc)
+        spent = time.perf_counter() - started
+        if not m.lanes:
+            m.busy += spent
+        self.spent[thread][m.slot] += spent
+        self.looks[thread][m.slot] += 1
+
+    def _pass(self, thread: int, mark: _Mark, owner: dict[int, int]) -> bool:
+        """Take the checkpoints due at ``mark`` of the members this thread fed, say it has
+        passed it, then wait for the old thread of each member handed to this one there to
+        pass it too. False when the pass is ending."""
+        for slot, fed_by in owner.items():
+            m = self.members[slot]
+            if fed_by == thread and not mark.last and mark.done <= m.fails_at:
+                mark.saves[slot] = self._save(m, mark.done)
+        with self.progress:
+            self.passed[thread] = mark.seq
+            self.progress.notify_all()
+            for slot, fed_by in mark.owner.items():
+                before = owner.get(slot, thread)
+                while fed_by == thread != before and self.passed[before] < mark.seq:
+                    if self.quit.is_set():
+                        return False
+                    self.progress.wait(POLL_SECONDS)
+        return True
+
+    def _save(self, m: _Member, done: int) -> tuple[dict[str, Any] | None, float]:
+        """``m``'s checkpoint at ``done`` if one is due, and the CPU seconds it took. The
+        caller adds its report's to space the next one (it may be a few marks behind)."""
+        assert m.plan is not None
+        if done <= m.plan.resume or time.monotonic() < m.next_save:
+            return None, 0.0
+        cpu = time.thread_time()
+        try:
+            # A copy: it is reported after this thread has fed the member more frames.
+            return copy.deepcopy(m.processor.checkpoint(done)), time.thread_time() - cpu
+        except Exception as exc:
+            self._fail(m, done - 1, exc)  # no report at this mark
+            return None, 0.0
 
 
 class _Inbox:
@@ -517,9 +629,6 @@ class _Inbox:
             return None
 
 
-_END = object()  # the last mark in a member thread's queue
-
-
 def _share_out(members: list[_Member], threads: int) -> dict[int, int]:
     """Member slot -> thread: the members that took longest so far first, each onto the
     thread with the least time (then fewest members) so far."""
@@ -531,6 +640,14 @@ def _share_out(members: list[_Member], threads: int) -> dict[int, int]:
         busy, count = loads[thread]
         loads[thread] = (busy + m.busy, count + 1)
     return owner
+
+
+def _busiest(owner: dict[int, int], members: list[_Member], threads: int) -> float:
+    """The most time so far of one thread's members, shared out as ``owner`` says."""
+    loads = [0.0] * threads
+    for m in members:
+        loads[owner[m.slot]] += m.busy
+    return max(loads)
 
 
 def _convert(
@@ -566,37 +683,27 @@ def _feed(
     return True
 
 
-def _analyse(
-    m: _Member,
-    thread: int,
-    outcomes: list[Outcome | None],
-    index: int,
-    seconds: float,
-    images: dict[tuple[Any, str], np.ndarray],
-) -> None:
-    """Look at one frame of a member with lanes, with this thread's instance."""
-    try:
-        m.found[index] = (seconds, m.lanes[thread].analyse(index, seconds, images[m.key]))
-    except Exception as exc:
-        outcomes[m.slot] = exc
-
-
 def _report_all(
     members: list[_Member],
     outcomes: list[Outcome | None],
     done: int,
     total: int,
     final: bool = False,
+    taken: Mapping[int, tuple[dict[str, Any] | None, float]] | None = None,
 ) -> Stop | None:
-    """Report progress (with a checkpoint where due) for every member; the first Stop."""
+    """Report progress (with a checkpoint where due) for every member; the first Stop.
+    ``taken``, by member slot: the checkpoint already taken at ``done`` (None where none
+    was due) and the CPU seconds it took."""
     first_stop = None
     for m in list(members):
         if not final and m.plan is not None and done <= m.plan.resume:
             continue  # still before its resume point: nothing new to save
         now, cpu = time.monotonic(), time.thread_time()
-        checkpoint = None
+        checkpoint, spent = None, 0.0
         try:
-            if final or now >= m.next_save:
+            if taken is not None and m.slot in taken:
+                checkpoint, spent = taken[m.slot]
+            elif final or now >= m.next_save:
                 checkpoint = m.processor.checkpoint(done)
             m.ctx.report(done, total, checkpoint)
         except Stop as stop:
@@ -608,7 +715,7 @@ def _report_all(
             continue
         if checkpoint is not None:
             m.saved = done
-            spent = time.thread_time() - cpu
+            spent += time.thread_time() - cpu
             m.next_save = now + SAVE_SPACING * spent if spent > CHEAP_SAVE else 0.0
     return first_stop
 

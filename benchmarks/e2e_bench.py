@@ -426,17 +426,22 @@ PARTS: dict[str, Callable[[Path], Callable[[Path], int]]] = {
 }
 
 
-def direct(models_dir: Path, warmup: Path, video: Path) -> dict[str, tuple[float, float, int]]:
-    """Per part: seconds to build the model, seconds to run it on ``video``, and its count.
-    A throwaway model first runs the short clip (imports, first-call set-up, page cache)."""
+Part = tuple[float, float, float, int]  # seconds to load, to run, CPU seconds of the run, n
+
+
+def direct(models_dir: Path, warmup: Path, video: Path) -> dict[str, Part]:
+    """Per part: seconds to build the model, seconds to run it on ``video``, the CPU seconds
+    of that run (the libraries' own thread pools included), and its count. A throwaway
+    model first runs the short clip (imports, first-call set-up, page cache)."""
     out = {}
     for name, load in PARTS.items():
         load(models_dir)(warmup)
         started = time.perf_counter()
         run = load(models_dir)
-        loaded = time.perf_counter()
+        loaded, cpu = time.perf_counter(), time.process_time()
         done = run(video)
-        out[name] = (loaded - started, time.perf_counter() - loaded, done)
+        ran, cpu = time.perf_counter() - loaded, time.process_time() - cpu
+        out[name] = (loaded - started, ran, cpu, done)
         print(f"direct {name}: {out[name][0] + out[name][1]:.1f} s", file=sys.stderr)
     return out
 
@@ -466,9 +471,7 @@ def describe(video: Path) -> str:
         )
 
 
-def report(
-    about: str, service: dict[str, Any], parts: dict[str, tuple[float, float, int]], loads: str
-) -> None:
+def report(about: str, service: dict[str, Any], parts: dict[str, Part], loads: str) -> None:
     print(about)
     print(
         f"{platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}, "
@@ -492,19 +495,27 @@ def report(
     print("n: speech segments (asr), frames decoded (cut), frames analysed (the others)")
 
 
-def _table(service: dict[str, Any], parts: dict[str, tuple[float, float, int]]) -> None:
-    print(f"{'part':<6}{'load s':>8}{'run s':>8}{'total s':>9}{'direct n':>10}{'service n':>11}")
-    for name, (load, run, done) in parts.items():
+def _table(service: dict[str, Any], parts: dict[str, Part]) -> None:
+    print(
+        f"{'part':<6}{'load s':>8}{'run s':>8}{'total s':>9}{'run CPU s':>11}"
+        f"{'direct n':>10}{'service n':>11}"
+    )
+    for name, (load, run, cpu, done) in parts.items():
         n = service["counts"].get(name, "-")
-        print(f"{name:<6}{load:>8.2f}{run:>8.1f}{load + run:>9.1f}{done:>10}{n:>11}")
+        print(f"{name:<6}{load:>8.2f}{run:>8.1f}{load + run:>9.1f}{cpu:>11.1f}{done:>10}{n:>11}")
     load_sum = sum(p[0] for p in parts.values())
     run_sum = sum(p[1] for p in parts.values())
-    print(f"{'sum':<6}{load_sum:>8.2f}{run_sum:>8.1f}{load_sum + run_sum:>9.1f}")
+    cpu_sum = sum(p[2] for p in parts.values())
+    print(f"{'sum':<6}{load_sum:>8.2f}{run_sum:>8.1f}{load_sum + run_sum:>9.1f}{cpu_sum:>11.1f}")
     wall = service["wall"]
     print(f"service wall, register -> done: {wall:.1f} s")
     print(
         f"ratio service / direct sum: {wall / run_sum:.2f} against the runs alone, "
         f"{wall / (load_sum + run_sum):.2f} with the loads (goal <= 0.6)"
+    )
+    print(
+        f"direct runs' CPU {cpu_sum:.1f} s ({cpu_sum / run_sum:.2f} cores on average); "
+        f"service CPU / direct runs' CPU: {service['cpu'] / cpu_sum:.2f}"
     )
 
 

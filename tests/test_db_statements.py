@@ -79,16 +79,21 @@ def test_written_out_statements_match_peewee(tmp_path, database_url):
         database.close()
 
 
+def _media_files(names: str) -> list[MediaFile]:
+    """A file record for each letter of ``names``."""
+    return [
+        MediaFile.create(
+            file_uuid=c * 32, path=f"/drop/{c}.mp4", watch_root="/drop", rel_path=c, name=c
+        )
+        for c in names
+    ]
+
+
 def test_a_start_rides_on_the_next_write_and_a_finish_claims_the_next_job(tmp_path, database_url):
     database = db.connect(database_url, tmp_path / "data")
     try:
         jobs.init_queue_state(1, False)
-        files = [
-            MediaFile.create(
-                file_uuid=c * 32, path=f"/drop/{c}.mp4", watch_root="/drop", rel_path=c, name=c
-            )
-            for c in "ab"
-        ]
+        files = _media_files("ab")
         first, _ = jobs.submit(files[0], ["noop", "stamp"], max_retries=0)
         second, _ = jobs.submit(files[1], ["noop"], max_retries=0)
         claimed = jobs.claim("owner", "node", 1, 60)
@@ -163,12 +168,7 @@ def test_a_claim_heeds_the_queue_state_as_of_its_own_commit(tmp_path, database_u
     database = db.connect(database_url, tmp_path / "data")
     try:
         jobs.init_queue_state(2, False)
-        files = [
-            MediaFile.create(
-                file_uuid=c * 32, path=f"/drop/{c}.mp4", watch_root="/drop", rel_path=c, name=c
-            )
-            for c in "abc"
-        ]
+        files = _media_files("abc")
         queued = [jobs.submit(f, ["noop"], max_retries=0)[0] for f in files]
 
         def limit(state: QueueState) -> int:  # the rule Workers.effective_limit applies

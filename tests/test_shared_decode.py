@@ -309,6 +309,27 @@ def test_the_threads_go_on_while_the_caller_reports(clip):
         assert listed == list(range(0, checkpoint["frame"], 5))
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_pass_resumed_from_its_last_checkpoint_gives_the_finished_result(clip, threads):
+    # The last checkpoint holds the whole result: a crash before the output file is
+    # written resumes there, with no frame left to decode.
+    first = Reports()
+    (finished,) = frames.run_shared(clip, [(Where({"sample_fps": 5.0}), context(clip, first))])
+    members = [Where({"sample_fps": 5.0}), Counter({})]
+    checkpoints = [first.checkpoints[-1], {"frame": TOTAL}]
+    reports = [Reports() for _ in members]
+
+    outcomes = frames.run_shared(
+        clip,
+        [(p, context(clip, r, c)) for p, r, c in zip(members, reports, checkpoints, strict=True)],
+        threads=threads,
+        spare=lambda slot: Where({"sample_fps": 5.0}) if slot == 0 else None,
+    )
+
+    assert outcomes == [finished, {"fed": TOTAL}]
+    assert [r.calls for r in reports] == [[(TOTAL, TOTAL)]] * 2
+
+
 class Where(SampledProcessor):
     """Finds, in every sampled frame, its mean and the thread that looked at it."""
 

@@ -215,7 +215,9 @@ def run_shared(
     if not active:
         return outcomes  # type: ignore[return-value]
 
-    done = fed.done
+    # Nothing decoded from ``first`` on: every member resumes at the end (the last
+    # checkpoint holds the whole result), the video is the frames before it.
+    done = max(fed.done, first)
     if done == 0:
         error = PermanentError("truncated or corrupt: could not decode any video frame")
         return _fail_all(outcomes, active, error)

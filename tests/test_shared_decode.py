@@ -270,17 +270,18 @@ def test_a_member_handed_to_another_thread_keeps_its_checkpoints_exact(clip):
 
 class Holding(Reports):
     """Holds the caller in its first report with a checkpoint until ``reached()`` (the
-    frames the members have gone through) is a second of video past it; keeps both."""
+    frames the members have gone through) is ``ahead`` frames past it, or for ``patience``
+    seconds at most; keeps both."""
 
-    def __init__(self, reached):
+    def __init__(self, reached, ahead=FPS, patience=60):
         super().__init__()
-        self.reached = reached
+        self.reached, self.ahead, self.patience = reached, ahead, patience
         self.seen = None
 
     def __call__(self, current, total, checkpoint):
         if checkpoint is not None and self.seen is None:
-            deadline = time.monotonic() + 60  # so that a pass that waits for it fails
-            while self.reached() < current + FPS and time.monotonic() < deadline:
+            deadline = time.monotonic() + self.patience  # so that a pass that waits fails
+            while self.reached() < current + self.ahead and time.monotonic() < deadline:
                 time.sleep(0.01)
             self.seen = (current, self.reached())
         super().__call__(current, total, checkpoint)  # the checkpoint as it is now
@@ -307,6 +308,50 @@ def test_the_threads_go_on_while_the_caller_reports(clip):
     for checkpoint in reports[1].checkpoints:
         listed = [f["frame"] for f in checkpoint["partial"]["frames"]]
         assert listed == list(range(0, checkpoint["frame"], 5))
+
+
+def test_the_threads_go_on_only_a_few_report_points_past_a_caller_that_lags(clip):
+    # The caller stuck in a report (a slow database): what the threads did past it waits
+    # in memory for the caller (the lanes' findings, checkpoints), so they stop a few
+    # report points ahead. Held here for 3 s: were they not held back, they would reach
+    # the end of the video.
+    counter = Counter({})
+    members = [counter, Where({"sample_fps": 5.0})]
+    reports = [Holding(lambda: counter.fed, ahead=TOTAL, patience=3), Reports()]
+
+    outcomes = frames.run_shared(
+        clip,
+        [(p, context(clip, r)) for p, r in zip(members, reports, strict=True)],
+        threads=2,
+        spare=lambda slot: Where({"sample_fps": 5.0}),
+    )
+
+    reported, reached = reports[0].seen
+    assert reached <= reported + (frames.MARKS_AHEAD + 1) * 2 * FPS < TOTAL
+    assert outcomes[0] == {"fed": TOTAL}
+    assert all(c["seen"] == list(range(c["frame"])) for c in reports[0].checkpoints)
+    assert reports[1].checkpoints[-1]["frame"] == TOTAL
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_pass_resumed_from_its_last_checkpoint_gives_the_finished_result(clip, threads):
+    # The last checkpoint holds the whole result: a crash before the output file is
+    # written resumes there, with no frame left to decode.
+    first = Reports()
+    (finished,) = frames.run_shared(clip, [(Where({"sample_fps": 5.0}), context(clip, first))])
+    members = [Where({"sample_fps": 5.0}), Counter({})]
+    checkpoints = [first.checkpoints[-1], {"frame": TOTAL}]
+    reports = [Reports() for _ in members]
+
+    outcomes = frames.run_shared(
+        clip,
+        [(p, context(clip, r, c)) for p, r, c in zip(members, reports, checkpoints, strict=True)],
+        threads=threads,
+        spare=lambda slot: Where({"sample_fps": 5.0}) if slot == 0 else None,
+    )
+
+    assert outcomes == [finished, {"fed": TOTAL}]
+    assert [r.calls for r in reports] == [[(TOTAL, TOTAL)]] * 2
 
 
 class Where(SampledProcessor):

@@ -57,6 +57,9 @@ SAVE_SPACING = 20
 # thread looks whether the pass is ending.
 BYTES_IN_FLIGHT = 32 << 20
 POLL_SECONDS = 0.1
+# Report points the threads may be ahead of the caller: what waits for its report (the
+# lanes' findings, the checkpoints taken) stays bounded when it lags (a slow database).
+MARKS_AHEAD = 4
 UNKNOWN_COST = 0.01  # seconds a frame is taken to cost before one was timed
 
 Outcome = dict[str, Any] | BaseException
@@ -215,7 +218,9 @@ def run_shared(
     if not active:
         return outcomes  # type: ignore[return-value]
 
-    done = fed.done
+    # Nothing decoded from ``first`` on: every member resumes at the end (the last
+    # checkpoint holds the whole result), the video is the frames before it.
+    done = max(fed.done, first)
     if done == 0:
         error = PermanentError("truncated or corrupt: could not decode any video frame")
         return _fail_all(outcomes, active, error)
@@ -343,7 +348,8 @@ class _Parallel:
     exactly the frames before, that thread takes its checkpoint (when one is due) and
     goes on at once. The caller waits until every thread has passed the mark, takes
     what the lanes found before it, in order, and reports as a single thread would,
-    while the threads work on the frames after it.
+    while the threads work on the frames after it (up to MARKS_AHEAD marks on: a caller
+    further behind holds the decode).
 
     At each mark the decode thread may share the members without lanes out again (the
     ones that took longest so far first, each onto the thread with the least time),
@@ -434,6 +440,7 @@ class _Parallel:
                 if self.quit.is_set():  # a thread ended early
                     raise self.error or RuntimeError("frame pass: a thread ended early")
                 self.progress.wait(POLL_SECONDS)
+            self.progress.notify_all()  # the decode may wait for room for a mark
             return self.marks.popleft()
 
     def _take_found(self, done: int) -> None:
@@ -511,6 +518,8 @@ class _Parallel:
         mark = _Mark(self.seq, done, owner, last)
         self.seq += 1
         with self.progress:
+            while len(self.marks) >= MARKS_AHEAD and not self.quit.is_set():
+                self.progress.wait(POLL_SECONDS)  # the caller lags: see MARKS_AHEAD
             self.marks.append(mark)
         for q in self.queues:
             q.put(mark)

@@ -439,7 +439,7 @@ class Intake:
         gone = [
             path
             for path, row in known.items()
-            if path not in seen and row[2] != FileState.MISSING and not os.path.lexists(path)
+            if path not in seen and row[2] != FileState.MISSING and _lstat(Path(path)) is None
         ]
         counts["missing"] = self.mark_missing(gone, now)
         return counts
@@ -449,7 +449,8 @@ class Intake:
         return self.mark_missing([path], time.time() if now is None else now)
 
     def mark_missing(self, paths: Sequence[str], now: float) -> int:
-        paths = [p for p in paths if not os.path.lexists(p)]
+        # A symlink or special file in its place counts as gone: neither is followed.
+        paths = [p for p in paths if _lstat(Path(p)) is None]
         marked = 0
         for chunk in pw.chunked(paths, 500):
             marked += (
@@ -899,6 +900,8 @@ class FileGuard:
         self.path = Path(record.path)
         self.fingerprint = record.fingerprint
         self.replaced = False
+        # A symlink (or special file) put in its place: never followed out of the folder.
+        self.unfollowed = os.path.lexists(self.path) and _lstat(self.path) is None
         st = _lstat(self.path)
         self._seen = (st.st_size, st.st_mtime) if st and record.fingerprint else None
         # Changed between registration and now: is it still the content that was registered?
@@ -908,6 +911,11 @@ class FileGuard:
 
     def problem(self) -> str | None:
         """None while the file is the one the job was queued for, else why not."""
+        if self.unfollowed:
+            return (
+                "the file was replaced by a symlink or something else that is not a "
+                "regular file; it is not followed"
+            )
         if self.replaced:
             return (
                 "the file changed after it was registered (replaced or still being "

@@ -521,5 +521,5 @@ def test_a_registered_file_swapped_for_a_symlink_out_is_not_followed(start_servi
     assert job["status"] == "failed"
     run = job["processors"]["noop"]
     assert "symlink" in run["error"] and run["attempts"] <= 1, run
-    reply = svc.client.get(f"/api/v1/files/{record['file_uuid']}/results/noop")
-    assert reply.status_code == 404, reply.text
+    document = svc.get(f"/api/v1/files/{record['file_uuid']}/results/noop")
+    assert document["status"] == "failed" and document["result"] is None, document

@@ -523,3 +523,20 @@ def test_a_registered_file_swapped_for_a_symlink_out_is_not_followed(start_servi
     assert "symlink" in run["error"] and run["attempts"] <= 1, run
     document = svc.get(f"/api/v1/files/{record['file_uuid']}/results/noop")
     assert document["status"] == "failed" and document["result"] is None, document
+
+
+def test_a_file_in_a_folder_that_could_not_be_read_is_taken_once_the_folder_can_be(
+    start_service, unprivileged, tmp_path
+) -> None:
+    svc = start_service(wrapper=unprivileged, ingest=INGEST)  # no periodic rescan
+    closed = svc.drop / "closed folder"
+    closed.mkdir()
+    closed.chmod(0)
+    copy_in(noise_video(tmp_path / "a.mp4", 3), closed / "inside.mp4")  # the test runs as owner
+    wait_for(lambda: "closed folder': cannot look into it: Permission denied" in svc.log())
+    assert files(svc) == {}
+
+    closed.chmod(0o755)
+    record = wait_for(lambda: files(svc).get("closed folder/inside.mp4"))
+    assert record["state"] == "present"
+    assert log_errors(svc) == []

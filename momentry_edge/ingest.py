@@ -245,7 +245,7 @@ class Intake:
     def _taken(self, path: str, rel: PurePath) -> bool:
         reason = ignored_reason(rel, self.extensions)
         if reason is not None and "UTF-8" in reason:
-            self._warn_once(path, reason)
+            self.warn_once(path, reason)
         return reason is None
 
     # -- the three ways in -------------------------------------------------------------------
@@ -612,9 +612,9 @@ class Intake:
                     except FileNotFoundError:
                         continue  # vanished while we looked
                     except OSError as exc:  # e.g. a path longer than the system allows
-                        self._warn_once(entry.path, f"cannot look at it: {exc.strerror or exc}")
+                        self.warn_once(entry.path, f"cannot look at it: {exc.strerror or exc}")
 
-    def _warn_once(self, path: str, reason: str) -> None:
+    def warn_once(self, path: str, reason: str) -> None:
         if path not in self._warned:
             self._warned.add(path)
             log.warning("not taking %r: %s", path, reason)

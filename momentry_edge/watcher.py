@@ -392,7 +392,10 @@ class Watcher:
             self._open_writes = {p for p in self._open_writes if os.path.lexists(p)}
             return True
         if is_dir == "True":
-            if kind == "created" or (kind == "moved" and dest):
+            if kind == "attrib":
+                # chmod: files it held that could not be looked at may be readable now.
+                self._touch_tree(path)
+            elif kind == "created" or (kind == "moved" and dest):
                 # Moved in from outside: its files are whole. Renamed inside the watch:
                 # each file's own move follows, saying whether a writer still has it.
                 self._touch_tree(dest or path, "moved" if kind == "moved" and not path else "")
@@ -425,13 +428,25 @@ class Watcher:
     def _touch(self, path: str, kind: str = "") -> None:
         if self.intake.locate(path) is None:
             return
-        if os.path.lexists(path) and _regular_stat(path) is None:
+        try:
+            st = os.lstat(path)
+        except PermissionError as exc:
+            # Its folder cannot be searched: looked at again when the folder's mode changes.
+            self.intake.warn_once(path, f"cannot look at it: {exc.strerror or exc}")
+            return
+        except OSError:
+            st = None
+        if st is not None and not stat.S_ISREG(st.st_mode):
             # A symlink (never followed) or a special file in place of a known file.
             self._guarded(self.intake.gone, path)
         self.tracker.touch(path, event=kind)
 
     def _touch_tree(self, folder: str, kind: str = "") -> None:
-        for parent, dirs, files in os.walk(folder):
+        def unreadable(exc: OSError) -> None:
+            reason = f"cannot look into it: {exc.strerror or exc}; taken once it can be read"
+            self.intake.warn_once(str(exc.filename), reason)
+
+        for parent, dirs, files in os.walk(folder, onerror=unreadable):
             dirs[:] = [d for d in dirs if not d.startswith(".")]
             for name in files:
                 self._touch(os.path.join(parent, name), kind)

@@ -227,6 +227,9 @@ class Intake:
         self.default_scan = Scan(tuple(processors)) if processors else None
         self.max_retries = max_retries
         self._warned: set[str] = set()
+        # Folders found that could not be listed (no permission): the watcher watches
+        # them again once they can be.
+        self.unreadable: set[str] = set()
         self._roots = self.roots()
 
     def roots(self) -> list[Path]:
@@ -595,6 +598,8 @@ class Intake:
                 entries = os.scandir(folder)
             except OSError as exc:
                 log.warning("cannot list %s: %s", folder, exc.strerror or exc)
+                if isinstance(exc, PermissionError):
+                    self.unreadable.add(folder)
                 continue
             with entries:
                 for entry in entries:

@@ -393,9 +393,8 @@ class Watcher:
             return True
         if is_dir == "True":
             if kind == "attrib":
-                # chmod: files it held that could not be looked at may be readable now.
-                self._touch_tree(path)
-            elif kind == "created" or (kind == "moved" and dest):
+                return self._mode_changed(path)
+            if kind == "created" or (kind == "moved" and dest):
                 # Moved in from outside: its files are whole. Renamed inside the watch:
                 # each file's own move follows, saying whether a writer still has it.
                 self._touch_tree(dest or path, "moved" if kind == "moved" and not path else "")
@@ -442,14 +441,39 @@ class Watcher:
         self.tracker.touch(path, event=kind)
 
     def _touch_tree(self, folder: str, kind: str = "") -> None:
-        def unreadable(exc: OSError) -> None:
-            reason = f"cannot look into it: {exc.strerror or exc}; taken once it can be read"
-            self.intake.warn_once(str(exc.filename), reason)
-
-        for parent, dirs, files in os.walk(folder, onerror=unreadable):
+        for parent, dirs, files in os.walk(folder, onerror=self._cannot_read):
             dirs[:] = [d for d in dirs if not d.startswith(".")]
             for name in files:
                 self._touch(os.path.join(parent, name), kind)
+
+    def _cannot_read(self, exc: OSError) -> None:
+        folder = str(exc.filename)
+        self.intake.unreadable.add(folder)
+        reason = f"cannot look into it: {exc.strerror or exc}; its files are taken once it can be"
+        self.intake.warn_once(folder, reason)
+
+    def _mode_changed(self, folder: str) -> bool:
+        """A folder's mode or times changed (chmod, utime); returns whether to rescan.
+
+        One that could not be read before and can now had no watch made for it (inotify
+        needs read access): its watched folder is watched again, and rescanned.
+        """
+        try:
+            os.scandir(folder).close()
+        except PermissionError as exc:
+            self._cannot_read(exc)
+            return False
+        except OSError:
+            return False
+        if folder not in self.intake.unreadable:
+            return False
+        self.intake.unreadable.discard(folder)
+        log.info("%s can be read again; watching it", folder)
+        with self._rescan_lock:
+            for root in [r for r in self._scheduled if Path(folder).is_relative_to(r)]:
+                with contextlib.suppress(KeyError):
+                    self.observer.unschedule(self._scheduled.pop(root)[0])
+        return True  # the rescan watches it again, and takes what came meanwhile
 
     def _schedule(self) -> None:
         """Watch every folder not watched yet; one that cannot be watched is only rescanned.

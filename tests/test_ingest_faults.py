@@ -461,6 +461,7 @@ def test_odd_names_and_special_files_in_the_drop_folder_are_taken_or_skipped_wit
     # Why the bad names were skipped is in the log; nothing failed on the way.
     log = svc.log()
     assert "not valid UTF-8" in log
+    assert "link out.mp4': a symlink, not followed" in log
     assert log_errors(svc) == []
     assert svc.get("/healthz")["status"] == "ok"
 

@@ -66,6 +66,7 @@ BATCH = 200
 TEMP_SUFFIXES = (".part", ".filepart", ".tmp", ".crdownload", ".partial")
 ABORTED = "upload did not finish (the upload hook sent upload_status other than 1)"
 GONE = "gone from disk"
+NOT_FOLLOWED = "a symlink, not followed (symlinks could lead out of the watched folder)"
 
 
 class Outcome(enum.Enum):
@@ -604,7 +605,11 @@ class Intake:
             with entries:
                 for entry in entries:
                     try:
-                        if entry.name.startswith(".") or entry.is_symlink():
+                        if entry.name.startswith("."):
+                            continue
+                        if entry.is_symlink():
+                            if self._taken(entry.path, PurePath(entry.path[skip:])):
+                                self.warn_once(entry.path, NOT_FOLLOWED)
                             continue
                         if entry.is_dir(follow_symlinks=False):
                             stack.append(entry.path)

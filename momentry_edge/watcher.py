@@ -88,7 +88,7 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
 from . import db
-from .ingest import WRITING_GRACE, Intake, Settling
+from .ingest import NOT_FOLLOWED, WRITING_GRACE, Intake, Settling
 
 log = logging.getLogger(__name__)
 
@@ -436,7 +436,9 @@ class Watcher:
         except OSError:
             st = None
         if st is not None and not stat.S_ISREG(st.st_mode):
-            # A symlink (never followed) or a special file in place of a known file.
+            if stat.S_ISLNK(st.st_mode):
+                self.intake.warn_once(path, NOT_FOLLOWED)
+            # Never taken; in place of a known file, that file is gone.
             self._guarded(self.intake.gone, path)
         self.tracker.touch(path, event=kind)
 

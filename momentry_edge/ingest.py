@@ -66,6 +66,7 @@ BATCH = 200
 TEMP_SUFFIXES = (".part", ".filepart", ".tmp", ".crdownload", ".partial")
 ABORTED = "upload did not finish (the upload hook sent upload_status other than 1)"
 GONE = "gone from disk"
+NOT_FOLLOWED = "a symlink, not followed (symlinks could lead out of the watched folder)"
 
 
 class Outcome(enum.Enum):
@@ -227,6 +228,9 @@ class Intake:
         self.default_scan = Scan(tuple(processors)) if processors else None
         self.max_retries = max_retries
         self._warned: set[str] = set()
+        # Folders found that could not be listed (no permission): the watcher watches
+        # them again once they can be.
+        self.unreadable: set[str] = set()
         self._roots = self.roots()
 
     def roots(self) -> list[Path]:
@@ -245,7 +249,7 @@ class Intake:
     def _taken(self, path: str, rel: PurePath) -> bool:
         reason = ignored_reason(rel, self.extensions)
         if reason is not None and "UTF-8" in reason:
-            self._warn_once(path, reason)
+            self.warn_once(path, reason)
         return reason is None
 
     # -- the three ways in -------------------------------------------------------------------
@@ -439,7 +443,7 @@ class Intake:
         gone = [
             path
             for path, row in known.items()
-            if path not in seen and row[2] != FileState.MISSING and not os.path.lexists(path)
+            if path not in seen and row[2] != FileState.MISSING and _lstat(Path(path)) is None
         ]
         counts["missing"] = self.mark_missing(gone, now)
         return counts
@@ -449,7 +453,8 @@ class Intake:
         return self.mark_missing([path], time.time() if now is None else now)
 
     def mark_missing(self, paths: Sequence[str], now: float) -> int:
-        paths = [p for p in paths if not os.path.lexists(p)]
+        # A symlink or special file in its place counts as gone: neither is followed.
+        paths = [p for p in paths if _lstat(Path(p)) is None]
         marked = 0
         for chunk in pw.chunked(paths, 500):
             marked += (
@@ -594,11 +599,17 @@ class Intake:
                 entries = os.scandir(folder)
             except OSError as exc:
                 log.warning("cannot list %s: %s", folder, exc.strerror or exc)
+                if isinstance(exc, PermissionError):
+                    self.unreadable.add(folder)
                 continue
             with entries:
                 for entry in entries:
                     try:
-                        if entry.name.startswith(".") or entry.is_symlink():
+                        if entry.name.startswith("."):
+                            continue
+                        if entry.is_symlink():
+                            if self._taken(entry.path, PurePath(entry.path[skip:])):
+                                self.warn_once(entry.path, NOT_FOLLOWED)
                             continue
                         if entry.is_dir(follow_symlinks=False):
                             stack.append(entry.path)
@@ -611,9 +622,9 @@ class Intake:
                     except FileNotFoundError:
                         continue  # vanished while we looked
                     except OSError as exc:  # e.g. a path longer than the system allows
-                        self._warn_once(entry.path, f"cannot look at it: {exc.strerror or exc}")
+                        self.warn_once(entry.path, f"cannot look at it: {exc.strerror or exc}")
 
-    def _warn_once(self, path: str, reason: str) -> None:
+    def warn_once(self, path: str, reason: str) -> None:
         if path not in self._warned:
             self._warned.add(path)
             log.warning("not taking %r: %s", path, reason)
@@ -899,6 +910,8 @@ class FileGuard:
         self.path = Path(record.path)
         self.fingerprint = record.fingerprint
         self.replaced = False
+        # A symlink (or special file) put in its place: never followed out of the folder.
+        self.unfollowed = os.path.lexists(self.path) and _lstat(self.path) is None
         st = _lstat(self.path)
         self._seen = (st.st_size, st.st_mtime) if st and record.fingerprint else None
         # Changed between registration and now: is it still the content that was registered?
@@ -908,6 +921,11 @@ class FileGuard:
 
     def problem(self) -> str | None:
         """None while the file is the one the job was queued for, else why not."""
+        if self.unfollowed:
+            return (
+                "the file was replaced by a symlink or something else that is not a "
+                "regular file; it is not followed"
+            )
         if self.replaced:
             return (
                 "the file changed after it was registered (replaced or still being "

@@ -71,9 +71,11 @@ size and mtime.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -86,7 +88,7 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
 from . import db
-from .ingest import WRITING_GRACE, Intake, Settling
+from .ingest import NOT_FOLLOWED, WRITING_GRACE, Intake, Settling
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +101,9 @@ _REPORTS_CLOSE = {"InotifyObserver"}
 # GIL, so more threads only overlap database commits: 2 measured ~1.2x over 1, and 4
 # no better than 2 (each thread holds a database connection).
 REGISTER_THREADS = 2
+# While a watched folder is gone (deleted, or its volume unmounted), how often the ingest
+# thread looks whether it is back, to watch it again (its watch ended with it).
+LOST_POLL = 1.0
 
 
 @dataclass
@@ -189,6 +194,16 @@ class SettleTracker:
         return now - seen.since >= wait
 
 
+def _identity(folder: Path) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of a folder, or None when there is none: a folder removed and made
+    again is another folder, with a watch of its own to make."""
+    try:
+        st = folder.stat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
+
+
 def _regular_stat(path: str) -> os.stat_result | None:
     """lstat of a regular file; None for anything else (gone, symlink, folder)."""
     try:
@@ -226,7 +241,9 @@ class Watcher:
         self.tick = min(max(settle_seconds / 5, 0.05), 0.5)
         self.events: queue.SimpleQueue[tuple[str, ...]] = queue.SimpleQueue()
         self.observer: Any = None
-        self._scheduled: set[Path] = set()
+        # Each watched folder's watch, with the folder's (st_dev, st_ino) when it was made.
+        self._scheduled: dict[Path, tuple[Any, tuple[int, int] | None]] = {}
+        self._lost: set[Path] = set()  # watched folders gone since: watched again when back
         self._thread = threading.Thread(target=self._run, name="ingest", daemon=True)
         self._register = ThreadPoolExecutor(REGISTER_THREADS, thread_name_prefix="register")
         self._rescan_lock = threading.Lock()
@@ -290,7 +307,10 @@ class Watcher:
         while not self._stopping.is_set():
             try:
                 # Block without a timeout while nothing is settling: no wake-ups when idle.
-                self._take(self.tick if len(self.tracker) else None)
+                idle = LOST_POLL if self._lost else None
+                self._take(self.tick if len(self.tracker) else idle)
+                if any(root.is_dir() for root in list(self._lost)):
+                    self._guarded(self.rescan)  # watch it again; take what is in it already
                 due = self.tracker.due()
                 if closed := [path for path, was_closed in due if was_closed]:
                     self._hand_closed(closed)
@@ -372,6 +392,8 @@ class Watcher:
             self._open_writes = {p for p in self._open_writes if os.path.lexists(p)}
             return True
         if is_dir == "True":
+            if kind == "attrib":
+                return self._mode_changed(path)
             if kind == "created" or (kind == "moved" and dest):
                 # Moved in from outside: its files are whole. Renamed inside the watch:
                 # each file's own move follows, saying whether a writer still has it.
@@ -403,23 +425,84 @@ class Watcher:
                 (self._open_writes.add if still_open else self._open_writes.discard)(dest)
 
     def _touch(self, path: str, kind: str = "") -> None:
-        if self.intake.locate(path) is not None:
-            self.tracker.touch(path, event=kind)
+        if self.intake.locate(path) is None:
+            return
+        try:
+            st = os.lstat(path)
+        except PermissionError as exc:
+            # Its folder cannot be searched: looked at again when the folder's mode changes.
+            self.intake.warn_once(path, f"cannot look at it: {exc.strerror or exc}")
+            return
+        except OSError:
+            st = None
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            if stat.S_ISLNK(st.st_mode):
+                self.intake.warn_once(path, NOT_FOLLOWED)
+            # Never taken; in place of a known file, that file is gone.
+            self._guarded(self.intake.gone, path)
+        self.tracker.touch(path, event=kind)
 
     def _touch_tree(self, folder: str, kind: str = "") -> None:
-        for parent, dirs, files in os.walk(folder):
+        for parent, dirs, files in os.walk(folder, onerror=self._cannot_read):
             dirs[:] = [d for d in dirs if not d.startswith(".")]
             for name in files:
                 self._touch(os.path.join(parent, name), kind)
 
+    def _cannot_read(self, exc: OSError) -> None:
+        folder = str(exc.filename)
+        self.intake.unreadable.add(folder)
+        reason = f"cannot look into it: {exc.strerror or exc}; its files are taken once it can be"
+        self.intake.warn_once(folder, reason)
+
+    def _mode_changed(self, folder: str) -> bool:
+        """A folder's mode or times changed (chmod, utime); returns whether to rescan.
+
+        One that could not be read before and can now had no watch made for it (inotify
+        needs read access): its watched folder is watched again, and rescanned.
+        """
+        try:
+            os.scandir(folder).close()
+        except PermissionError as exc:
+            self._cannot_read(exc)
+            return False
+        except OSError:
+            return False
+        if folder not in self.intake.unreadable:
+            return False
+        self.intake.unreadable.discard(folder)
+        log.info("%s can be read again; watching it", folder)
+        with self._rescan_lock:
+            for root in [r for r in self._scheduled if Path(folder).is_relative_to(r)]:
+                with contextlib.suppress(KeyError):
+                    self.observer.unschedule(self._scheduled.pop(root)[0])
+        return True  # the rescan watches it again, and takes what came meanwhile
+
     def _schedule(self) -> None:
-        """Watch every folder not watched yet; one that cannot be watched is only rescanned."""
+        """Watch every folder not watched yet; one that cannot be watched is only rescanned.
+
+        A watched folder removed (its watch ends with it) is watched again once a folder
+        is there again; it is not made again here, as it is at start-up: a volume not
+        mounted must not get an empty folder in its place.
+        """
         for root in self.intake.roots():
-            if root in self._scheduled or self.observer is None:
+            if self.observer is None:
+                return
+            here = _identity(root)
+            known = self._scheduled.get(root)
+            if known is not None:
+                if known[1] == here:
+                    continue
+                with contextlib.suppress(KeyError):  # watchdog may have dropped it already
+                    self.observer.unschedule(known[0])
+                del self._scheduled[root]
+                self._lost.add(root)
+                log.warning("watched folder %s is gone; watching it again once it is back", root)
+            if root in self._lost and here is None:
                 continue
             try:
-                root.mkdir(parents=True, exist_ok=True)
-                self.observer.schedule(_Enqueue(self.events), str(root), recursive=True)
+                if root not in self._lost:
+                    root.mkdir(parents=True, exist_ok=True)
+                watch = self.observer.schedule(_Enqueue(self.events), str(root), recursive=True)
             except OSError as exc:
                 # E.g. the inotify watch limit (fs.inotify.max_user_watches) or no permission.
                 log.error(
@@ -428,8 +511,10 @@ class Watcher:
                     root,
                     exc.strerror or exc,
                 )
+                self._lost.discard(root)  # no use trying every LOST_POLL
                 continue
-            self._scheduled.add(root)
+            self._scheduled[root] = (watch, _identity(root))
+            self._lost.discard(root)
             log.info("watching %s", root)
 
     def _guarded(self, action: Callable[..., Any], *args: Any) -> Any:

@@ -461,6 +461,7 @@ def test_odd_names_and_special_files_in_the_drop_folder_are_taken_or_skipped_wit
     # Why the bad names were skipped is in the log; nothing failed on the way.
     log = svc.log()
     assert "not valid UTF-8" in log
+    assert "link out.mp4': a symlink, not followed" in log
     assert log_errors(svc) == []
     assert svc.get("/healthz")["status"] == "ok"
 
@@ -483,3 +484,62 @@ def test_the_ingest_thread_keeps_going_after_a_file_that_cannot_be_read_at_all(
     assert record["state"] == "present"
     assert svc.get("/healthz")["status"] == "ok"
     closed.chmod(0o755)
+
+
+def test_the_drop_folder_removed_and_made_again_is_watched_again_without_a_restart(
+    start_service,
+) -> None:
+    svc = start_service(ingest=INGEST)  # no periodic rescan: only the watch can find files
+    svc.add_video("before.mp4")
+    wait_for(lambda: files(svc).get("before.mp4"))
+    shutil.rmtree(svc.drop)
+    wait_for(lambda: files(svc)["before.mp4"]["state"] == "missing")
+    assert "is not there" in svc.log()  # said why its files are left as they were
+
+    svc.drop.mkdir()
+    svc.add_video("after.mp4")
+    record = wait_for(lambda: files(svc).get("after.mp4"))
+    (job,) = jobs_of(svc, record["file_uuid"])
+    svc.wait_status(job["task_id"], "completed")
+    assert log_errors(svc) == []
+
+
+def test_a_registered_file_swapped_for_a_symlink_out_is_not_followed(start_service) -> None:
+    svc = start_service(ingest=INGEST)
+    svc.call("POST", "/api/v1/queue/pause")  # its job waits while the file is swapped
+    svc.add_video("clip.mp4")
+    record = wait_for(lambda: files(svc).get("clip.mp4"))
+    secret = svc.root / "secret.mp4"
+    shutil.copyfile(svc.drop / "clip.mp4", secret)
+    # As `ln -sf` does it: a symlink made under another name, renamed over the file.
+    (svc.drop / ".link").symlink_to(secret)
+    os.replace(svc.drop / ".link", svc.drop / "clip.mp4")
+    wait_for(lambda: files(svc)["clip.mp4"]["state"] == "missing")
+
+    svc.call("POST", "/api/v1/queue/resume")
+    (job,) = jobs_of(svc, record["file_uuid"])
+    job = svc.wait_status(job["task_id"], "failed", "completed")
+    assert job["status"] == "failed"
+    run = job["processors"]["noop"]
+    assert "symlink" in run["error"] and run["attempts"] <= 1, run
+    document = svc.get(f"/api/v1/files/{record['file_uuid']}/results/noop")
+    assert document["status"] == "failed" and document["result"] is None, document
+
+
+def test_a_file_in_a_folder_that_could_not_be_read_is_taken_once_the_folder_can_be(
+    start_service, unprivileged, tmp_path
+) -> None:
+    svc = start_service(wrapper=unprivileged, ingest=INGEST)  # no periodic rescan
+    closed = svc.drop / "closed folder"
+    closed.mkdir()
+    closed.chmod(0)
+    copy_in(noise_video(tmp_path / "a.mp4", 3), closed / "inside.mp4")  # the test runs as owner
+    wait_for(lambda: "closed folder': cannot look into it: Permission denied" in svc.log())
+    svc.restart()  # unreadable at start-up: no watch can be made for it
+    assert files(svc) == {}
+
+    closed.chmod(0o755)
+    assert wait_for(lambda: files(svc).get("closed folder/inside.mp4"))["state"] == "present"
+    copy_in(noise_video(tmp_path / "b.mp4", 4), closed / "later.mp4")  # and it is watched
+    assert wait_for(lambda: files(svc).get("closed folder/later.mp4"))["state"] == "present"
+    assert log_errors(svc) == []

@@ -9,6 +9,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 from conftest import wait_for
 
 # One quick step per job; steps.log in the job's results folder counts its runs.
@@ -129,3 +130,30 @@ def test_a_retry_sent_twice_at_once_queues_one_attempt(start_service):
         assert codes == [200, 409], (task, codes)
     for job in ended:
         assert job["status"] == "completed" and _runs(svc, job["file_uuid"]) == 1, job
+
+
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+def test_a_pause_answered_on_one_node_stops_starts_on_both_mid_drain(start_service):
+    a = start_service("a", service={"node_id": "node-a"}, **QUICK)
+    b = start_service("b", service={"node_id": "node-b"}, **QUICK)
+    _backlog(a, 200, "pause")
+    checked = 0
+    while checked < 10:
+        done = completed(a)
+        a.call("POST", "/api/v1/queue/resume")
+        wait_for(lambda done=done: completed(a) >= done + 3)
+        a.call("POST", "/api/v1/queue/pause")
+        # Read after the reply: none of these may start until the queue is resumed.
+        listed = b.get("/api/v1/jobs", params={"status": "pending", "limit": 1000})["jobs"]
+        waiting = [job["task_id"] for job in listed]
+        wait_for(lambda: b.status()["active_count"] == 0)
+        if not waiting:
+            break  # drained
+        started = [t for t in waiting if b.job(t)["status"] != "pending"]
+        assert not started, (checked, started)
+        checked += 1
+    assert checked >= 3, "a backlog left at several pauses"
+
+
+def completed(svc) -> int:
+    return svc.get("/api/v1/jobs", params={"status": "completed", "limit": 1})["total"]

@@ -295,7 +295,7 @@ def join(job: Job, priority: int, options: dict[str, Any], now: float | None = N
     asked = {key: options.pop(key) for key in SETTINGS if key in options}
     owed = False
     with db.write_transaction(Job._meta.database):
-        job = Job.get_by_id(job.id)
+        job = get(job.id, lock=True)
         if job.status in db.ACTIVE_STATES:
             _carry_over(job, priority, asked, callback_urls(options), now)
         else:
@@ -412,7 +412,7 @@ def _add_runs(job: Job, names: list[str], first_position: int, now: float) -> No
 def cancel(job: Job, reason: str = "cancelled by user") -> str:
     """Cancel a waiting job now, or ask a running one to stop at its next report."""
     with db.write_transaction(Job._meta.database):
-        job = Job.get_by_id(job.id)
+        job = get(job.id, lock=True)
         if job.status in (JobStatus.PENDING, JobStatus.RETRYING):
             _finalise(job, JobStatus.CANCELLED, reason, time.time())
         elif job.status == JobStatus.PROCESSING:
@@ -430,15 +430,17 @@ def clear() -> int:
     """Cancel every pending and retrying job."""
     now = time.time()
     with db.write_transaction(Job._meta.database):
+        # One statement, not a read then a write: on PostgreSQL a job a worker claims
+        # meanwhile is re-checked, and neither cancelled while it runs nor counted.
         waiting = list(
-            Job.select(Job.id, Job.task_id, Job.options).where(
-                Job.status.in_((JobStatus.PENDING, JobStatus.RETRYING))
+            Job.update(
+                status=JobStatus.CANCELLED, completed_at=now, error_message="cleared from the queue"
             )
+            .where(Job.status.in_((JobStatus.PENDING, JobStatus.RETRYING)))
+            .returning(Job.id, Job.task_id, Job.options)
+            .execute()
         )
         cleared = [job.task_id for job in waiting]
-        Job.update(
-            status=JobStatus.CANCELLED, completed_at=now, error_message="cleared from the queue"
-        ).where(Job.task_id.in_(cleared)).execute()
         hooked = [job.id for job in waiting if job.options.get("callback_url")]
         Job.update(callback_due=now, callback_attempts=0).where(Job.id.in_(hooked)).execute()
     for task_id in cleared:
@@ -450,7 +452,7 @@ def clear() -> int:
 def prioritize(job: Job) -> Job:
     """Put a waiting job at position 1."""
     with db.write_transaction(Job._meta.database):
-        job = Job.get_by_id(job.id)
+        job = get(job.id, lock=True)
         if job.status not in (JobStatus.PENDING, JobStatus.RETRYING):
             raise Conflict(f"job {job.task_id} is {job.status}, not waiting in line")
         first = Job.select(pw.fn.MIN(Job.seq)).where(Job.status == JobStatus.PENDING).scalar()
@@ -464,7 +466,7 @@ def prioritize(job: Job) -> Job:
 
 def set_priority(job: Job, priority: int) -> Job:
     with db.write_transaction(Job._meta.database):
-        job = Job.get_by_id(job.id)
+        job = get(job.id, lock=True)
         if job.status in db.FINAL_STATES:
             raise Conflict(f"job {job.task_id} is already {job.status}")
         Job.update(priority=priority).where(Job.id == job.id).execute()
@@ -476,7 +478,7 @@ def retry(job: Job, now: float | None = None) -> Job:
     """Put a finished job back in line, re-running only what did not complete."""
     now = _now(now)
     with db.write_transaction(Job._meta.database):
-        job = Job.get_by_id(job.id)
+        job = get(job.id, lock=True)
         if job.status not in (JobStatus.FAILED, JobStatus.PARTIAL, JobStatus.CANCELLED):
             raise Conflict(
                 f"job {job.task_id} is {job.status}; only failed, partial or cancelled jobs retry"
@@ -881,7 +883,7 @@ def requeue(job: Job, owner: str) -> str:
     """Give a running job back to the line at its old place (graceful shutdown), or end
     it cancelled if a cancel was asked meanwhile."""
     with db.write_transaction(Job._meta.database):
-        claimed, job = job, Job.get_by_id(job.id)
+        claimed, job = job, get(job.id, lock=True)
         if not _still_held(job, claimed, owner):
             return job.status
         status = _release(job, time.time())
@@ -898,7 +900,7 @@ def give_back(job: Job, owner: str, policy: RetryPolicy, error: str) -> str:
     while recording it): back in line with a crash counted, or parked as failed once it
     has happened ``max_crashes`` times, or cancelled if a cancel was asked."""
     with db.write_transaction(Job._meta.database):
-        claimed, job = job, Job.get_by_id(job.id)
+        claimed, job = job, get(job.id, lock=True)
         if not _still_held(job, claimed, owner):
             return job.status  # the reaper or a user took it meanwhile
         status = _recover(job, policy, time.time(), "its worker failed", error)
@@ -1036,7 +1038,7 @@ def _finish(
     """Inside a write transaction: (status, the job's row, whether this ended the run)."""
     for done in completed:
         _complete(done)
-    claimed, job = job, get(job.id)
+    claimed, job = job, get(job.id, lock=True)
     if not _still_held(job, claimed, owner):
         return job.status, job, False  # the reaper or a user took it meanwhile
     runs = db.fetch(ProcessorRun, "SELECT * FROM processor_run WHERE job_id = ?", job.id)
@@ -1108,9 +1110,18 @@ def _finalise(
     return status
 
 
-def get(job_id: int) -> Job:
-    """The job's row as it is now (Job.get_by_id, without peewee's query building)."""
-    found = db.fetch(Job, "SELECT * FROM job WHERE id = ?", job_id)
+def get(job_id: int, lock: bool = False) -> Job:
+    """The job's row as it is now (Job.get_by_id, without peewee's query building).
+
+    ``lock``, inside a write transaction: no other transaction changes the row until this
+    one ends, so what is decided from it still holds at the commit. SQLite's write lock
+    does that already; on PostgreSQL a cancel or retry read before a worker's finish (or
+    a claim) commits would otherwise overwrite what that finish wrote, or be overwritten.
+    """
+    sql = "SELECT * FROM job WHERE id = ?"
+    if lock and db.is_postgres(Job._meta.database):
+        sql += " FOR UPDATE"
+    found = db.fetch(Job, sql, job_id)
     if not found:
         raise Job.DoesNotExist(f"no job {job_id}")
     return found[0]
@@ -1194,6 +1205,8 @@ def reap(
             (Job.lease_until < now) | ((Job.node == node) & (Job.lease_owner != owner)),
             ~(Job.id.in_(list(in_hand)) & (Job.lease_owner == owner)),
         )
+        if db.is_postgres(database):  # a cancel asked meanwhile is seen (see get)
+            stale = stale.for_update()
         for job in list(stale):
             reaped.append((job.task_id, _recover(job, policy, now, "the service stopped")))
     for task_id, status in reaped:

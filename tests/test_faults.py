@@ -306,3 +306,25 @@ def test_a_model_that_runs_out_of_memory_or_exits_fails_its_job_and_the_service_
         svc.wait_status(svc.submit(name, ["noop"])["task_id"], "completed", timeout=30)
     assert svc.get("/healthz")["status"] == "ok"
     wait_for(lambda: svc.status()["active_count"] == 0)
+
+
+@on_sqlite
+def test_a_read_only_database_file_while_draining_is_recovered_from(start_service, unprivileged):
+    svc = start_service(
+        wrapper=unprivileged,
+        service={"database_timeout": BUSY_TIMEOUT},
+        queue={"max_concurrent": 1, "lease_seconds": 3, "job_threads": 2},
+        **{"processors.steps": {"steps": 4, "step_seconds": 0.05}},
+    )
+    tasks = [svc.submit(f"r{i}.mp4", ["steps", "noop"])["task_id"] for i in range(6)]
+    files = [svc.data_dir / f"momentry.db{tail}" for tail in ("", "-wal", "-shm")]
+    wait_for(lambda: ended(svc, tasks[0]))
+    for path in files:
+        path.chmod(0o444)
+    time.sleep(RETRY_WINDOW + 2)  # the fault: past every retry
+    for path in files:
+        path.chmod(0o644)
+    for task in tasks:
+        job = wait_for(lambda t=task: ended(svc, t) and answered(svc, f"/api/v1/jobs/{t}"), 90)
+        assert job["status"] == "completed", (job["error_message"], job["processors"])
+    wait_for(lambda: answered(svc, "/api/v1/queue/status")["active_count"] == 0)

@@ -96,6 +96,7 @@ def live_nodes(within: float, now: float | None = None) -> list[Node]:
     return list(Node.select().where(Node.last_seen >= now - within).order_by(Node.node_id))
 
 
+@db.retried  # read as a job finishes: a dropped connection must not give the job back
 def cluster_processors(within: float) -> set[str]:
     """Every processor some live node can run (read before every claim: written out)."""
     rows = db.execute("SELECT processors FROM node WHERE last_seen >= ?", time.time() - within)

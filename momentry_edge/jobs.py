@@ -102,6 +102,7 @@ def init_queue_state(max_concurrent: int, dynamic: bool) -> QueueState:
         return state
 
 
+@db.retried  # read as a job starts: a dropped connection must not give the job back
 def queue_state() -> QueueState:
     # Read before every claim: written out (see db.fetch) rather than built by peewee.
     return db.fetch(QueueState, "SELECT * FROM queue_state WHERE id = 1")[0]
@@ -646,6 +647,7 @@ def heartbeat(
     )
 
 
+@db.retried
 def pending_runs(job_id: int) -> list[ProcessorRun]:
     """The job's runs still to do, in run order."""
     return db.fetch(

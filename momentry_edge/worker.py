@@ -831,7 +831,7 @@ def _outcome(processor: Processor, ctx: RunContext) -> Any:
     """``processor.run(ctx)``'s result, or the exception it raised."""
     try:
         return processor.run(ctx)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # a library's sys.exit ends the run, not the thread
         return exc
 
 

@@ -279,6 +279,31 @@ def start_service(tmp_path: Path, database_url: str) -> Iterator[Callable[..., S
             svc.proc.wait()
 
 
+@pytest.fixture
+def unprivileged() -> list[str]:
+    """A wrapper that starts the service unable to read a mode-000 file.
+
+    Root reads any file; without the capabilities that let it (CAP_DAC_OVERRIDE,
+    CAP_DAC_READ_SEARCH), it is held to the permission bits like any user, while it
+    still owns the test's folders. Any other user needs no wrapper.
+    """
+    if os.geteuid() != 0:
+        return []
+    wrapper = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"]
+    probe_file = Path(os.environ.get("TMPDIR", "/tmp")) / f"momentry-mode000-{os.getpid()}"
+    probe_file.write_bytes(b"x")
+    probe_file.chmod(0)
+    try:
+        denied = subprocess.run([*wrapper, "cat", str(probe_file)], capture_output=True)
+    except OSError as exc:
+        pytest.skip(f"running as root and cannot drop the file-access capabilities: {exc}")
+    finally:
+        probe_file.unlink()
+    if denied.returncode == 0 or b"Permission denied" not in denied.stderr:
+        pytest.skip(f"running as root and setpriv cannot drop CAP_DAC_OVERRIDE: {denied.stderr}")
+    return wrapper
+
+
 # The files that take minutes (a PyInstaller build, MLX on the CPU, long fault and resume
 # scenarios), longest first. scripts/test runs the suite on several workers, one file per
 # worker at a time in collection order: these go out first, so that none is left to run

@@ -219,3 +219,112 @@ def test_a_request_during_a_long_lock_is_503_and_changes_nothing(start_service):
     assert svc.status()["paused"] is False  # nothing half done
     svc.call("POST", "/api/v1/queue/pause")  # and it is carried out once the lock is gone
     assert svc.status()["paused"] is True
+
+
+def answered(svc: ServiceProcess, path: str) -> Any:
+    """GET ``path``, asked again while the service answers 503: a pooled connection the
+    server ended is found broken by the request that uses it."""
+
+    def get() -> Any:
+        reply = svc.client.get(path, params={"limit": 100})
+        assert reply.status_code in (200, 503), reply.text
+        return reply.status_code == 200 and reply.json()
+
+    return wait_for(get, timeout=30)
+
+
+def ended(svc: ServiceProcess, task_id: str) -> bool:
+    status = answered(svc, f"/api/v1/jobs/{task_id}")["status"]
+    return status in ("completed", "failed", "partial", "cancelled")
+
+
+@on_postgres
+def test_postgres_connections_cut_while_a_backlog_drains_lose_and_double_nothing(
+    start_service, database_url
+):
+    # Two parts per job on two threads, each reporting: connections are cut while a
+    # part reports, and as a worker finishes one job and claims the next in one commit.
+    svc = start_service(
+        queue={"max_concurrent": 1, "lease_seconds": 3, "job_threads": 2},
+        **{"processors.steps": {"steps": 4, "step_seconds": 0.02}},
+    )
+    svc.call("POST", "/api/v1/queue/pause")
+    tasks = [svc.submit(f"b{i}.mp4", ["steps", "noop"])["task_id"] for i in range(8)]
+    svc.call("POST", "/api/v1/queue/resume")
+    stop = threading.Event()
+
+    def cut() -> None:
+        with psycopg.connect(database_url, autocommit=True) as admin:
+            while not stop.is_set():
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+                time.sleep(0.03)
+
+    cutter = threading.Thread(target=cut)
+    cutter.start()
+    try:
+        wait_for(lambda: sum(ended(svc, t) for t in tasks) >= 4, timeout=120)
+    finally:
+        stop.set()
+        cutter.join()
+    wait_for(lambda: all(ended(svc, t) for t in tasks), timeout=60)
+    for task in tasks:
+        job = answered(svc, f"/api/v1/jobs/{task}")
+        assert job["status"] == "completed", (job["error_message"], job["processors"], job)
+        assert {p["status"] for p in job["processors"].values()} == {"completed"}, job
+        out = svc.data_dir / "results" / job["file_uuid"]
+        assert (out / "steps.json").exists() and (out / "noop.json").exists()
+        # Each cut is ridden out: no job was given back, none ran its steps twice.
+        assert job["crash_count"] == 0, job["error_message"]
+        assert len((out / "steps.log").read_text().split()) == 4
+    listing = answered(svc, "/api/v1/jobs")
+    assert sorted(j["task_id"] for j in listing["jobs"]) == sorted(tasks)
+    wait_for(lambda: answered(svc, "/api/v1/queue/status")["active_count"] == 0)
+
+
+PLUGINS = [f"workloads:{name}" for name in ("Noop", "Steps", "Flaky", "Crash", "Raise")]
+
+
+@on_sqlite
+@pytest.mark.parametrize("raises", ["MemoryError", "SystemExit"])
+def test_a_model_that_runs_out_of_memory_or_exits_fails_its_job_and_the_service_goes_on(
+    start_service, raises
+):
+    svc = start_service(
+        service={"plugins": PLUGINS},
+        queue={"max_retries": 1, "lease_seconds": 2},
+        **{"processors.raise": {"raises": raises}},
+    )
+    task = svc.submit("heavy.mp4", ["raise"])["task_id"]
+    job = svc.wait_status(task, "failed", timeout=30)
+    assert raises in job["processors"]["raise"]["error"], job
+    assert job["processors"]["raise"]["attempts"] == 2, job  # tried again once, then ended
+    # The worker that ran it goes on: the next jobs complete.
+    for name in ("after1.mp4", "after2.mp4"):
+        svc.wait_status(svc.submit(name, ["noop"])["task_id"], "completed", timeout=30)
+    assert svc.get("/healthz")["status"] == "ok"
+    wait_for(lambda: svc.status()["active_count"] == 0)
+
+
+@on_sqlite
+def test_a_read_only_database_file_while_draining_is_recovered_from(start_service, unprivileged):
+    svc = start_service(
+        wrapper=unprivileged,
+        service={"database_timeout": BUSY_TIMEOUT},
+        queue={"max_concurrent": 1, "lease_seconds": 3, "job_threads": 2},
+        **{"processors.steps": {"steps": 4, "step_seconds": 0.05}},
+    )
+    tasks = [svc.submit(f"r{i}.mp4", ["steps", "noop"])["task_id"] for i in range(6)]
+    files = [svc.data_dir / f"momentry.db{tail}" for tail in ("", "-wal", "-shm")]
+    wait_for(lambda: ended(svc, tasks[0]))
+    for path in files:
+        path.chmod(0o444)
+    time.sleep(RETRY_WINDOW + 2)  # the fault: past every retry
+    for path in files:
+        path.chmod(0o644)
+    for task in tasks:
+        job = wait_for(lambda t=task: ended(svc, t) and answered(svc, f"/api/v1/jobs/{t}"), 90)
+        assert job["status"] == "completed", (job["error_message"], job["processors"])
+    wait_for(lambda: answered(svc, "/api/v1/queue/status")["active_count"] == 0)

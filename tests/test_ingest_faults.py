@@ -95,31 +95,6 @@ def test_with_close_events_a_closed_file_is_due_at_once_and_an_open_one_waits(
 # -- defect: a file rejected as unreadable stays rejected after it is fixed --------------------
 
 
-@pytest.fixture
-def unprivileged() -> list[str]:
-    """A wrapper that starts the service unable to read a mode-000 file.
-
-    Root reads any file; without the capabilities that let it (CAP_DAC_OVERRIDE,
-    CAP_DAC_READ_SEARCH), it is held to the permission bits like any user, while it
-    still owns the test's folders. Any other user needs no wrapper.
-    """
-    if os.geteuid() != 0:
-        return []
-    wrapper = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"]
-    probe_file = Path(os.environ.get("TMPDIR", "/tmp")) / f"momentry-mode000-{os.getpid()}"
-    probe_file.write_bytes(b"x")
-    probe_file.chmod(0)
-    try:
-        denied = subprocess.run([*wrapper, "cat", str(probe_file)], capture_output=True)
-    except OSError as exc:
-        pytest.skip(f"running as root and cannot drop the file-access capabilities: {exc}")
-    finally:
-        probe_file.unlink()
-    if denied.returncode == 0 or b"Permission denied" not in denied.stderr:
-        pytest.skip(f"running as root and setpriv cannot drop CAP_DAC_OVERRIDE: {denied.stderr}")
-    return wrapper
-
-
 def unreadable(svc: ServiceProcess, name: str, source: Path) -> Path:
     """``source``'s content at ``name`` in the drop folder, mode 000, written an hour ago."""
     staging = copy_in(source, svc.root / "staging" / name)

@@ -7,6 +7,7 @@ built-in ones.
 
 from __future__ import annotations
 
+import builtins
 import os
 import signal
 import time
@@ -140,3 +141,14 @@ class Boom(Processor):
             step += 1
             ctx.report(step, step + 1, {"frame": step})
         raise RuntimeError("boom: the model blew up")
+
+
+class Raise(Processor):
+    """Raises the built-in exception named by ``raises`` after one report, as a model that
+    runs out of memory or recursion, or a library that calls sys.exit, would."""
+
+    name = "raise"
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        ctx.report(1, 2, {"frame": 1})
+        raise getattr(builtins, self.settings["raises"])("the model gave up")

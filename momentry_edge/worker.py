@@ -278,7 +278,7 @@ class Workers:
             if running < self.effective_limit(state):
                 self.kick()
             self._run_job(job, following, state)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a library's sys.exit: this thread goes on
             self._give_back(job, exc)
         finally:
             with self._hand_lock:
@@ -287,7 +287,7 @@ class Workers:
             db.release_connection()
         return following[0] if following else None
 
-    def _give_back(self, job: Job, exc: Exception) -> str:
+    def _give_back(self, job: Job, exc: BaseException) -> str:
         """After an error outside the processors (recording a run failed even after the
         retries): release the job rather than leave it held by no one."""
         error = f"{type(exc).__name__}: {exc}"
@@ -722,11 +722,11 @@ class Workers:
         )
 
 
-def _side_by_side(branches: list[Callable[[], None]], threads: int) -> Exception | None:
+def _side_by_side(branches: list[Callable[[], None]], threads: int) -> BaseException | None:
     """Run ``branches`` in order on ``threads`` threads, this one among them (one: one
     after another, as a job always ran); the first error, after which none starts."""
     todo = deque(branches)
-    errors: list[Exception] = []
+    errors: list[BaseException] = []
 
     def work() -> None:
         while not errors:
@@ -736,7 +736,7 @@ def _side_by_side(branches: list[Callable[[], None]], threads: int) -> Exception
                 return
             try:
                 branch()
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:  # SystemExit would end a helper silently
                 errors.append(exc)
 
     def helper() -> None:

@@ -284,7 +284,9 @@ def test_postgres_connections_cut_while_a_backlog_drains_lose_and_double_nothing
     wait_for(lambda: answered(svc, "/api/v1/queue/status")["active_count"] == 0)
 
 
-PLUGINS = [f"workloads:{name}" for name in ("Noop", "Steps", "Flaky", "Crash", "Raise")]
+PLUGINS = [
+    f"workloads:{name}" for name in ("Noop", "Steps", "Flaky", "Crash", "Raise", "RaiseInFeed")
+]
 
 
 @on_sqlite
@@ -306,6 +308,27 @@ def test_a_model_that_runs_out_of_memory_or_exits_fails_its_job_and_the_service_
         svc.wait_status(svc.submit(name, ["noop"])["task_id"], "completed", timeout=30)
     assert svc.get("/healthz")["status"] == "ok"
     wait_for(lambda: svc.status()["active_count"] == 0)
+
+
+@on_sqlite
+def test_a_frame_model_that_exits_beside_another_part_ends_its_job_not_a_thread(start_service):
+    # A frame pass (this member and cut) beside steps, on two threads: a sys.exit in the
+    # pass must not end the thread it ran on, with its job left running or its runs undone.
+    svc = start_service(
+        service={"plugins": PLUGINS},
+        queue={"max_crashes": 2, "lease_seconds": 2, "job_threads": 2},
+        **{
+            "processors.raise_in_feed": {"raises": "SystemExit", "at": 2},
+            "processors.steps": {"steps": 3, "step_seconds": 0.05},
+        },
+    )
+    task = svc.submit("exits.mp4", ["steps", "raise_in_feed", "cut"])["task_id"]
+    job = svc.wait_status(task, "failed", timeout=60)
+    assert "SystemExit" in job["error_message"], job
+    assert job["processors"]["steps"]["status"] == "completed", job
+    for name in ("after1.mp4", "after2.mp4"):
+        svc.wait_status(svc.submit(name, ["noop"])["task_id"], "completed", timeout=30)
+    assert svc.get("/healthz")["status"] == "ok"
 
 
 @on_sqlite

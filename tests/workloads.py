@@ -152,3 +152,25 @@ class Raise(Processor):
     def run(self, ctx: RunContext) -> dict[str, Any]:
         ctx.report(1, 2, {"frame": 1})
         raise getattr(builtins, self.settings["raises"])("the model gave up")
+
+
+class RaiseInFeed(FrameProcessor):
+    """A member of the frame pass that raises the built-in exception named by ``raises``
+    when fed frame ``at``, as a frame model that gives up would."""
+
+    name = "raise_in_feed"
+
+    def plan(self, info: media.MediaInfo, checkpoint: dict[str, Any] | None) -> FramePlan:
+        self._done = int((checkpoint or {}).get("frame", 0))
+        return FramePlan(resume=self._done)
+
+    def feed(self, index: int, seconds: float, image: Any) -> None:
+        if index == int(self.settings.get("at", 5)):
+            raise getattr(builtins, self.settings["raises"])("the frame model gave up")
+        self._done = index + 1
+
+    def checkpoint(self, done: int) -> dict[str, Any]:
+        return {"frame": done}
+
+    def finish(self, done: int) -> dict[str, Any]:
+        return {"frames": done}

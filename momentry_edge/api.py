@@ -109,6 +109,7 @@ def make_app(service: Core) -> bottle.Bottle:
                 # mistake, and worth asking again shortly.
                 log.warning("%s %s: database unavailable: %s", request.method, request.path, exc)
                 response.set_header("Retry-After", "5")
+                db.after_outage()
                 return _error(503, "unavailable", f"the queue database is unavailable: {exc}")
             finally:
                 db.release_connection()

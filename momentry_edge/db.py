@@ -329,6 +329,16 @@ def release_connection() -> None:
         database.close()
 
 
+def after_outage() -> None:
+    """A statement failed with an outage: drop this thread's connection, and on PostgreSQL
+    the pool's idle ones, which the same restart or cut has broken too (each would fail
+    the next statement given it, one after another)."""
+    release_connection()
+    database = Job._meta.database
+    if isinstance(database, PooledPostgresqlDatabase):
+        database.close_idle()
+
+
 def close_connection() -> None:
     """This thread ends: close its connection (a PostgreSQL one goes back to the pool)."""
     database = Job._meta.database
@@ -361,7 +371,7 @@ def retried(action: Callable[P, R]) -> Callable[P, R]:
                 if delay is None or Job._meta.database.in_transaction():
                     raise
                 log.warning("%s: %s; trying again in %g s", action.__name__, exc, delay)
-                release_connection()  # a broken connection is dropped; the next is fresh
+                after_outage()  # the next try is on a fresh connection
                 time.sleep(delay)
         raise AssertionError("unreachable")
 

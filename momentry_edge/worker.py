@@ -900,7 +900,7 @@ class _Reporter:
                     exc,
                     pause,
                 )
-                db.release_connection()
+                db.after_outage()
                 self._quiet_until = time.monotonic() + pause
                 cancel = False
             if cancel:

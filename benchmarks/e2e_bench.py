@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import os
 import platform
@@ -236,8 +237,11 @@ def scan(client: httpx.Client, drop: Path, video: Path) -> tuple[float, dict[str
     return elapsed, job
 
 
-def through_service(work: Path, models_dir: Path, warmup: Path, video: Path) -> dict[str, Any]:
-    """The default deep scan of ``video`` on a fresh `momentry-edge run`, after a warm-up job."""
+def through_service(
+    work: Path, models_dir: Path, warmup: Path, video: Path, results: Path | None = None
+) -> dict[str, Any]:
+    """The default deep scan of ``video`` on a fresh `momentry-edge run`, after a warm-up job;
+    each processor's result saved in ``results`` (``<name>.json``) when given."""
     root = work / "service"
     shutil.rmtree(root, ignore_errors=True)
     (root / "data").mkdir(parents=True)
@@ -254,6 +258,10 @@ def through_service(work: Path, models_dir: Path, warmup: Path, video: Path) -> 
         for name in job["processors"]:
             reply = client.get(f"/api/v1/files/{job['file_uuid']}/results/{name}")
             counts[name] = count(name, reply.json()["result"])
+            if results is not None:
+                results.mkdir(parents=True, exist_ok=True)
+                result = json.dumps(reply.json()["result"], indent=1, sort_keys=True)
+                (results / f"{name}.json").write_text(result, encoding="utf-8")
         return {
             "wall": wall,
             "cpu": cpu,
@@ -534,6 +542,11 @@ def main() -> None:
         action="store_true",
         help="skip the direct calls (to compare the service side of two checkouts)",
     )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        help="save each processor's result from the service here (to compare two checkouts)",
+    )
     args = parser.parse_args()
     if shutil.which("espeak-ng") is None:
         sys.exit("espeak-ng is needed for the speech (apt-get install espeak-ng)")
@@ -552,7 +565,7 @@ def main() -> None:
                 print(f"made {path.name}: {time.perf_counter() - started:.0f} s", file=sys.stderr)
         about = describe(video)
         pull_models(models_dir, AsrOptions().model, YOLO_MODEL)
-        service = through_service(work, models_dir, warmup, video)
+        service = through_service(work, models_dir, warmup, video, args.results)
         parts = {} if args.service_only else direct(models_dir, warmup, video)
     finally:
         shutil.rmtree(work / "service", ignore_errors=True)

@@ -158,11 +158,13 @@ def iter_frames(
 
 
 def iter_decoded(
-    path: Path | str, *, start_frame: int = 0
+    path: Path | str, *, start_frame: int = 0, threaded: bool = True
 ) -> Iterator[tuple[int, float, VideoFrame]]:
     """Yield ``(frame_index, seconds, frame)`` for every frame from ``start_frame`` on,
     still in the decoder's pixel format: for callers that convert one frame to
     several sizes (the shared decode pass). Raises ``MediaError`` for unreadable input.
+    ``threaded``: the decoder may use threads of its own (a caller with a thread just
+    for decoding needs none: they only add their hand-offs to the CPU it takes).
     """
     if start_frame < 0:
         raise ValueError("start_frame must be >= 0")
@@ -170,7 +172,10 @@ def iter_decoded(
         if not container.streams.video:
             raise MediaError("no video stream")
         stream = container.streams.video[0]
-        stream.thread_type = "AUTO"
+        if threaded:
+            stream.thread_type = "AUTO"
+        else:
+            stream.thread_count = 1
         clock = _Clock(stream)
         index = -1
         try:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import cv2
+import numpy as np
 import pytest
 from conftest import wait_for
 from frame_media import (
@@ -33,7 +35,7 @@ from momentry_edge.processors.face import FaceProcessor
 from momentry_edge.processors.ocr import OcrProcessor
 from momentry_edge.processors.pose import PoseProcessor
 from momentry_edge.processors.yolo import BACKENDS as YOLO_BACKENDS
-from momentry_edge.processors.yolo import OrtYolo, YoloProcessor
+from momentry_edge.processors.yolo import OrtYolo, YoloProcessor, letterbox
 
 # The astronaut's face in the photo (x1, y1, x2, y2), measured once with MediaPipe.
 FACE_IN_PHOTO = (178, 83, 273, 178)
@@ -112,6 +114,35 @@ def test_ocr_reads_a_rendered_sentence_exactly(text_clip):
     assert line["text"] == SENTENCE and line["confidence"] > 0.9
     x1, y1, x2, y2 = line["box"]
     assert 40 <= x1 < x2 <= 1280 and 300 <= y1 < y2 <= 420  # around the drawn line
+
+
+@pytest.mark.parametrize("size", [(1280, 720), (1000, 333), (640, 480)])
+def test_ocr_gives_its_text_detector_rapidocrs_own_input_exactly(size):
+    from rapidocr.ch_ppocr_det.utils import DetPreProcess
+
+    processor = OcrProcessor({})
+    processor.load()
+    detector = processor._engine.text_det
+    ours = detector.get_preprocess()
+    theirs = DetPreProcess(
+        detector.limit_side_len, detector.limit_type, detector.mean, detector.std
+    )
+    noise = np.random.default_rng(7).integers(0, 256, (size[1], size[0], 3), np.uint8)
+    photo = cv2.resize(photo_frame(), size, interpolation=cv2.INTER_AREA)
+    for image in (photo, text_frame(size=size), noise):
+        mine, expected = ours(image), theirs(image)
+        assert mine.dtype == expected.dtype and mine.shape == expected.shape
+        assert mine.tobytes() == np.ascontiguousarray(expected).tobytes()  # bit for bit
+
+
+def test_yolo_letterbox_gives_the_tensor_of_the_straightforward_float_arithmetic():
+    image = cv2.resize(photo_frame(), (640, 360), interpolation=cv2.INTER_AREA)
+    tensor, gain, pad = letterbox(image, (640, 640))
+    padded = np.full((640, 640, 3), 114, np.uint8)
+    padded[140:500] = image
+    expected = padded.transpose(2, 0, 1)[None].astype(np.float32) / 255.0
+    assert (gain, pad) == (1.0, (0, 140)) and tensor.flags.c_contiguous
+    assert tensor.tobytes() == np.ascontiguousarray(expected).tobytes()
 
 
 def test_face_finds_the_face_in_the_photograph(photo_clip):

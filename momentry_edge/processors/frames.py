@@ -473,7 +473,8 @@ class _Parallel:
     def _decode(self) -> None:
         scaler = VideoReformatter()
         try:
-            decoded = media.iter_decoded(self.media_path, start_frame=self.first)
+            # One decoder thread: the pass's others are busy with the members.
+            decoded = media.iter_decoded(self.media_path, start_frame=self.first, threaded=False)
             with contextlib.closing(decoded):
                 for index, seconds, frame in decoded:
                     wanting = [m for m in self.members.values() if index < m.fails_at]

@@ -62,8 +62,15 @@ class OcrProcessor(SampledProcessor):
                 # Lines are still read from the frame at full size.
                 "Det.limit_type": "max",
                 "Det.limit_side_len": self.own_settings()["det_max_side"],
+                # rapidocr turns onnxruntime's memory arena off: every run of a model then
+                # maps, faults in and frees its intermediate tensors afresh (tens of MB
+                # for detection). Kept, they cost ~70 MB an instance and save that CPU.
+                "EngineConfig.onnxruntime.enable_cpu_mem_arena": True,
             }
         )
+        detector = self._engine._load_det_model()  # rapidocr (pinned) loads it on first use
+        fast = DetInput(detector.get_preprocess())
+        detector.get_preprocess = lambda: fast
         super().load()
 
     def detect(self, image: np.ndarray) -> list[dict[str, Any]]:
@@ -80,3 +87,29 @@ class OcrProcessor(SampledProcessor):
     def summarize(self, frames: list[dict[str, Any]]) -> dict[str, Any]:
         seen = dict.fromkeys(line["text"] for f in frames for line in f["lines"])
         return {"text": list(seen)}  # unique lines, in order of first appearance
+
+
+class DetInput:
+    """rapidocr's input for text detection (``preprocess``, a ``DetPreProcess``): the
+    same float32 values, made ~4x faster.
+
+    rapidocr normalises the resized frame in float64 (its mean and std are float64
+    arrays), then transposes and casts it back: ~15 ms a 960 px frame. A pixel has only
+    256 values a channel, so the same arithmetic on those 256 gives a table, and the
+    input is the table looked up, written straight into the NCHW tensor.
+    """
+
+    def __init__(self, preprocess: Any) -> None:
+        self.resize = preprocess.resize
+        levels = np.broadcast_to(np.arange(256, dtype=np.uint8)[:, None], (256, 3))
+        normalized = preprocess.normalize(levels[None])[0]  # (level, channel)
+        self.table = np.ascontiguousarray(normalized.astype(np.float32).T)
+
+    def __call__(self, img: np.ndarray) -> np.ndarray | None:
+        resized = self.resize(img)
+        if resized is None:
+            return None
+        tensor = np.empty((1, 3, *resized.shape[:2]), np.float32)
+        for channel in range(3):
+            np.take(self.table[channel], resized[:, :, channel], out=tensor[0, channel])
+        return tensor

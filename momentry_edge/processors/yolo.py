@@ -136,7 +136,7 @@ class OrtYolo:
 
     def detect(self, rgb: np.ndarray, conf: float, iou: float) -> list[Detection]:
         tensor, gain, pad = letterbox(rgb, self.shape)
-        (output,) = self.session.run(None, {self.input_name: tensor.astype(self.dtype)})
+        (output,) = self.session.run(None, {self.input_name: tensor.astype(self.dtype, copy=False)})
         boxes, scores, classes = decode(np.asarray(output, np.float32)[0], conf)
         keep = nms(boxes, scores, classes, iou)[: self.max_det]
         boxes = (boxes[keep] - [pad[0], pad[1], pad[0], pad[1]]) / gain
@@ -230,8 +230,11 @@ def letterbox(
     padded = cv2.copyMakeBorder(
         rgb, top, bottom, left, right, cv2.BORDER_CONSTANT, value=(114, 114, 114)
     )
-    tensor = padded.transpose(2, 0, 1)[None].astype(np.float32) / 255.0
-    return np.ascontiguousarray(tensor), gain, (left, top)
+    # One pass straight into the NCHW tensor: the same float32 values as casting, then
+    # dividing, then copying to contiguous, without the two temporaries.
+    tensor = np.empty((1, 3, *padded.shape[:2]), np.float32)
+    np.divide(padded.transpose(2, 0, 1), np.float32(255.0), out=tensor[0], dtype=np.float32)
+    return tensor, gain, (left, top)
 
 
 def decode(output: np.ndarray, conf: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

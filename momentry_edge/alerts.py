@@ -118,15 +118,19 @@ class AlertSender(Background):
         if alert.tags:
             headers["Tags"] = alert.tags
         try:
-            reply = client.post(
+            # Streamed and closed unread: the status is the answer, and a body that is
+            # huge or never ends must not hold the alert thread or fill its memory.
+            with client.stream(
+                "POST",
                 self._url,
                 content=alert.message.encode(),
                 headers={k: _header(v) for k, v in headers.items()}
                 | {"Content-Type": "text/plain; charset=utf-8"},
-            )
-            if reply.is_success:
+            ) as reply:
+                status = reply.status_code
+            if 200 <= status < 300:
                 return
-            problem = f"HTTP {reply.status_code}"
+            problem = f"HTTP {status}"
         except httpx.HTTPError as exc:
             problem = f"{type(exc).__name__}: {exc}"
         if alert.attempt >= self._attempts:

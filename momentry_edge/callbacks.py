@@ -122,7 +122,10 @@ class CallbackSender(Background):
         """One delivery; None when it was taken, else what went wrong. Whatever goes wrong
         (even a URL httpx cannot use) counts as a failed attempt, so the limit holds."""
         try:
-            reply = client.post(url, json=payload)
+            # Streamed and closed unread: the status is the answer, and a body that is
+            # huge or never ends must not hold this thread or fill its memory.
+            with client.stream("POST", url, json=payload) as reply:
+                status = reply.status_code
         except Exception as exc:
             return f"{type(exc).__name__}: {exc}"[:500]
-        return None if reply.is_success else f"HTTP {reply.status_code}"
+        return None if 200 <= status < 300 else f"HTTP {status}"

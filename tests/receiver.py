@@ -23,19 +23,38 @@ class Post:
 
 
 class Receiver:
-    """Answers 500 to the first ``failures`` POSTs, then 200; keeps every POST in ``posts``."""
+    """Answers 500 to the first ``failures`` POSTs, then 200; keeps every POST in ``posts``.
+
+    A POST to a path in ``endless`` is answered 200 with a body that never ends (until the
+    sender hangs up)."""
 
     def __init__(self, failures: int = 0) -> None:
         self.posts: list[Post] = []
         self.failures = failures
+        self.endless: set[str] = set()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 receiver.posts.append(Post(self.path, dict(self.headers), body))
+                if self.path in receiver.endless:
+                    self._flood()
+                    return
                 self.send_response(500 if len(receiver.posts) <= receiver.failures else 200)
                 self.end_headers()
+
+            def _flood(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Connection", "close")  # no length: the body ends at close
+                self.end_headers()
+                chunk = b"x" * 65536
+                try:
+                    while True:
+                        self.wfile.write(chunk)
+                except OSError:
+                    pass  # the sender stopped reading and closed the connection
 
             def log_message(self, *args: object) -> None:
                 pass

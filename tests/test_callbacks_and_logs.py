@@ -98,3 +98,22 @@ def test_a_log_line_with_an_undecodable_name_is_written_not_lost(tmp_path):
     log_file.write_text(line + "\n", encoding="utf-8")  # strict, as the log handler writes
     assert "bad\\udcffname\\u009b.mp4" in log_file.read_text(encoding="utf-8")
     assert json.loads(line)["message"] == f"saw {name}"
+
+
+def test_a_receiver_answering_with_an_endless_body_holds_up_no_other_callback(
+    start_service, receiver
+):
+    receiver.failures = 0
+    receiver.endless.add("/flood")
+    svc = start_service()
+    flooded = svc.submit("flooded.mp4", ["noop"], callback_url=f"{receiver.url}/flood")
+    svc.wait_status(flooded["task_id"], "completed")
+    wait_for(lambda: any(post.path == "/flood" for post in receiver.posts))
+
+    # Its 200 is the answer: the body after it is not read, and the next callback goes out.
+    task = svc.submit("after.mp4", ["noop"], callback_url=f"{receiver.url}/after")["task_id"]
+    svc.wait_status(task, "completed")
+    after = wait_for(lambda: [p for p in receiver.posts if p.path == "/after"], timeout=30)
+    assert after[0].json()["job"]["task_id"] == task
+    assert [p.path for p in receiver.posts].count("/flood") == 1, "a 200 is not retried"
+    wait_for(lambda: f"{flooded['task_id']}: callback delivered" in svc.log())

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from . import db, jobs
+from . import db, jobs, outbound
 from .background import Background
 from .db import JobStatus
 from .events import Event
@@ -97,7 +97,7 @@ class AlertSender(Background):
             self._cond.notify()
 
     def _loop(self) -> None:
-        with httpx.Client(timeout=self._timeout, follow_redirects=False) as client:
+        with outbound.client(self._timeout) as client:
             while True:
                 with self._cond:
                     while not self._stopping.is_set() and (
@@ -118,20 +118,18 @@ class AlertSender(Background):
         if alert.tags:
             headers["Tags"] = alert.tags
         try:
-            # Streamed and closed unread: the status is the answer, and a body that is
-            # huge or never ends must not hold the alert thread or fill its memory.
-            with client.stream(
-                "POST",
+            status = outbound.post(
+                client,
                 self._url,
+                self._timeout,
                 content=alert.message.encode(),
                 headers={k: _header(v) for k, v in headers.items()}
                 | {"Content-Type": "text/plain; charset=utf-8"},
-            ) as reply:
-                status = reply.status_code
+            )
             if 200 <= status < 300:
                 return
             problem = f"HTTP {status}"
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, outbound.TooSlow) as exc:
             problem = f"{type(exc).__name__}: {exc}"
         if alert.attempt >= self._attempts:
             log.error(

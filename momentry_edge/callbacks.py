@@ -3,7 +3,7 @@
 What is owed lives in the job table (``callback_due``, set in the same commit that
 ends the job), so a restart or a crash loses no callback, and with several nodes
 each is sent by one of them. Deliveries are retried with doubling delays; a worker
-never waits on a client's server.
+never waits on a client's server, and one delivery takes at most ``timeout`` seconds.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from . import db, jobs
+from . import db, jobs, outbound
 from .background import Background
 from .events import Event
 
@@ -56,7 +56,7 @@ class CallbackSender(Background):
                 self._cond.notify()
 
     def _loop(self) -> None:
-        with httpx.Client(timeout=self._timeout, follow_redirects=False) as client:
+        with outbound.client(self._timeout) as client:
             while not self._stopping.is_set():
                 try:
                     # A read first: most jobs that end owe no callback.
@@ -122,10 +122,7 @@ class CallbackSender(Background):
         """One delivery; None when it was taken, else what went wrong. Whatever goes wrong
         (even a URL httpx cannot use) counts as a failed attempt, so the limit holds."""
         try:
-            # Streamed and closed unread: the status is the answer, and a body that is
-            # huge or never ends must not hold this thread or fill its memory.
-            with client.stream("POST", url, json=payload) as reply:
-                status = reply.status_code
+            status = outbound.post(client, url, self._timeout, json=payload)
         except Exception as exc:
             return f"{type(exc).__name__}: {exc}"[:500]
         return None if 200 <= status < 300 else f"HTTP {status}"

@@ -117,3 +117,22 @@ def test_a_receiver_answering_with_an_endless_body_holds_up_no_other_callback(
     assert after[0].json()["job"]["task_id"] == task
     assert [p.path for p in receiver.posts].count("/flood") == 1, "a 200 is not retried"
     wait_for(lambda: f"{flooded['task_id']}: callback delivered" in svc.log())
+
+
+def test_a_receiver_that_never_finishes_its_answer_holds_up_no_other_callback(
+    start_service, receiver
+):
+    receiver.failures = 0
+    receiver.trickle.add("/slow")  # answers, a byte at a time, and never finishes
+    svc = start_service()
+    slow = svc.submit("slow.mp4", ["noop"], callback_url=f"{receiver.url}/slow")["task_id"]
+    svc.wait_status(slow, "completed")
+    wait_for(lambda: any(post.path == "/slow" for post in receiver.posts))
+
+    # Each attempt is cut at the callback timeout (10 s) and counts as failed; the next
+    # callback goes out meanwhile.
+    task = svc.submit("next.mp4", ["noop"], callback_url=f"{receiver.url}/next")["task_id"]
+    svc.wait_status(task, "completed")
+    after = wait_for(lambda: [p for p in receiver.posts if p.path == "/next"], timeout=40)
+    assert after[0].json()["job"]["task_id"] == task
+    wait_for(lambda: f"job {slow}: callback failed" in svc.log(), timeout=30)

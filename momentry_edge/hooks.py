@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import Invalid
+from .errors import Conflict, Invalid
 from .ingest import resolve_in_watch
 
 SFTPGO_OK = 1
@@ -44,7 +44,24 @@ def sftpgo_upload(body: dict[str, Any], watch: Sequence[Path]) -> Upload | None:
     if not isinstance(status, int) or isinstance(status, bool):
         raise Invalid("status must be an integer (1 ok, 2 error, 3 quota exceeded)")
     path = _locate(body, watch)
-    return Upload(path, status == SFTPGO_OK, status)
+    ok = status == SFTPGO_OK
+    if ok:
+        _check_whole(path, body.get("file_size"))
+    return Upload(path, ok, status)
+
+
+def _check_whole(path: Path, size: int | None) -> None:
+    """Conflict while the file has fewer bytes than SFTPGo uploaded: probed now, it would
+    be rejected as truncated. The watcher takes it once its writer is done."""
+    try:
+        have = path.stat().st_size
+    except OSError:
+        return  # no file: register says so
+    if size is not None and have < size:
+        raise Conflict(
+            f"{path.name} is still being written ({have} of the {size} bytes SFTPGo "
+            "uploaded are there); it is taken once whole"
+        )
 
 
 def _locate(body: dict[str, Any], watch: Sequence[Path]) -> Path:

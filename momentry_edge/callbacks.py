@@ -42,6 +42,7 @@ class CallbackSender(Background):
         self._attempts = attempts
         self._first_delay = first_delay
         self._timeout = timeout
+        self._hold = timeout * 3  # a POST takes at most timeout (outbound.post)
         self._idle_check = idle_check
         self._poked = False
 
@@ -62,7 +63,7 @@ class CallbackSender(Background):
                     # A read first: most jobs that end owe no callback.
                     next_due = jobs.next_callback_due()
                     if next_due is not None and next_due <= time.time():
-                        due = jobs.claim_callback(hold_seconds=self._timeout * 3)
+                        due = jobs.claim_callback(hold_seconds=self._hold)
                         if due is not None:
                             self._deliver(client, *due)
                             continue
@@ -91,7 +92,9 @@ class CallbackSender(Background):
             jobs.settle_callback(task_id, None)
             return
         problems = {}
-        for url in urls:
+        for i, url in enumerate(urls):
+            if i:  # held again for each URL: the hold covers one POST, not all of them
+                jobs.settle_callback(task_id, time.time() + self._hold)
             problem = self._post(client, url, payload)
             if problem is None:
                 log.info("job %s: callback delivered to %s", task_id, url, extra=extra)

@@ -136,3 +136,26 @@ def test_a_receiver_that_never_finishes_its_answer_holds_up_no_other_callback(
     after = wait_for(lambda: [p for p in receiver.posts if p.path == "/next"], timeout=40)
     assert after[0].json()["job"]["task_id"] == task
     wait_for(lambda: f"job {slow}: callback failed" in svc.log(), timeout=30)
+
+
+def test_a_job_takes_a_bounded_number_of_callback_urls_and_calls_each_once(start_service, receiver):
+    receiver.failures = 0
+    svc = start_service()
+    svc.call("POST", "/api/v1/queue/pause")
+    first = svc.submit("shared.mp4", ["noop"], callback_url=f"{receiver.url}/0")
+    # Each later request for the same file joins the waiting job with its own callback.
+    for i in range(1, 10):
+        joined = svc.submit("shared.mp4", ["noop"], expect=200, callback_url=f"{receiver.url}/{i}")
+        assert joined["task_id"] == first["task_id"]
+    # One more would make each delivery attempt longer than a sender's hold on it.
+    reply = svc.client.post(
+        "/api/v1/files/register",
+        json={"path": "shared.mp4", "processors": ["noop"], "callback_url": f"{receiver.url}/x"},
+    )
+    assert reply.status_code == 409, reply.text
+    assert "callback" in reply.json()["error"]["message"]
+
+    svc.call("POST", "/api/v1/queue/resume")
+    svc.wait_status(first["task_id"], "completed")
+    wait_for(lambda: len(receiver.posts) == 10)
+    assert sorted(post.path for post in receiver.posts) == sorted(f"/{i}" for i in range(10))

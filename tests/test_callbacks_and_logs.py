@@ -159,3 +159,27 @@ def test_a_job_takes_a_bounded_number_of_callback_urls_and_calls_each_once(start
     svc.wait_status(first["task_id"], "completed")
     wait_for(lambda: len(receiver.posts) == 10)
     assert sorted(post.path for post in receiver.posts) == sorted(f"/{i}" for i in range(10))
+
+
+def test_a_callback_url_at_the_service_itself_is_refused(start_service, receiver):
+    svc = start_service()
+    port = svc.url.rsplit(":", 1)[1]
+    svc.add_video("self.mp4")
+    for url in (
+        f"{svc.url}/api/v1/queue/pause",  # would pause the queue when the job ends
+        f"http://localhost:{port}/api/v1/queue/clear",
+        f"http://[::1]:{port}/api/v1/queue/pause",
+    ):
+        body = {"path": "self.mp4", "processors": ["noop"], "callback_url": url}
+        error = svc.call("POST", "/api/v1/files/register", expect=400, json=body)["error"]
+        assert "this service" in error["message"], error
+    assert svc.get("/api/v1/jobs")["total"] == 0
+
+    # Another server on the same machine is fine.
+    reply = svc.submit("self.mp4", ["noop"], callback_url=f"{receiver.url}/hook")
+    svc.wait_status(reply["task_id"], "completed")
+    scan = f"/api/v1/file/{reply['file_uuid']}/deep-scan"
+    body = {"processors": ["noop"], "callback_url": f"{svc.url}/api/v1/queue/pause"}
+    assert "this service" in svc.call("POST", scan, expect=400, json=body)["error"]["message"]
+    assert svc.status()["paused"] is False
+    assert svc.get("/api/v1/jobs")["total"] == 1

@@ -10,6 +10,7 @@ the file's full filesystem path, ``virtual_path`` the path the SFTP user sees
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,10 +55,11 @@ def _check_whole(path: Path, size: int | None) -> None:
     """Conflict while the file has fewer bytes than SFTPGo uploaded: probed now, it would
     be rejected as truncated. The watcher takes it once its writer is done."""
     try:
-        have = path.stat().st_size
+        st = path.stat()
     except OSError:
         return  # no file: register says so
-    if size is not None and have < size:
+    have = st.st_size
+    if size is not None and stat.S_ISREG(st.st_mode) and have < size:
         raise Conflict(
             f"{path.name} is still being written ({have} of the {size} bytes SFTPGo "
             "uploaded are there); it is taken once whole"

@@ -170,3 +170,10 @@ def test_an_upload_event_for_a_file_still_being_written_is_refused_and_the_file_
     svc.wait_status(again["task_id"], "completed")
     assert svc.get("/api/v1/jobs")["total"] == 1
     assert svc.get("/api/v1/queue/dead")["jobs"] == []
+
+    # A folder is not a file being written: the register's own refusal.
+    folder = svc.drop / "folder.mp4"
+    folder.mkdir()
+    body = sftpgo_event(svc, str(folder), "/folder.mp4") | {"file_size": 10**9}
+    error = hook(svc, body, expect=400)["error"]
+    assert "not a regular file" in error["message"], error

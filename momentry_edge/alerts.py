@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from . import db, jobs
+from . import db, jobs, outbound
 from .background import Background
 from .db import JobStatus
 from .events import Event
@@ -97,7 +97,7 @@ class AlertSender(Background):
             self._cond.notify()
 
     def _loop(self) -> None:
-        with httpx.Client(timeout=self._timeout, follow_redirects=False) as client:
+        with outbound.client(self._timeout) as client:
             while True:
                 with self._cond:
                     while not self._stopping.is_set() and (
@@ -118,16 +118,18 @@ class AlertSender(Background):
         if alert.tags:
             headers["Tags"] = alert.tags
         try:
-            reply = client.post(
+            status = outbound.post(
+                client,
                 self._url,
+                self._timeout,
                 content=alert.message.encode(),
                 headers={k: _header(v) for k, v in headers.items()}
                 | {"Content-Type": "text/plain; charset=utf-8"},
             )
-            if reply.is_success:
+            if 200 <= status < 300:
                 return
-            problem = f"HTTP {reply.status_code}"
-        except httpx.HTTPError as exc:
+            problem = f"HTTP {status}"
+        except (httpx.HTTPError, outbound.TooSlow) as exc:
             problem = f"{type(exc).__name__}: {exc}"
         if alert.attempt >= self._attempts:
             log.error(

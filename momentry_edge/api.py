@@ -7,10 +7,12 @@ them, and bottle's own 404/405, into API.md's error shape in one place.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import logging
 import queue
 import re
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -50,6 +52,7 @@ class Core(Protocol):
 
     config: Config
     stopping: threading.Event  # set at shutdown: event streams end
+    url: str  # where the API listens, http://host:port ("" until it does)
 
     @property
     def processor_names(self) -> tuple[str, ...]: ...
@@ -176,7 +179,7 @@ def make_app(service: Core) -> bottle.Bottle:
             record,
             body.get("processors", list(service.config.ingest.processors)),
             body.get("priority", "normal"),
-            options=_scan_options(body),
+            options=_not_at(service.url, _scan_options(body)),
         )
         response.status = 202 if created else 200
         return _queued(job) | {"deduplicated": not created}
@@ -268,7 +271,9 @@ def make_app(service: Core) -> bottle.Bottle:
         raw = body.get("path")
         if not isinstance(raw, str) or not raw:
             raise Invalid("path is required")
-        record, job, created = service.register(raw, **_register_fields(body))
+        fields = _register_fields(body)
+        _not_at(service.url, fields["options"])
+        record, job, created = service.register(raw, **fields)
         response.status = 201 if created else 200
         reply = {
             "success": True,
@@ -470,6 +475,29 @@ def _callback_url(value: Any) -> str:
     if port is not None and not 1 <= port <= 65535:
         raise Invalid(f"callback_url has port {port}; ports are 1 to 65535")
     return value
+
+
+def _not_at(own: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options``, unless their callback_url is this service's own API (on a loopback
+    address or its own host name, at its port): POSTed there when the job ends, the
+    summary would act on the queue (pause it, clear it, retry the job), not tell anyone."""
+    url = options.get("callback_url")
+    if not url or not own:
+        return options
+    target, me = httpx.URL(url), httpx.URL(own)
+    port = target.port or (443 if target.scheme == "https" else 80)
+    host = target.host.lower().rstrip(".")
+    try:
+        address = ipaddress.ip_address(host)
+        local = address.is_loopback or address.is_unspecified
+    except ValueError:
+        local = host in ("localhost", socket.gethostname().lower())
+    if port == me.port and (local or host == me.host.lower()):
+        raise Invalid(
+            f"callback_url {url[:200]!r} is this service's own API: the job's summary "
+            "would be sent to it as a request"
+        )
+    return options
 
 
 def _timestamp(key: str, value: Any) -> float:

@@ -3,7 +3,7 @@
 What is owed lives in the job table (``callback_due``, set in the same commit that
 ends the job), so a restart or a crash loses no callback, and with several nodes
 each is sent by one of them. Deliveries are retried with doubling delays; a worker
-never waits on a client's server.
+never waits on a client's server, and one delivery takes at most ``timeout`` seconds.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from . import db, jobs
+from . import db, jobs, outbound
 from .background import Background
 from .events import Event
 
@@ -42,6 +42,7 @@ class CallbackSender(Background):
         self._attempts = attempts
         self._first_delay = first_delay
         self._timeout = timeout
+        self._hold = timeout * 3  # a POST takes at most timeout (outbound.post)
         self._idle_check = idle_check
         self._poked = False
 
@@ -56,13 +57,13 @@ class CallbackSender(Background):
                 self._cond.notify()
 
     def _loop(self) -> None:
-        with httpx.Client(timeout=self._timeout, follow_redirects=False) as client:
+        with outbound.client(self._timeout) as client:
             while not self._stopping.is_set():
                 try:
                     # A read first: most jobs that end owe no callback.
                     next_due = jobs.next_callback_due()
                     if next_due is not None and next_due <= time.time():
-                        due = jobs.claim_callback(hold_seconds=self._timeout * 3)
+                        due = jobs.claim_callback(hold_seconds=self._hold)
                         if due is not None:
                             self._deliver(client, *due)
                             continue
@@ -91,7 +92,9 @@ class CallbackSender(Background):
             jobs.settle_callback(task_id, None)
             return
         problems = {}
-        for url in urls:
+        for i, url in enumerate(urls):
+            if i:  # held again for each URL: the hold covers one POST, not all of them
+                jobs.settle_callback(task_id, time.time() + self._hold)
             problem = self._post(client, url, payload)
             if problem is None:
                 log.info("job %s: callback delivered to %s", task_id, url, extra=extra)
@@ -122,7 +125,7 @@ class CallbackSender(Background):
         """One delivery; None when it was taken, else what went wrong. Whatever goes wrong
         (even a URL httpx cannot use) counts as a failed attempt, so the limit holds."""
         try:
-            reply = client.post(url, json=payload)
+            status = outbound.post(client, url, self._timeout, json=payload)
         except Exception as exc:
             return f"{type(exc).__name__}: {exc}"[:500]
-        return None if reply.is_success else f"HTTP {reply.status_code}"
+        return None if 200 <= status < 300 else f"HTTP {status}"

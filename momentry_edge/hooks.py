@@ -10,12 +10,13 @@ the file's full filesystem path, ``virtual_path`` the path the SFTP user sees
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import Invalid
+from .errors import Conflict, Invalid
 from .ingest import resolve_in_watch
 
 SFTPGO_OK = 1
@@ -44,7 +45,25 @@ def sftpgo_upload(body: dict[str, Any], watch: Sequence[Path]) -> Upload | None:
     if not isinstance(status, int) or isinstance(status, bool):
         raise Invalid("status must be an integer (1 ok, 2 error, 3 quota exceeded)")
     path = _locate(body, watch)
-    return Upload(path, status == SFTPGO_OK, status)
+    ok = status == SFTPGO_OK
+    if ok:
+        _check_whole(path, body.get("file_size"))
+    return Upload(path, ok, status)
+
+
+def _check_whole(path: Path, size: int | None) -> None:
+    """Conflict while the file has fewer bytes than SFTPGo uploaded: probed now, it would
+    be rejected as truncated. The watcher takes it once its writer is done."""
+    try:
+        st = path.stat()
+    except OSError:
+        return  # no file: register says so
+    have = st.st_size
+    if size is not None and stat.S_ISREG(st.st_mode) and have < size:
+        raise Conflict(
+            f"{path.name} is still being written ({have} of the {size} bytes SFTPGo "
+            "uploaded are there); it is taken once whole"
+        )
 
 
 def _locate(body: dict[str, Any], watch: Sequence[Path]) -> Path:

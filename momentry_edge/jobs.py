@@ -151,8 +151,18 @@ def callback_urls(options: dict[str, Any]) -> list[str]:
     return list(dict.fromkeys([*([single] if single else []), *urls]))
 
 
+# Callback URLs one job takes (requests joining it each add theirs): every attempt posts to
+# each in turn, so their number bounds how long one attempt can hold the callback sender.
+MAX_CALLBACK_URLS = 10
+
+
 def _with_callbacks(options: dict[str, Any], urls: Sequence[str]) -> dict[str, Any]:
     merged = list(dict.fromkeys([*callback_urls(options), *urls]))
+    if len(merged) > MAX_CALLBACK_URLS:
+        raise Conflict(
+            f"the file's job already has {MAX_CALLBACK_URLS} callback URLs, the most one job "
+            "takes; ask again once it has ended, or without a callback_url"
+        )
     rest = {k: v for k, v in options.items() if k not in ("callback_url", "callback_urls")}
     if not merged:
         return rest

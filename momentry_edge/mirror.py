@@ -7,6 +7,10 @@ The Job Worker plan keeps these keys (``uuid`` is the job's ``task_id``)::
     momentry:progress:{uuid}               pub/sub channel: a JSON message per change
     momentry:jobs:active|completed|failed  sets of task ids
 
+and ``momentry:edge:mirror`` (when the last full rewrite began), whose absence says
+Redis was emptied under a running server (FLUSHALL, FLUSHDB, an empty replica
+promoted): the run id alone only tells a restart.
+
 Redis is a copy, never the truth: the bus listener only marks a job as changed,
 and one thread reads the job table and writes Redis with short socket timeouts.
 While Redis is away nothing waits for it; once it answers again (or restarted
@@ -44,7 +48,7 @@ SET_OF_STATUS = {
 SETS = ("active", "completed", "failed")
 PROGRESS_EVERY = 1.0  # seconds: at most one progress write per job (plan §8.2)
 WATCH_EVERY = 1.0  # how often running jobs are re-read (processor states change between reports)
-CHECK_EVERY = 2.0  # how often Redis is asked whether it restarted (an empty mirror)
+CHECK_EVERY = 2.0  # how often Redis is asked whether it restarted or was emptied
 FULL_EVERY = 600.0  # full resync anyway: catches jobs removed by the retention sweep
 BATCH = 200  # jobs per pipeline in a full resync
 
@@ -63,6 +67,9 @@ def progress_channel(uuid: str) -> str:
 
 def set_key(name: str) -> str:
     return f"{PREFIX}jobs:{name}"
+
+
+MARKER = f"{PREFIX}edge:mirror"
 
 
 def connect(url: str, timeout: float = 1.0) -> redis.Redis:
@@ -124,9 +131,10 @@ class RedisMirror(Background):
                 if run_id is None or now >= next_check:
                     current = self._client.info("server")["run_id"]
                     next_check = now + CHECK_EVERY
-                    if current != run_id or now >= next_full:
-                        if run_id is not None and current != run_id:
-                            log.warning("redis restarted; rebuilding the job mirror")
+                    emptied = run_id is not None and not self._client.exists(MARKER)
+                    if current != run_id or emptied or now >= next_full:
+                        if run_id is not None and (current != run_id or emptied):
+                            log.warning("redis restarted or emptied; rebuilding the job mirror")
                         self._resync()
                         run_id, next_full = current, now + FULL_EVERY
                         if backoff > 0.5:
@@ -229,6 +237,9 @@ class RedisMirror(Background):
         with self._cond:
             self._due.clear()  # everything is written below; later changes mark again
             self._last_write.clear()
+        # Set first: emptied while this runs, the marker goes too and the next check
+        # starts over.
+        self._client.set(MARKER, iso(time.time()))
         members: dict[str, list[str]] = {name: [] for name in SETS}
         known: set[str] = set()
         watching: set[str] = set()

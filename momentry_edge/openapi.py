@@ -468,6 +468,7 @@ OPERATIONS: dict[str, Schema] = {  # "method path": operation, one per route in 
         "sftpgo_hook",
         "SFTPGo's upload notification as SFTPGo sends it: registers (or rejects) the file",
         _json(_REGISTERED, "registered, or recorded rejected (status other than 1)"),
+        "409",  # the file has fewer bytes than file_size (still being written), or as register
         body="SftpgoEvent",
         status="201",
         more={

@@ -52,6 +52,41 @@ def test_a_failed_job_and_a_dead_partial_job_each_alert_once(start_service, rece
     assert not [a for a in alerts(rx) if fine in a["body"]], "a completed job is no news"
 
 
+def test_an_alert_receiver_answering_with_an_endless_body_holds_up_no_later_alert(
+    start_service, receiver
+):
+    url, rx = receiver
+    rx.endless.add("/momentry-alerts")  # ntfy behind a proxy gone wrong: 200, then no end
+    svc = start_service(alerts={"url": url}, queue={"max_retries": 0})
+    svc.marker.write_text("storage down")
+    first = svc.submit("first.mp4", ["flaky"])["task_id"]
+    svc.wait_status(first, "failed")
+    wait_for(lambda: titled(rx, "job failed"))
+
+    second = svc.submit("second.mp4", ["flaky"])["task_id"]
+    svc.wait_status(second, "failed")
+    wait_for(lambda: len(titled(rx, "job failed")) == 2, timeout=30)
+    assert second in titled(rx, "job failed")[1]["body"]
+
+
+def test_an_alert_receiver_that_never_finishes_its_answer_holds_up_no_later_alert(
+    start_service, receiver
+):
+    url, rx = receiver
+    rx.trickle.add("/momentry-alerts")  # answers a byte at a time, and never finishes
+    svc = start_service(alerts={"url": url}, queue={"max_retries": 0})
+    svc.marker.write_text("storage down")
+    first = svc.submit("first.mp4", ["flaky"])["task_id"]
+    svc.wait_status(first, "failed")
+    wait_for(lambda: titled(rx, "job failed"))
+
+    # The stuck attempt is cut at the alert timeout (10 s); the next alert goes out.
+    rx.trickle.clear()
+    second = svc.submit("second.mp4", ["flaky"])["task_id"]
+    svc.wait_status(second, "failed")
+    wait_for(lambda: [a for a in titled(rx, "job failed") if second in a["body"]], timeout=40)
+
+
 def test_the_disk_guard_alerts_once_per_blocking(start_service, receiver, tmp_path):
     url, rx = receiver
     free_mb = shutil.disk_usage(tmp_path).free / 2**20

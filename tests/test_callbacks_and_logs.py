@@ -98,3 +98,88 @@ def test_a_log_line_with_an_undecodable_name_is_written_not_lost(tmp_path):
     log_file.write_text(line + "\n", encoding="utf-8")  # strict, as the log handler writes
     assert "bad\\udcffname\\u009b.mp4" in log_file.read_text(encoding="utf-8")
     assert json.loads(line)["message"] == f"saw {name}"
+
+
+def test_a_receiver_answering_with_an_endless_body_holds_up_no_other_callback(
+    start_service, receiver
+):
+    receiver.failures = 0
+    receiver.endless.add("/flood")
+    svc = start_service()
+    flooded = svc.submit("flooded.mp4", ["noop"], callback_url=f"{receiver.url}/flood")
+    svc.wait_status(flooded["task_id"], "completed")
+    wait_for(lambda: any(post.path == "/flood" for post in receiver.posts))
+
+    # Its 200 is the answer: the body after it is not read, and the next callback goes out.
+    task = svc.submit("after.mp4", ["noop"], callback_url=f"{receiver.url}/after")["task_id"]
+    svc.wait_status(task, "completed")
+    after = wait_for(lambda: [p for p in receiver.posts if p.path == "/after"], timeout=30)
+    assert after[0].json()["job"]["task_id"] == task
+    assert [p.path for p in receiver.posts].count("/flood") == 1, "a 200 is not retried"
+    wait_for(lambda: f"{flooded['task_id']}: callback delivered" in svc.log())
+
+
+def test_a_receiver_that_never_finishes_its_answer_holds_up_no_other_callback(
+    start_service, receiver
+):
+    receiver.failures = 0
+    receiver.trickle.add("/slow")  # answers, a byte at a time, and never finishes
+    svc = start_service()
+    slow = svc.submit("slow.mp4", ["noop"], callback_url=f"{receiver.url}/slow")["task_id"]
+    svc.wait_status(slow, "completed")
+    wait_for(lambda: any(post.path == "/slow" for post in receiver.posts))
+
+    # Each attempt is cut at the callback timeout (10 s) and counts as failed; the next
+    # callback goes out meanwhile.
+    task = svc.submit("next.mp4", ["noop"], callback_url=f"{receiver.url}/next")["task_id"]
+    svc.wait_status(task, "completed")
+    after = wait_for(lambda: [p for p in receiver.posts if p.path == "/next"], timeout=40)
+    assert after[0].json()["job"]["task_id"] == task
+    wait_for(lambda: f"job {slow}: callback failed" in svc.log(), timeout=30)
+
+
+def test_a_job_takes_a_bounded_number_of_callback_urls_and_calls_each_once(start_service, receiver):
+    receiver.failures = 0
+    svc = start_service()
+    svc.call("POST", "/api/v1/queue/pause")
+    first = svc.submit("shared.mp4", ["noop"], callback_url=f"{receiver.url}/0")
+    # Each later request for the same file joins the waiting job with its own callback.
+    for i in range(1, 10):
+        joined = svc.submit("shared.mp4", ["noop"], expect=200, callback_url=f"{receiver.url}/{i}")
+        assert joined["task_id"] == first["task_id"]
+    # One more would make each delivery attempt longer than a sender's hold on it.
+    reply = svc.client.post(
+        "/api/v1/files/register",
+        json={"path": "shared.mp4", "processors": ["noop"], "callback_url": f"{receiver.url}/x"},
+    )
+    assert reply.status_code == 409, reply.text
+    assert "callback" in reply.json()["error"]["message"]
+
+    svc.call("POST", "/api/v1/queue/resume")
+    svc.wait_status(first["task_id"], "completed")
+    wait_for(lambda: len(receiver.posts) == 10)
+    assert sorted(post.path for post in receiver.posts) == sorted(f"/{i}" for i in range(10))
+
+
+def test_a_callback_url_at_the_service_itself_is_refused(start_service, receiver):
+    svc = start_service()
+    port = svc.url.rsplit(":", 1)[1]
+    svc.add_video("self.mp4")
+    for url in (
+        f"{svc.url}/api/v1/queue/pause",  # would pause the queue when the job ends
+        f"http://localhost:{port}/api/v1/queue/clear",
+        f"http://[::1]:{port}/api/v1/queue/pause",
+    ):
+        body = {"path": "self.mp4", "processors": ["noop"], "callback_url": url}
+        error = svc.call("POST", "/api/v1/files/register", expect=400, json=body)["error"]
+        assert "this service" in error["message"], error
+    assert svc.get("/api/v1/jobs")["total"] == 0
+
+    # Another server on the same machine is fine.
+    reply = svc.submit("self.mp4", ["noop"], callback_url=f"{receiver.url}/hook")
+    svc.wait_status(reply["task_id"], "completed")
+    scan = f"/api/v1/file/{reply['file_uuid']}/deep-scan"
+    body = {"processors": ["noop"], "callback_url": f"{svc.url}/api/v1/queue/pause"}
+    assert "this service" in svc.call("POST", scan, expect=400, json=body)["error"]["message"]
+    assert svc.status()["paused"] is False
+    assert svc.get("/api/v1/jobs")["total"] == 1

@@ -194,3 +194,18 @@ def test_redis_url_comes_from_redis_url_and_a_bad_one_stops_the_service(tmp_path
     )
     assert done.returncode == 2, done.stderr
     assert "service.redis_url" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_flushed_redis_gets_the_whole_mirror_back_without_waiting_for_a_change(
+    start_service, private_redis
+):
+    svc = start_service(service={"redis_url": private_redis.url})
+    task = svc.submit("flushed.mp4", ["noop"])["task_id"]
+    svc.wait_status(task, "completed")
+    r = private_redis.client()
+    wait_for(lambda: mirrored(r, task, "completed", ["noop"]))
+
+    # Emptied while it runs (FLUSHALL, FLUSHDB, a failover to an empty replica): the same
+    # server, the same run id, and no job of this service changes afterwards.
+    r.flushall()
+    wait_for(lambda: mirrored(r, task, "completed", ["noop"]), timeout=30)

@@ -142,3 +142,38 @@ def test_a_rename_and_its_hook_racing_give_one_record_and_one_job(start_service)
     (job,) = svc.get(f"/api/v1/files/{taken['file_uuid']}")["jobs"]
     assert job["task_id"] == taken["task_id"]
     assert svc.get("/api/v1/jobs")["total"] == 2
+
+
+def test_an_upload_event_for_a_file_still_being_written_is_refused_and_the_file_taken_whole(
+    start_service,
+) -> None:
+    # The hook ahead of the data (a network mount that lags, an event rule fired early):
+    # the file has fewer bytes than SFTPGo says it uploaded.
+    svc = start_service(ingest={"processors": ["noop"], "settle_seconds": 60})
+    whole = svc.add_video("../staging/late.mp4").read_bytes()
+    target = svc.drop / "late.mp4"
+    with target.open("wb") as writer:
+        writer.write(whole[: len(whole) // 2])
+        writer.flush()
+        body = sftpgo_event(svc, str(target), "/late.mp4") | {"file_size": len(whole)}
+        reply = svc.client.post("/api/v1/hooks/sftpgo", json=body)
+        assert reply.status_code == 409, reply.text
+        error = reply.json()["error"]
+        assert error["code"] == "conflict" and "still being written" in error["message"]
+        assert svc.get("/api/v1/files")["total"] == 0, "nothing recorded, nothing rejected"
+        writer.write(whole[len(whole) // 2 :])
+
+    # Whole now (closed by its writer): the watcher takes it, and the hook sent again agrees.
+    file_uuid = wait_for(lambda: [f["file_uuid"] for f in svc.get("/api/v1/files")["files"]])[0]
+    again = hook(svc, sftpgo_event(svc, str(target), "/late.mp4"), expect=200)
+    assert again["file_uuid"] == file_uuid and again["state"] == "present"
+    svc.wait_status(again["task_id"], "completed")
+    assert svc.get("/api/v1/jobs")["total"] == 1
+    assert svc.get("/api/v1/queue/dead")["jobs"] == []
+
+    # A folder is not a file being written: the register's own refusal.
+    folder = svc.drop / "folder.mp4"
+    folder.mkdir()
+    body = sftpgo_event(svc, str(folder), "/folder.mp4") | {"file_size": 10**9}
+    error = hook(svc, body, expect=400)["error"]
+    assert "not a regular file" in error["message"], error

@@ -36,7 +36,7 @@ from huey import Huey
 from huey.consumer import Consumer
 from huey.storage import MemoryStorage
 
-from . import cluster, db, ingest, jobs, logs, outputs
+from . import clock, cluster, db, ingest, jobs, logs, outputs
 from .config import Config
 from .db import Job, JobStatus, ProcessorRun, QueueState
 from .events import Event, bus
@@ -185,7 +185,7 @@ class Workers:
         if event["type"] in WAKE_EVENTS:
             self.kick()
             if event.get("not_before"):
-                self.kick(delay=event["not_before"] - time.time())  # its start time
+                self.kick(delay=event["not_before"] - clock.now())  # its start time
 
     def poll(self) -> None:
         """Look again (every poll interval): a job another process queued on a shared
@@ -366,7 +366,7 @@ class Workers:
             following.extend([claimed] if claimed else [])
         log.info("job %s %s", job.task_id, status)
         if status == JobStatus.RETRYING:
-            self.kick(delay=Job.get_by_id(job.id).next_attempt_at - time.time())
+            self.kick(delay=Job.get_by_id(job.id).next_attempt_at - clock.now())
         if guard.replaced:
             ingest.requeue_replaced(job, job.file)  # the new content arrived while this job ran
         return status
@@ -932,7 +932,7 @@ class _Start:
         self.run_id = run_id
         self.due = time.monotonic() + START_DELAY
         self._lock = threading.Lock()
-        self._unwritten: jobs.Started | None = jobs.Started(time.time(), backend, model)
+        self._unwritten: jobs.Started | None = jobs.Started(clock.now(), backend, model)
 
     @property
     def written(self) -> bool:

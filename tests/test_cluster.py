@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import time
+from pathlib import Path
 
 import pytest
 from conftest import wait_for
@@ -111,3 +113,53 @@ def test_pause_through_one_node_stops_admission_on_both(start_service):
     b.call("POST", "/api/v1/queue/resume")
     for task in tasks:
         a.wait_status(task, "completed")
+
+
+SKEWED_CLOCK = Path(__file__).resolve().parent / "skewed_clock"
+
+
+def skewed(seconds: float) -> dict[str, str]:
+    """The environment of a node whose machine's clock is ``seconds`` off."""
+    path = [str(SKEWED_CLOCK), str(SKEWED_CLOCK.parent), os.environ.get("PYTHONPATH", "")]
+    return {"CLOCK_SKEW_SECONDS": str(seconds), "PYTHONPATH": os.pathsep.join(filter(None, path))}
+
+
+def steps_run(job: dict, *nodes) -> list[int]:
+    """The steps a job's run executed, on any node, in order of step."""
+    logs = [svc.data_dir / "results" / job["file_uuid"] / "steps.log" for svc in nodes]
+    return sorted(int(step) for log in logs if log.exists() for step in log.read_text().split())
+
+
+@pytest.mark.parametrize("skew", [-300, 300])
+def test_a_node_whose_clock_is_minutes_off_keeps_the_queue_right(start_service, skew):
+    settings = {
+        "processors.steps": {"steps": 40, "step_seconds": 0.05},
+        "queue": {"max_concurrent": 1, "lease_seconds": 2},
+    }
+    a = node(start_service, "a", **settings)
+    a.call("POST", "/api/v1/queue/pause")
+    first = a.submit("first.mp4", ["steps"])["task_id"]
+    b = node(start_service, "b", env=skewed(skew), **settings)
+    second = b.submit("second.mp4", ["steps"])["task_id"]
+    # The order in line is the order of submission, whichever node's clock stamped it.
+    assert [b.job(t)["position"] for t in (first, second)] == [1, 2]
+    # Each node sees the other as live.
+    for svc in (a, b):
+        assert {n["id"] for n in svc.status()["nodes"]} == {"node-a", "node-b"}
+
+    # One job on each node: neither takes the one the other runs and renews the lease of.
+    a.call("POST", "/api/v1/queue/resume")
+    ran = [a.wait_status(task, "completed") for task in (first, second)]
+    assert {job["node"] for job in ran} == {"node-a", "node-b"}
+    for job in ran:
+        assert job["crash_count"] == 0, job
+        assert steps_run(job, a, b) == list(range(40)), "no step ran twice"
+
+    # A job the skewed node held when it died is recovered once its lease has run out.
+    a.stop()
+    third = b.submit("third.mp4", ["steps"])["task_id"]
+    wait_for(lambda: b.job(third)["progress"] >= 10)
+    b.kill()
+    a.start()
+    job = a.wait_status(third, "completed")
+    assert job["node"] == "node-a" and job["crash_count"] == 1

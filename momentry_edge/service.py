@@ -237,9 +237,8 @@ class Service:
                 self.gate.check_disk(self.config.data_dir)  # queue.unblocked wakes the workers
                 self.gate.sample(jobs.queue_state().max_concurrent)
             elif task == "heartbeat":
-                lease = self.config.queue.lease_seconds
                 cluster.sync_clock(db.Job._meta.database)  # a clock set right meanwhile
-                jobs.heartbeat(self.owner, lease, self.workers.in_hand())
+                self.workers.renew_leases()
                 cluster.heartbeat(self.node, self.owner, self.workers.effective_limit())
                 self.node_watch.check()  # a node whose heartbeat stopped: node.lost
             elif task == "reap":

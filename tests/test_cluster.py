@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 from conftest import wait_for
 
@@ -130,6 +134,13 @@ def steps_run(job: dict, *nodes) -> list[int]:
     return sorted(int(step) for log in logs if log.exists() for step in log.read_text().split())
 
 
+def steps_at(svc, job: dict) -> dict[int, float]:
+    """When each step of the job's run on ``svc`` ended (the machine's monotonic clock)."""
+    path = svc.data_dir / "results" / job["file_uuid"] / "steps.at"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return {int(step): float(at) for step, at in (line.split() for line in lines)}
+
+
 @pytest.mark.parametrize("skew", [-300, 300])
 def test_a_node_whose_clock_is_minutes_off_keeps_the_queue_right(start_service, skew):
     settings = {
@@ -163,3 +174,62 @@ def test_a_node_whose_clock_is_minutes_off_keeps_the_queue_right(start_service, 
     a.start()
     job = a.wait_status(third, "completed")
     assert job["node"] == "node-a" and job["crash_count"] == 1
+
+
+@contextlib.contextmanager
+def own_login(database_url: str, name: str) -> Iterator[tuple[str, Callable[[bool], None]]]:
+    """A login role of its own for one node: (its database URL, cut(on)). ``cut(True)``
+    ends its connections and refuses new ones, as a network partition would for that
+    node alone; ``cut(False)`` lets it back in."""
+    role = f"{name}_{secrets.token_hex(3)}"
+    admin = psycopg.connect(database_url, autocommit=True)
+    admin.execute(f'CREATE ROLE "{role}" LOGIN SUPERUSER')
+
+    def cut(on: bool) -> None:
+        admin.execute(f'ALTER ROLE "{role}" {"NOLOGIN" if on else "LOGIN"}')
+        if on:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
+                (role,),
+            )
+
+    try:
+        yield database_url.replace("://postgres@", f"://{role}@", 1), cut
+    finally:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,)
+        )
+        admin.execute(f'REASSIGN OWNED BY "{role}" TO CURRENT_USER')
+        admin.execute(f'DROP ROLE "{role}"')
+        admin.close()
+
+
+def test_a_node_cut_off_past_its_lease_stops_before_another_takes_its_job(
+    start_service, database_url
+):
+    total = 150
+    settings = {
+        "processors.steps": {"steps": total, "step_seconds": 0.1},
+        "queue": {"lease_seconds": 2},
+    }
+    with own_login(database_url, "node_a") as (url, cut):
+        a = node(start_service, "a", service={"database_url": url}, **settings)
+        task = a.submit("cut.mp4", ["steps"])["task_id"]
+        wait_for(lambda: a.job(task)["processors"]["steps"].get("current", 0) >= 10)
+        b = node(start_service, "b", **settings)
+        cut(True)
+        # Node b takes the job over once node a's lease has run out, from its checkpoint.
+        wait_for(lambda: b.job(task)["node"] == "node-b")
+        wait_for(lambda: len(steps_at(b, b.job(task))) >= 10)
+        cut(False)
+        job = b.wait_status(task, "completed")
+        # Node a is back at work.
+        after = a.submit("after.mp4", ["noop"])["task_id"]
+        a.wait_status(after, "completed")
+    assert job["node"] == "node-b" and job["crash_count"] == 1
+    on_a, on_b = (steps_at(svc, job) for svc in (a, b))
+    assert sorted(set(on_a) | set(on_b)) == list(range(total))
+    # Steps node a did while cut off were not saved and ran again on b, but not at once:
+    # a stopped (but for the step in flight) before b began.
+    assert sorted(on_a.values())[-2] < min(on_b.values()), "the job ran on both nodes at once"
+    assert min(on_b) <= max(on_a) + 1, "node b went on from node a's checkpoint"

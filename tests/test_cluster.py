@@ -233,3 +233,15 @@ def test_a_node_cut_off_past_its_lease_stops_before_another_takes_its_job(
     # a stopped (but for the step in flight) before b began.
     assert sorted(on_a.values())[-2] < min(on_b.values()), "the job ran on both nodes at once"
     assert min(on_b) <= max(on_a) + 1, "node b went on from node a's checkpoint"
+
+
+def test_results_a_node_wrote_are_served_by_the_api_of_every_node(start_service):
+    # Node a serves the API and runs no jobs; node b, with its own data dir, runs them.
+    a = node(start_service, "a", queue={"worker_enabled": False})
+    b = node(start_service, "b")
+    task = a.submit("served.mp4", ["steps"])["task_id"]
+    job = a.wait_status(task, "completed")
+    assert job["node"] == "node-b"
+    written = b.get(f"/api/v1/files/{job['file_uuid']}/results/steps")
+    assert written["status"] == "completed" and written["task_id"] == task
+    assert a.get(f"/api/v1/files/{job['file_uuid']}/results/steps") == written

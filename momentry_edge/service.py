@@ -237,10 +237,10 @@ class Service:
                 self.gate.check_disk(self.config.data_dir)  # queue.unblocked wakes the workers
                 self.gate.sample(jobs.queue_state().max_concurrent)
             elif task == "heartbeat":
-                cluster.sync_clock(db.Job._meta.database)  # a clock set right meanwhile
                 self.workers.renew_leases()
                 cluster.heartbeat(self.node, self.owner, self.workers.effective_limit())
                 self.node_watch.check()  # a node whose heartbeat stopped: node.lost
+                cluster.sync_clock(db.Job._meta.database)  # a clock set right meanwhile
             elif task == "reap":
                 reaped = jobs.reap(
                     self.node, self.owner, self.workers.policy, in_hand=self.workers.in_hand()

@@ -218,7 +218,11 @@ class Workers:
                 self._renewed[job_id] = max(at, self._renewed.get(job_id, at))
 
     def lease_ran_out(self, job_id: int) -> bool:
-        """Whether the job's lease may have run out: not renewed for lease_seconds."""
+        """Whether the job's lease may have run out, so that another node may have taken
+        the job: not renewed for lease_seconds. Never on SQLite: the queue is on this
+        machine, and while this process cannot write it no other can take the job."""
+        if not db.is_postgres(Job._meta.database):
+            return False
         with self._hand_lock:
             renewed = self._renewed.get(job_id)
         return renewed is not None and time.monotonic() - renewed >= self.config.queue.lease_seconds

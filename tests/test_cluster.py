@@ -6,6 +6,8 @@ import contextlib
 import json
 import os
 import secrets
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -245,3 +247,49 @@ def test_results_a_node_wrote_are_served_by_the_api_of_every_node(start_service)
     written = b.get(f"/api/v1/files/{job['file_uuid']}/results/steps")
     assert written["status"] == "completed" and written["task_id"] == task
     assert a.get(f"/api/v1/files/{job['file_uuid']}/results/steps") == written
+
+
+def test_one_node_steers_jobs_that_run_or_wait_on_another(start_service):
+    # Node a serves the API and runs no jobs; node b runs one at a time.
+    a = node(start_service, "a", queue={"worker_enabled": False})
+    b = node(
+        start_service,
+        "b",
+        queue={"max_concurrent": 1},
+        **{"processors.steps": {"steps": 200, "step_seconds": 0.05}},
+    )
+    running, second, third = (a.submit(f"s{i}.mp4", ["steps"])["task_id"] for i in range(3))
+    wait_for(lambda: a.job(running)["progress"] > 0)
+    # The view from node a shows the job node b runs, and the line behind it.
+    queue = a.status()["queue"]
+    assert [(e["task_id"], e["status"], e.get("node"), e.get("position")) for e in queue] == [
+        (running, "processing", "node-b", None),
+        (second, "pending", None, 1),
+        (third, "pending", None, 2),
+    ]
+    nodes = {n["id"]: n for n in a.status()["nodes"]}
+    assert nodes["node-b"]["active"] == 1 and nodes["node-a"]["active"] == 0
+    # So does `momentry-edge status` asked of node a: which node runs the job, too.
+    shown = subprocess.run(
+        [sys.executable, "-m", "momentry_edge.cli", "--url", a.url, "status"],
+        env=a.env | {"COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rows = {word: line.split() for line in shown.splitlines() for word in line.split()}
+    assert rows[running][-1] == "node-b" and "processing" in rows[running]
+    assert rows[second][0] == "1" and rows[third][0] == "2"
+    assert "nodes: node-a 0/" in shown and "node-b 1/1" in shown
+
+    # Through node a: the last job to the front, the running one cancelled.
+    reply = a.call("POST", f"/api/v1/queue/prioritize/{a.job(third)['file_uuid']}")
+    assert reply["position"] == 1
+    assert a.call("DELETE", f"/api/v1/queue/task/{running}")["status"] == "cancelling"
+    job = a.wait_status(running, "cancelled")
+    assert job["processors"]["steps"]["status"] == "pending"  # kept to do, with its checkpoint
+    assert 0 < job["processors"]["steps"]["current"] < 200
+    # Node b stopped it and went on with the job put first.
+    wait_for(lambda: a.job(third)["status"] == "processing")
+    assert a.job(third)["node"] == "node-b" and a.job(second)["position"] == 1
+    assert b.status()["active_count"] == 1

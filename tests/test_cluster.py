@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import wait_for
+from conftest import ServiceProcess, wait_for
 
 pytestmark = pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 
@@ -293,3 +293,41 @@ def test_one_node_steers_jobs_that_run_or_wait_on_another(start_service):
     wait_for(lambda: a.job(third)["status"] == "processing")
     assert a.job(third)["node"] == "node-b" and a.job(second)["position"] == 1
     assert b.status()["active_count"] == 1
+
+
+def test_a_node_whose_connections_are_cut_briefly_keeps_its_job(start_service, database_url):
+    total = 60
+    settings = {
+        "processors.steps": {"steps": total, "step_seconds": 0.05},
+        "queue": {"lease_seconds": 2},
+    }
+    with own_login(database_url, "node_a") as (url, cut):
+        a = node(start_service, "a", service={"database_url": url}, **settings)
+        task = a.submit("brief.mp4", ["steps"])["task_id"]
+        b = node(start_service, "b", **settings)
+        wait_for(lambda: a.job(task)["processors"]["steps"].get("current", 0) >= 5)
+        for _ in range(3):  # a server restart's worth: every connection ended, then back
+            cut(True)
+            cut(False)
+        job = b.wait_status(task, "completed")
+    assert job["node"] == "node-a" and job["crash_count"] == 0
+    assert steps_run(job, a, b) == list(range(total)) and not steps_at(b, job)
+
+
+def test_restore_from_a_machine_whose_clock_is_ahead_still_sees_the_live_node(
+    start_service, database_url, tmp_path
+):
+    a = node(start_service, "a")
+    backup = tmp_path / "backup"
+    run = [sys.executable, "-m", "momentry_edge.cli", "--config", str(a.config_path)]
+    subprocess.run([*run, "backup", str(backup)], env=a.env, check=True, capture_output=True)
+    # The restore is asked on another machine, whose clock is five minutes ahead.
+    other = ServiceProcess(tmp_path / "other", database_url, {})
+    refused = subprocess.run(
+        [*run[:-1], str(other.config_path), "restore", str(backup)],
+        env=other.env | skewed(300),
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "nodes are working" in refused.stderr and "node-a" in refused.stderr

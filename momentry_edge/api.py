@@ -328,7 +328,8 @@ def make_app(service: Core) -> bottle.Bottle:
         record = _file(file_uuid)
         if processor not in service.processor_names:
             raise NotFound(f"unknown processor {processor!r}")
-        document = outputs.read_result(service.config.data_dir, record.file_uuid, processor)
+        folders = outputs.result_folders(service.config.data_dir, record)
+        document = outputs.read_result(folders, processor)
         if document is None:
             raise NotFound(f"{processor} has no output for file {file_uuid} yet")
         response.content_type = "application/json"
@@ -337,7 +338,8 @@ def make_app(service: Core) -> bottle.Bottle:
     @app.get("/api/v1/files/<file_uuid>/thumbnails/<index>")
     def thumbnail(file_uuid: str, index: str) -> Any:
         record = _file(file_uuid)
-        path = outputs.scene_thumbnail(service.config.data_dir, record.file_uuid, index)
+        folders = outputs.result_folders(service.config.data_dir, record)
+        path = outputs.scene_thumbnail(folders, index)
         if path is None:
             raise NotFound(f"file {file_uuid} has no thumbnail for scene {index!r}")
         response.content_type = "image/jpeg"

@@ -386,12 +386,14 @@ def _refuse_if_nodes(cfg: Config) -> None:
     """A shared PostgreSQL queue: refuse while any node's heartbeat is recent."""
     import psycopg
 
-    within = time.time() - 2 * cfg.queue.lease_seconds
     with psycopg.connect(cfg.service.database_url, autocommit=True) as conn:
         if not conn.execute("SELECT to_regclass('public.node') IS NOT NULL").fetchone()[0]:
             return
+        # By the server's clock, which the nodes' heartbeats keep (cluster.sync_clock).
         rows = conn.execute(
-            "SELECT node_id, host, pid FROM node WHERE last_seen > %s", (within,)
+            "SELECT node_id, host, pid FROM node"
+            " WHERE last_seen > EXTRACT(EPOCH FROM clock_timestamp()) - %s",
+            (2 * cfg.queue.lease_seconds,),
         ).fetchall()
     if rows:
         nodes = ", ".join(f"{node} (pid {pid} on {host})" for node, host, pid in rows)

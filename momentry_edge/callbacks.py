@@ -9,13 +9,12 @@ never waits on a client's server, and one delivery takes at most ``timeout`` sec
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 
-from . import db, jobs, outbound
+from . import clock, db, jobs, outbound
 from .background import Background
 from .events import Event
 
@@ -62,20 +61,20 @@ class CallbackSender(Background):
                 try:
                     # A read first: most jobs that end owe no callback.
                     next_due = jobs.next_callback_due()
-                    if next_due is not None and next_due <= time.time():
+                    if next_due is not None and next_due <= clock.now():
                         due = jobs.claim_callback(hold_seconds=self._hold)
                         if due is not None:
                             self._deliver(client, *due)
                             continue
                 except Exception:  # the database away for a moment: try again shortly
                     log.exception("callbacks: cannot read what is owed")
-                    next_due = time.time() + self._first_delay
+                    next_due = clock.now() + self._first_delay
                 finally:
                     db.release_connection()
                 self._sleep(next_due)
 
     def _sleep(self, next_due: float | None) -> None:
-        wait = self._idle_check if next_due is None else next_due - time.time()
+        wait = self._idle_check if next_due is None else next_due - clock.now()
         with self._cond:
             if not (self._poked or self._stopping.is_set()):
                 self._cond.wait(min(max(wait, 0.0), self._idle_check))
@@ -94,7 +93,7 @@ class CallbackSender(Background):
         problems = {}
         for i, url in enumerate(urls):
             if i:  # held again for each URL: the hold covers one POST, not all of them
-                jobs.settle_callback(task_id, time.time() + self._hold)
+                jobs.settle_callback(task_id, clock.now() + self._hold)
             problem = self._post(client, url, payload)
             if problem is None:
                 log.info("job %s: callback delivered to %s", task_id, url, extra=extra)
@@ -119,7 +118,7 @@ class CallbackSender(Background):
         log.warning(
             "job %s: callback failed (%s); retrying in %.0f s", task_id, failed, delay, extra=extra
         )
-        jobs.settle_callback(task_id, time.time() + delay)
+        jobs.settle_callback(task_id, clock.now() + delay)
 
     def _post(self, client: httpx.Client, url: str, payload: dict[str, Any]) -> str | None:
         """One delivery; None when it was taken, else what went wrong. Whatever goes wrong

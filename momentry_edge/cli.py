@@ -230,8 +230,20 @@ def render_status(status: dict[str, Any]) -> None:
     if status.get("retrying_count"):
         header += f", {status['retrying_count']} retrying"
     console.print(Text(header))
+    # Several nodes share the queue: say which runs what, and how busy each is.
+    nodes = status.get("nodes") or []
+    shared = len(nodes) > 1
+    if shared:
+        console.print(
+            Text(
+                "nodes: "
+                + ", ".join(f"{n['id']} {n['active']}/{n['max_concurrent']}" for n in nodes)
+            )
+        )
     if status["queue"]:
-        table = _table("#", "file", "prio", "status", "%", "processors", "task")
+        table = _table(
+            "#", "file", "prio", "status", "%", "processors", "task", *(["node"] if shared else [])
+        )
         for entry in status["queue"]:
             table.add_row(
                 *_cells(
@@ -242,6 +254,7 @@ def render_status(status: dict[str, Any]) -> None:
                     _percent(entry.get("progress")),
                     ",".join(entry["processors"]),
                     entry["task_id"],
+                    *([entry.get("node") or ""] if shared else []),
                 )
             )
         console.print(table)

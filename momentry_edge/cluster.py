@@ -22,7 +22,7 @@ from typing import Any
 import peewee as pw
 import psutil
 
-from . import db
+from . import clock, db
 from .clock import iso
 from .db import JobStatus, Node
 from .errors import Conflict
@@ -42,11 +42,40 @@ WAKE_EVENTS = {
 }
 
 
+# How far this machine's clock may be from the database server's before it is worth a warning.
+CLOCK_WARN_SECONDS = 1.0
+
+
+def sync_clock(database: pw.Database) -> float:
+    """Take the database server's time as the queue's (clock.now); returns how far this
+    machine's clock is behind it, in seconds. On SQLite the queue is on this machine
+    and so is its clock."""
+    if not db.is_postgres(database):
+        return 0.0
+    database.connect(reuse_if_open=True)  # a new connection's set-up is not the server's time
+    before = time.time()
+    (server,) = database.execute_sql("SELECT EXTRACT(EPOCH FROM clock_timestamp())").fetchone()
+    after = time.time()
+    offset = float(server) - (before + after) / 2  # the query's round trip split evenly
+    if abs(offset) <= after - before:
+        offset = 0.0  # within what the round trip lets one tell: the same clock
+    # Said at start-up, and again only when it has moved (a clock set right meanwhile).
+    if abs(offset) > CLOCK_WARN_SECONDS and abs(offset - clock.offset()) > CLOCK_WARN_SECONDS:
+        log.warning(
+            "this machine's clock is %.1f s %s the database server's; the queue keeps the"
+            " server's time",
+            abs(offset),
+            "behind" if offset > 0 else "ahead of",
+        )
+    clock.set_offset(offset)
+    return offset
+
+
 def register_node(
     node_id: str, owner: str, processors: list[str], now: float | None = None
 ) -> None:
     """Claim ``node_id`` for this process; refuse if a live process on this host holds it."""
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     host = socket.gethostname()
     with db.write_transaction(Node._meta.database):
         current = Node.get_or_none(Node.node_id == node_id)
@@ -74,7 +103,7 @@ def _alive_here(node: Node, host: str) -> bool:
 
 
 def heartbeat(node_id: str, owner: str, max_concurrent: int) -> None:
-    Node.update(last_seen=time.time(), max_concurrent=max_concurrent).where(
+    Node.update(last_seen=clock.now(), max_concurrent=max_concurrent).where(
         Node.node_id == node_id, Node.owner == owner
     ).execute()
 
@@ -92,14 +121,14 @@ def leave(node_id: str, owner: str) -> None:
 
 
 def live_nodes(within: float, now: float | None = None) -> list[Node]:
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     return list(Node.select().where(Node.last_seen >= now - within).order_by(Node.node_id))
 
 
 @db.retried  # read as a job finishes: a dropped connection must not give the job back
 def cluster_processors(within: float) -> set[str]:
     """Every processor some live node can run (read before every claim: written out)."""
-    rows = db.execute("SELECT processors FROM node WHERE last_seen >= ?", time.time() - within)
+    rows = db.execute("SELECT processors FROM node WHERE last_seen >= ?", clock.now() - within)
     return {name for (processors,) in rows.fetchall() for name in json.loads(processors)}
 
 
@@ -138,7 +167,7 @@ class NodeWatch:
         self._reported: set[tuple[str, float]] = set()
 
     def check(self, now: float | None = None) -> list[str]:
-        now = time.time() if now is None else now
+        now = clock.now() if now is None else now
         live = live_nodes(self.within, now)
         if not live or live[0].node_id != self.node_id:
             return []

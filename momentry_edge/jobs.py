@@ -15,14 +15,13 @@ import random
 import re
 import secrets
 import threading
-import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import peewee as pw
 
-from . import db
+from . import clock, db
 from .clock import iso
 from .db import Job, JobStatus, MediaFile, ProcessorRun, QueueState, RunStatus
 from .errors import Conflict, Invalid, NotFound
@@ -44,7 +43,7 @@ class RetryPolicy:
 
 
 def _now(now: float | None) -> float:
-    return time.time() if now is None else now
+    return clock.now() if now is None else now
 
 
 def _seq(now: float) -> int:
@@ -109,13 +108,13 @@ def queue_state() -> QueueState:
 
 
 def set_paused(paused: bool) -> QueueState:
-    QueueState.update(paused=paused, updated_at=time.time()).where(QueueState.id == 1).execute()
+    QueueState.update(paused=paused, updated_at=clock.now()).where(QueueState.id == 1).execute()
     bus.publish("queue.paused" if paused else "queue.resumed", paused=paused)
     return queue_state()
 
 
 def set_concurrency(max_concurrent: int | None, dynamic: bool | None, ceiling: int) -> QueueState:
-    changes: dict[Any, Any] = {QueueState.updated_at: time.time()}
+    changes: dict[Any, Any] = {QueueState.updated_at: clock.now()}
     if max_concurrent is not None:
         if isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int):
             raise Invalid("max_concurrent must be a whole number")
@@ -425,7 +424,7 @@ def cancel(job: Job, reason: str = "cancelled by user") -> str:
     with db.write_transaction(Job._meta.database):
         job = get(job.id, lock=True)
         if job.status in (JobStatus.PENDING, JobStatus.RETRYING):
-            _finalise(job, JobStatus.CANCELLED, reason, time.time())
+            _finalise(job, JobStatus.CANCELLED, reason, clock.now())
         elif job.status == JobStatus.PROCESSING:
             Job.update(cancel_requested=True).where(Job.id == job.id).execute()
         else:
@@ -439,7 +438,7 @@ def cancel(job: Job, reason: str = "cancelled by user") -> str:
 
 def clear() -> int:
     """Cancel every pending and retrying job."""
-    now = time.time()
+    now = clock.now()
     with db.write_transaction(Job._meta.database):
         # One statement, not a read then a write: on PostgreSQL a job a worker claims
         # meanwhile is re-checked, and neither cancelled while it runs nor counted.
@@ -691,7 +690,7 @@ def start_run(
     run: ProcessorRun | int, backend: str | None, model: str | None, at: float | None = None
 ) -> None:
     """Mark the run running (``at``: when it began, if before now)."""
-    now = time.time()
+    now = clock.now()
     db.execute(
         "UPDATE processor_run SET status = ?, attempts = attempts + 1, started_at = ?,"
         " completed_at = NULL, error = NULL, backend = ?, model = ?, updated_at = ?"
@@ -722,7 +721,7 @@ def report(
     ``started_at`` (the claim's) tells this claim from a later one of the same job;
     ``run_started``: the run's start, when it is not written yet.
     """
-    now = time.time()
+    now = clock.now()
     sql = "UPDATE processor_run SET progress_current = ?, progress_total = ?, updated_at = ?"
     params: list[Any] = [current, total, now]
     if checkpoint is not None:
@@ -796,7 +795,7 @@ def complete_run(run: ProcessorRun | int, output_path: str, started: Started | N
 
 
 def _complete(done: Completion) -> None:
-    now = time.time()
+    now = clock.now()
     # Progress shows the run whole: its own total when it reported one, else 1 of 1.
     db.execute(
         "UPDATE processor_run SET status = ?, output_path = ?, completed_at = ?, error = NULL,"
@@ -814,7 +813,7 @@ def _complete(done: Completion) -> None:
 
 @db.retried
 def skip_run(run: ProcessorRun, reason: str, output_path: str | None = None) -> None:
-    now = time.time()
+    now = clock.now()
     db.execute(
         "UPDATE processor_run SET status = ?, reason = ?, output_path = ?, completed_at = ?,"
         " updated_at = ? WHERE id = ?",
@@ -837,7 +836,7 @@ def fail_run(
     started: Started | None = None,
 ) -> None:
     """``output_path``: the failed document written for it, when one could be."""
-    now = time.time()
+    now = clock.now()
     db.execute(
         "UPDATE processor_run SET status = ?, error = ?, transient = ?, output_path = ?,"
         f" completed_at = ?, updated_at = ?{_START_SET if started else ''} WHERE id = ?",
@@ -884,7 +883,7 @@ def release_run(run: ProcessorRun, started: Started | None = None) -> None:
     db.execute(
         f"UPDATE processor_run SET status = ?, updated_at = ?{start} WHERE id = ?",
         RunStatus.PENDING,
-        time.time(),
+        clock.now(),
         *_start_params(started),
         run.id,
     )
@@ -898,7 +897,7 @@ def requeue(job: Job, owner: str) -> str:
         claimed, job = job, get(job.id, lock=True)
         if not _still_held(job, claimed, owner):
             return job.status
-        status = _release(job, time.time())
+        status = _release(job, clock.now())
     if status == JobStatus.CANCELLED:
         bus.publish("job.finished", task_id=job.task_id, status=status)
     else:
@@ -915,7 +914,7 @@ def give_back(job: Job, owner: str, policy: RetryPolicy, error: str) -> str:
         claimed, job = job, get(job.id, lock=True)
         if not _still_held(job, claimed, owner):
             return job.status  # the reaper or a user took it meanwhile
-        status = _recover(job, policy, time.time(), "its worker failed", error)
+        status = _recover(job, policy, clock.now(), "its worker failed", error)
     _announce_recovered(job.task_id, status)
     return status
 
@@ -1023,7 +1022,7 @@ def finish_and_claim(
     both jobs as they were; after it, the next job is held like any claimed one (its
     lease runs out, the reaper recovers it). No next job when another thread of this
     process is claiming at that moment (the caller then claims on its own)."""
-    now = time.time()
+    now = clock.now()
     database = Job._meta.database
     following, promoted = None, 0
     # The claim lock before the write lock, as in claim, and only if free: a thread that

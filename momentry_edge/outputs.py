@@ -154,36 +154,65 @@ def _drop_asides(folder: Path, processor: str) -> None:
 # -- reading, for the API ----------------------------------------------------------------------
 
 
-def read_result(data_dir: Path, file_uuid: str, processor: str) -> bytes | None:
-    """The newest document of ``processor`` for the file, as stored; None when it has not run.
+def result_folders(data_dir: Path, record: MediaFile) -> list[Path]:
+    """Where the file's results may be: this node's folder, then, newest first, the folders
+    other nodes sharing the queue wrote its documents to (as recorded with their runs;
+    readable here when the nodes share a file system or a machine)."""
+    own = results_dir(data_dir, record.file_uuid)
+    written = (
+        ProcessorRun.select(ProcessorRun.output_path)
+        .join(Job)
+        .where(Job.file == record.id, ProcessorRun.output_path.is_null(False))
+        .order_by(ProcessorRun.id.desc())
+        .tuples()
+    )
+    folders = [own]
+    for (output_path,) in written:
+        folder = Path(output_path).parent
+        # Only a results folder of this file: a duplicate's document is linked into it.
+        if folder.name == record.file_uuid and folder not in folders:
+            folders.append(folder)
+    return folders
+
+
+def read_result(folders: list[Path], processor: str) -> bytes | None:
+    """The newest document of ``processor`` in the first of ``folders`` that has one, as
+    stored; None when it has not run.
 
     A document set aside (failed or partial) is newer than the complete one beside it.
     """
-    folder = results_dir(data_dir, file_uuid)
-    for path in (
-        aside_path(folder, processor, FAILED),
-        aside_path(folder, processor, PARTIAL),
-        document_path(folder, processor),
-    ):
-        with contextlib.suppress(FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            return path.read_bytes()
+    for folder in folders:
+        for path in (
+            aside_path(folder, processor, FAILED),
+            aside_path(folder, processor, PARTIAL),
+            document_path(folder, processor),
+        ):
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError, NotADirectoryError):
+                return path.read_bytes()
     return None
 
 
-def scene_thumbnail(data_dir: Path, file_uuid: str, index: str) -> Path | None:
-    """The JPEG of scene ``index`` (as given in a URL) that cut.json names, if there is one."""
+def scene_thumbnail(folders: list[Path], index: str) -> Path | None:
+    """The JPEG of scene ``index`` (as given in a URL) that cut.json names, in the first of
+    ``folders`` that has a cut.json, if there is one."""
     if not (index.isascii() and index.isdigit()):
         return None
-    folder = results_dir(data_dir, file_uuid)
-    try:
-        document = json.loads(document_path(folder, "cut").read_text(encoding="utf-8"))
-        name = document["result"]["scenes"][int(index)]["thumbnail"]
-    except (OSError, ValueError, LookupError, TypeError):
-        return None
-    if not isinstance(name, str) or not name.startswith(f"{THUMBNAILS}/") or ".." in name:
-        return None
-    path = folder / name
-    return path if path.is_file() else None
+    for folder in folders:
+        try:
+            document = json.loads(document_path(folder, "cut").read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError):
+            return None
+        try:
+            name = document["result"]["scenes"][int(index)]["thumbnail"]
+        except (LookupError, TypeError):
+            return None
+        if not isinstance(name, str) or not name.startswith(f"{THUMBNAILS}/") or ".." in name:
+            return None
+        path = folder / name
+        return path if path.is_file() else None
+    return None
 
 
 # -- the retention sweep's part ----------------------------------------------------------------

@@ -172,6 +172,7 @@ class Service:
         logs.setup(self.config.data_dir, self.config.service.log_level)
         # A damaged SQLite file stops the start here, before anything reads or writes it.
         database = backup.connect_checked(self.config)
+        cluster.sync_clock(database)  # before anything is stamped with the queue's time
         q = self.config.queue
         jobs.init_queue_state(q.max_concurrent, q.dynamic_concurrency)
         try:
@@ -236,10 +237,10 @@ class Service:
                 self.gate.check_disk(self.config.data_dir)  # queue.unblocked wakes the workers
                 self.gate.sample(jobs.queue_state().max_concurrent)
             elif task == "heartbeat":
-                lease = self.config.queue.lease_seconds
-                jobs.heartbeat(self.owner, lease, self.workers.in_hand())
+                self.workers.renew_leases()
                 cluster.heartbeat(self.node, self.owner, self.workers.effective_limit())
                 self.node_watch.check()  # a node whose heartbeat stopped: node.lost
+                cluster.sync_clock(db.Job._meta.database)  # a clock set right meanwhile
             elif task == "reap":
                 reaped = jobs.reap(
                     self.node, self.owner, self.workers.policy, in_hand=self.workers.in_hand()

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import heapq
 import json
-import time
 from typing import Any
 
 import peewee as pw
 
-from . import db, jobs
+from . import clock, db, jobs
 from .clock import iso
 from .db import Job, JobStatus, MediaFile, ProcessorRun, RunStatus
 
@@ -69,7 +68,7 @@ def queue_status(
 
 
 def _queue_status(effective_limit: int, load: Any, extra: dict[str, Any] | None) -> dict[str, Any]:
-    now = time.time()
+    now = clock.now()
     state = jobs.queue_state()
     running = list(
         Job.select(Job, MediaFile)
@@ -213,7 +212,7 @@ def _place(job: Job, effective_limit: int) -> tuple[int | None, str | None]:
     if position is None:
         return None, None
     running = db.fetch(Job, "SELECT * FROM job WHERE status = ?", JobStatus.PROCESSING)
-    start = estimated_starts(position, running, effective_limit, time.time())[-1]
+    start = estimated_starts(position, running, effective_limit, clock.now())[-1]
     return position, iso(_held(start, job))
 
 

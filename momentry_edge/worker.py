@@ -36,7 +36,7 @@ from huey import Huey
 from huey.consumer import Consumer
 from huey.storage import MemoryStorage
 
-from . import cluster, db, ingest, jobs, logs, outputs
+from . import clock, cluster, db, ingest, jobs, logs, outputs
 from .config import Config
 from .db import Job, JobStatus, ProcessorRun, QueueState
 from .events import Event, bus
@@ -137,6 +137,9 @@ class Workers:
         # The jobs worker threads are running now (the only leases the heartbeat renews),
         # each with the threads it runs on.
         self._in_hand: dict[int, int] = {}
+        # When each job's lease was last renewed (monotonic; the write's start, so no later
+        # than the database's): past lease_seconds, another node may have taken the job.
+        self._renewed: dict[int, float] = {}
         self._hand_lock = threading.Lock()
         self._starter = _Starter()
         self.huey = Huey("momentry-edge", storage_class=BlockingMemoryStorage, results=False)
@@ -185,7 +188,7 @@ class Workers:
         if event["type"] in WAKE_EVENTS:
             self.kick()
             if event.get("not_before"):
-                self.kick(delay=event["not_before"] - time.time())  # its start time
+                self.kick(delay=event["not_before"] - clock.now())  # its start time
 
     def poll(self) -> None:
         """Look again (every poll interval): a job another process queued on a shared
@@ -200,6 +203,29 @@ class Workers:
         """Ids of the jobs this process's worker threads are running now."""
         with self._hand_lock:
             return set(self._in_hand)
+
+    def renew_leases(self) -> None:
+        """The heartbeat: renew the leases of the jobs in hand."""
+        held = self.in_hand()
+        at = time.monotonic()
+        jobs.heartbeat(self.owner, self.config.queue.lease_seconds, held)
+        for job_id in held:
+            self.renewed(job_id, at)
+
+    def renewed(self, job_id: int, at: float) -> None:
+        with self._hand_lock:
+            if job_id in self._in_hand:
+                self._renewed[job_id] = max(at, self._renewed.get(job_id, at))
+
+    def lease_ran_out(self, job_id: int) -> bool:
+        """Whether the job's lease may have run out, so that another node may have taken
+        the job: not renewed for lease_seconds. Never on SQLite: the queue is on this
+        machine, and while this process cannot write it no other can take the job."""
+        if not db.is_postgres(Job._meta.database):
+            return False
+        with self._hand_lock:
+            renewed = self._renewed.get(job_id)
+        return renewed is not None and time.monotonic() - renewed >= self.config.queue.lease_seconds
 
     def effective_limit(self, state: QueueState | None = None) -> int:
         """How many jobs may run here now, by the queue's state (read now if not given)."""
@@ -269,6 +295,7 @@ class Workers:
         with self._hand_lock:
             # Counted for its whole budget until it knows what it uses (_run_job).
             self._in_hand[job.id] = self._budget()
+            self._renewed[job.id] = time.monotonic()  # claimed just now
             running = len(self._in_hand)
         try:
             # Another worker may take the next job while this one runs; at the limit none
@@ -283,6 +310,7 @@ class Workers:
         finally:
             with self._hand_lock:
                 self._in_hand.pop(job.id, None)
+                self._renewed.pop(job.id, None)
             logs.current_task.reset(context)
             db.release_connection()
         return following[0] if following else None
@@ -366,7 +394,7 @@ class Workers:
             following.extend([claimed] if claimed else [])
         log.info("job %s %s", job.task_id, status)
         if status == JobStatus.RETRYING:
-            self.kick(delay=Job.get_by_id(job.id).next_attempt_at - time.time())
+            self.kick(delay=Job.get_by_id(job.id).next_attempt_at - clock.now())
         if guard.replaced:
             ingest.requeue_replaced(job, job.file)  # the new content arrived while this job ran
         return status
@@ -869,9 +897,31 @@ class _Reporter:
         # Another part of the job stopped: save where this one is and stop with it.
         stopping = self.workers.stopping.is_set() or self.halt.reason is not None
         due = self._unsaved or stopping or now - self._last_write >= REPORT_INTERVAL
-        if due and now >= self._quiet_until:
-            self._last_write = now
-            lease = self.workers.config.queue.lease_seconds
+        # A run whose lease may have run out goes no further before the database says the
+        # job is still this worker's (_write).
+        if (due and now >= self._quiet_until) or self.workers.lease_ran_out(self.job.id):
+            if self._write(current, total):
+                raise self.halt.stop(StopReason.CANCELLED)
+            if self.guard is not None and (problem := self.guard.problem()):
+                raise PermanentError(problem)  # stop now rather than at the end of the run
+        if self.halt.reason is not None:
+            raise Stop(self.halt.reason)
+        if self.workers.stopping.is_set():
+            raise self.halt.stop(StopReason.SHUTDOWN)
+        if now > self.deadline:
+            raise self.halt.stop(StopReason.TIMEOUT)
+
+    def _write(self, current: int, total: int) -> bool:
+        """Save progress and renew the lease; returns whether a cancel was asked.
+
+        While the database is out the run goes on (its lease kept by the heartbeat) and
+        the next report past a pause saves the latest checkpoint; but once the lease
+        may have run out, another node may have taken the job over: the run waits here
+        until the database answers, then goes on if the job is still its own."""
+        lease = self.workers.config.queue.lease_seconds
+        holding = False
+        while True:
+            self._last_write = time.monotonic()
             started = self.take_start()
             try:
                 cancel = jobs.report(
@@ -885,34 +935,43 @@ class _Reporter:
                     started_at=self.job.started_at,
                     run_started=started,
                 )
-                self._unsaved = False
             except jobs.LeaseLost:
                 self._put_back(started)  # rolled back with the rest
                 raise self.halt.stop(StopReason.LEASE) from None
             except db.OUTAGE_ERRORS as exc:
                 self._put_back(started)  # not written: the next write carries it
-                # Progress is bookkeeping: the run goes on (its lease kept by the heartbeat)
-                # and the next report past the pause saves the latest checkpoint.
-                pause = lease / 3
-                log.warning(
-                    "job %s: progress not saved (%s); next try in %g s",
-                    self.job.task_id,
-                    exc,
-                    pause,
-                )
                 db.after_outage()
-                self._quiet_until = time.monotonic() + pause
-                cancel = False
-            if cancel:
-                raise self.halt.stop(StopReason.CANCELLED)
-            if self.guard is not None and (problem := self.guard.problem()):
-                raise PermanentError(problem)  # stop now rather than at the end of the run
-        if self.halt.reason is not None:
-            raise Stop(self.halt.reason)
-        if self.workers.stopping.is_set():
-            raise self.halt.stop(StopReason.SHUTDOWN)
-        if now > self.deadline:
-            raise self.halt.stop(StopReason.TIMEOUT)
+                pause = lease / 3
+                if not self.workers.lease_ran_out(self.job.id):
+                    log.warning(
+                        "job %s: progress not saved (%s); next try in %g s",
+                        self.job.task_id,
+                        exc,
+                        pause,
+                    )
+                    self._quiet_until = time.monotonic() + pause
+                    return False
+                if not holding:
+                    holding = True
+                    log.warning(
+                        "job %s: lease not renewed for %g s (%s); waiting for the database"
+                        " before going on",
+                        self.job.task_id,
+                        lease,
+                        exc,
+                    )
+                if self.workers.stopping.wait(pause):
+                    raise self.halt.stop(StopReason.SHUTDOWN) from None
+                if self.halt.reason is not None:
+                    raise Stop(self.halt.reason) from None
+                continue
+            self.workers.renewed(self.job.id, self._last_write)
+            self._unsaved = False
+            if holding:
+                log.info(
+                    "job %s: the database answers again; the job is still ours", self.job.task_id
+                )
+            return cancel
 
     def take_start(self) -> jobs.Started | None:
         """The run's start for the caller's write to carry, if it is not written yet."""
@@ -932,7 +991,7 @@ class _Start:
         self.run_id = run_id
         self.due = time.monotonic() + START_DELAY
         self._lock = threading.Lock()
-        self._unwritten: jobs.Started | None = jobs.Started(time.time(), backend, model)
+        self._unwritten: jobs.Started | None = jobs.Started(clock.now(), backend, model)
 
     @property
     def written(self) -> bool:

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import secrets
+import subprocess
+import sys
 import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
+import psycopg
 import pytest
-from conftest import wait_for
+from conftest import ServiceProcess, wait_for
 
 pytestmark = pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 
@@ -111,3 +119,215 @@ def test_pause_through_one_node_stops_admission_on_both(start_service):
     b.call("POST", "/api/v1/queue/resume")
     for task in tasks:
         a.wait_status(task, "completed")
+
+
+SKEWED_CLOCK = Path(__file__).resolve().parent / "skewed_clock"
+
+
+def skewed(seconds: float) -> dict[str, str]:
+    """The environment of a node whose machine's clock is ``seconds`` off."""
+    path = [str(SKEWED_CLOCK), str(SKEWED_CLOCK.parent), os.environ.get("PYTHONPATH", "")]
+    return {"CLOCK_SKEW_SECONDS": str(seconds), "PYTHONPATH": os.pathsep.join(filter(None, path))}
+
+
+def steps_run(job: dict, *nodes) -> list[int]:
+    """The steps a job's run executed, on any node, in order of step."""
+    logs = [svc.data_dir / "results" / job["file_uuid"] / "steps.log" for svc in nodes]
+    return sorted(int(step) for log in logs if log.exists() for step in log.read_text().split())
+
+
+def steps_at(svc, job: dict) -> dict[int, float]:
+    """When each step of the job's run on ``svc`` ended (the machine's monotonic clock)."""
+    path = svc.data_dir / "results" / job["file_uuid"] / "steps.at"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return {int(step): float(at) for step, at in (line.split() for line in lines)}
+
+
+@pytest.mark.parametrize("skew", [-300, 300])
+def test_a_node_whose_clock_is_minutes_off_keeps_the_queue_right(start_service, skew):
+    settings = {
+        "processors.steps": {"steps": 40, "step_seconds": 0.05},
+        "queue": {"max_concurrent": 1, "lease_seconds": 2},
+    }
+    a = node(start_service, "a", **settings)
+    a.call("POST", "/api/v1/queue/pause")
+    first = a.submit("first.mp4", ["steps"])["task_id"]
+    b = node(start_service, "b", env=skewed(skew), **settings)
+    second = b.submit("second.mp4", ["steps"])["task_id"]
+    # The order in line is the order of submission, whichever node's clock stamped it.
+    assert [b.job(t)["position"] for t in (first, second)] == [1, 2]
+    # Each node sees the other as live.
+    for svc in (a, b):
+        assert {n["id"] for n in svc.status()["nodes"]} == {"node-a", "node-b"}
+
+    # One job on each node: neither takes the one the other runs and renews the lease of.
+    a.call("POST", "/api/v1/queue/resume")
+    ran = [a.wait_status(task, "completed") for task in (first, second)]
+    assert {job["node"] for job in ran} == {"node-a", "node-b"}
+    for job in ran:
+        assert job["crash_count"] == 0, job
+        assert steps_run(job, a, b) == list(range(40)), "no step ran twice"
+
+    # A job the skewed node held when it died is recovered once its lease has run out.
+    a.stop()
+    third = b.submit("third.mp4", ["steps"])["task_id"]
+    wait_for(lambda: b.job(third)["progress"] >= 10)
+    b.kill()
+    a.start()
+    job = a.wait_status(third, "completed")
+    assert job["node"] == "node-a" and job["crash_count"] == 1
+
+
+@contextlib.contextmanager
+def own_login(database_url: str, name: str) -> Iterator[tuple[str, Callable[[bool], None]]]:
+    """A login role of its own for one node: (its database URL, cut(on)). ``cut(True)``
+    ends its connections and refuses new ones, as a network partition would for that
+    node alone; ``cut(False)`` lets it back in."""
+    role = f"{name}_{secrets.token_hex(3)}"
+    admin = psycopg.connect(database_url, autocommit=True)
+    admin.execute(f'CREATE ROLE "{role}" LOGIN SUPERUSER')
+
+    def cut(on: bool) -> None:
+        admin.execute(f'ALTER ROLE "{role}" {"NOLOGIN" if on else "LOGIN"}')
+        if on:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
+                (role,),
+            )
+
+    try:
+        yield database_url.replace("://postgres@", f"://{role}@", 1), cut
+    finally:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,)
+        )
+        admin.execute(f'REASSIGN OWNED BY "{role}" TO CURRENT_USER')
+        admin.execute(f'DROP ROLE "{role}"')
+        admin.close()
+
+
+def test_a_node_cut_off_past_its_lease_stops_before_another_takes_its_job(
+    start_service, database_url
+):
+    total = 150
+    settings = {
+        "processors.steps": {"steps": total, "step_seconds": 0.1},
+        "queue": {"lease_seconds": 2},
+    }
+    with own_login(database_url, "node_a") as (url, cut):
+        a = node(start_service, "a", service={"database_url": url}, **settings)
+        task = a.submit("cut.mp4", ["steps"])["task_id"]
+        wait_for(lambda: a.job(task)["processors"]["steps"].get("current", 0) >= 10)
+        b = node(start_service, "b", **settings)
+        cut(True)
+        # Node b takes the job over once node a's lease has run out, from its checkpoint.
+        wait_for(lambda: b.job(task)["node"] == "node-b")
+        wait_for(lambda: len(steps_at(b, b.job(task))) >= 10)
+        cut(False)
+        job = b.wait_status(task, "completed")
+        # Node a is back at work.
+        after = a.submit("after.mp4", ["noop"])["task_id"]
+        a.wait_status(after, "completed")
+    assert job["node"] == "node-b" and job["crash_count"] == 1
+    on_a, on_b = (steps_at(svc, job) for svc in (a, b))
+    assert sorted(set(on_a) | set(on_b)) == list(range(total))
+    # Steps node a did while cut off were not saved and ran again on b, but not at once:
+    # a stopped (but for the step in flight) before b began.
+    assert sorted(on_a.values())[-2] < min(on_b.values()), "the job ran on both nodes at once"
+    assert min(on_b) <= max(on_a) + 1, "node b went on from node a's checkpoint"
+
+
+def test_results_a_node_wrote_are_served_by_the_api_of_every_node(start_service):
+    # Node a serves the API and runs no jobs; node b, with its own data dir, runs them.
+    a = node(start_service, "a", queue={"worker_enabled": False})
+    b = node(start_service, "b")
+    task = a.submit("served.mp4", ["steps"])["task_id"]
+    job = a.wait_status(task, "completed")
+    assert job["node"] == "node-b"
+    written = b.get(f"/api/v1/files/{job['file_uuid']}/results/steps")
+    assert written["status"] == "completed" and written["task_id"] == task
+    assert a.get(f"/api/v1/files/{job['file_uuid']}/results/steps") == written
+
+
+def test_one_node_steers_jobs_that_run_or_wait_on_another(start_service):
+    # Node a serves the API and runs no jobs; node b runs one at a time.
+    a = node(start_service, "a", queue={"worker_enabled": False})
+    b = node(
+        start_service,
+        "b",
+        queue={"max_concurrent": 1},
+        **{"processors.steps": {"steps": 200, "step_seconds": 0.05}},
+    )
+    running, second, third = (a.submit(f"s{i}.mp4", ["steps"])["task_id"] for i in range(3))
+    wait_for(lambda: a.job(running)["progress"] > 0)
+    # The view from node a shows the job node b runs, and the line behind it.
+    queue = a.status()["queue"]
+    assert [(e["task_id"], e["status"], e.get("node"), e.get("position")) for e in queue] == [
+        (running, "processing", "node-b", None),
+        (second, "pending", None, 1),
+        (third, "pending", None, 2),
+    ]
+    nodes = {n["id"]: n for n in a.status()["nodes"]}
+    assert nodes["node-b"]["active"] == 1 and nodes["node-a"]["active"] == 0
+    # So does `momentry-edge status` asked of node a: which node runs the job, too.
+    shown = subprocess.run(
+        [sys.executable, "-m", "momentry_edge.cli", "--url", a.url, "status"],
+        env=a.env | {"COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rows = {word: line.split() for line in shown.splitlines() for word in line.split()}
+    assert rows[running][-1] == "node-b" and "processing" in rows[running]
+    assert rows[second][0] == "1" and rows[third][0] == "2"
+    assert "nodes: node-a 0/" in shown and "node-b 1/1" in shown
+
+    # Through node a: the last job to the front, the running one cancelled.
+    reply = a.call("POST", f"/api/v1/queue/prioritize/{a.job(third)['file_uuid']}")
+    assert reply["position"] == 1
+    assert a.call("DELETE", f"/api/v1/queue/task/{running}")["status"] == "cancelling"
+    job = a.wait_status(running, "cancelled")
+    assert job["processors"]["steps"]["status"] == "pending"  # kept to do, with its checkpoint
+    assert 0 < job["processors"]["steps"]["current"] < 200
+    # Node b stopped it and went on with the job put first.
+    wait_for(lambda: a.job(third)["status"] == "processing")
+    assert a.job(third)["node"] == "node-b" and a.job(second)["position"] == 1
+    assert b.status()["active_count"] == 1
+
+
+def test_a_node_whose_connections_are_cut_briefly_keeps_its_job(start_service, database_url):
+    total = 60
+    settings = {
+        "processors.steps": {"steps": total, "step_seconds": 0.05},
+        "queue": {"lease_seconds": 2},
+    }
+    with own_login(database_url, "node_a") as (url, cut):
+        a = node(start_service, "a", service={"database_url": url}, **settings)
+        task = a.submit("brief.mp4", ["steps"])["task_id"]
+        b = node(start_service, "b", **settings)
+        wait_for(lambda: a.job(task)["processors"]["steps"].get("current", 0) >= 5)
+        for _ in range(3):  # a server restart's worth: every connection ended, then back
+            cut(True)
+            cut(False)
+        job = b.wait_status(task, "completed")
+    assert job["node"] == "node-a" and job["crash_count"] == 0
+    assert steps_run(job, a, b) == list(range(total)) and not steps_at(b, job)
+
+
+def test_restore_from_a_machine_whose_clock_is_ahead_still_sees_the_live_node(
+    start_service, database_url, tmp_path
+):
+    a = node(start_service, "a")
+    backup = tmp_path / "backup"
+    run = [sys.executable, "-m", "momentry_edge.cli", "--config", str(a.config_path)]
+    subprocess.run([*run, "backup", str(backup)], env=a.env, check=True, capture_output=True)
+    # The restore is asked on another machine, whose clock is five minutes ahead.
+    other = ServiceProcess(tmp_path / "other", database_url, {})
+    refused = subprocess.run(
+        [*run[:-1], str(other.config_path), "restore", str(backup)],
+        env=other.env | skewed(300),
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "nodes are working" in refused.stderr and "node-a" in refused.stderr

@@ -32,7 +32,9 @@ class Steps(Processor):
     """``steps`` steps of ``step_seconds`` each, a checkpoint after every step.
 
     Every executed step is appended (and fsynced) to ``steps.log`` beside the
-    output, so a test can tell which steps ran and how often.
+    output, so a test can tell which steps ran and how often, and with the moment it
+    ended (the machine's monotonic clock, the same for every process) to ``steps.at``,
+    so a test can tell whether two processes ran the job at once.
     """
 
     name = "steps"
@@ -49,6 +51,8 @@ class Steps(Processor):
                 log.write(f"{step}\n")
                 log.flush()
                 os.fsync(log.fileno())
+            with (ctx.output_dir / "steps.at").open("a") as log:
+                log.write(f"{step} {time.monotonic()}\n")
             done = step + 1
             ctx.report(
                 done, total, {"frame": done, "timestamp": done * pause, "partial": {"done": done}}

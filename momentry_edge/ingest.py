@@ -962,23 +962,31 @@ def _lstat(path: Path) -> os.stat_result | None:
 
 
 def requeue_replaced(job: Job, snapshot: MediaFile) -> Job | None:
-    """After ``job`` failed because its file was replaced: queue the new content if it
-    was registered meanwhile (that registration found ``job`` still active and joined
-    it). Otherwise the watcher registers it, and queues it, once it has settled."""
-    record = MediaFile.get_by_id(snapshot.id)
-    same = (record.size, record.mtime, record.fingerprint) == (
-        snapshot.size,
-        snapshot.mtime,
-        snapshot.fingerprint,
-    )
-    if same or record.state != FileState.PRESENT:
-        return None
-    settings = {"task_timeout": job.task_timeout, "not_before": job.not_before}
-    job, created = jobs.submit(
-        record,
-        job.processors,
-        priority=job.priority,
-        max_retries=job.max_retries,
-        options=job.options | {k: v for k, v in settings.items() if v is not None},
-    )
+    """After ``job`` ended on content its file no longer holds: queue the new content if
+    it was registered meanwhile (that registration found ``job`` still active and joined
+    it). Otherwise the watcher registers it, and queues it, once it has settled.
+
+    Under the path's lock, as registrations are: one in progress has read ``job`` as
+    active but not committed yet, and is waited for (PostgreSQL would otherwise show
+    the record as it was, and neither would queue the new content).
+    """
+    database = MediaFile._meta.database
+    with bus.held(), db.write_transaction(database):  # the job announced once committed
+        _lock_path(database, snapshot.path)
+        record = MediaFile.get_by_id(snapshot.id)
+        same = (record.size, record.mtime, record.fingerprint) == (
+            snapshot.size,
+            snapshot.mtime,
+            snapshot.fingerprint,
+        )
+        if same or record.state != FileState.PRESENT:
+            return None
+        settings = {"task_timeout": job.task_timeout, "not_before": job.not_before}
+        job, created = jobs.submit(
+            record,
+            job.processors,
+            priority=job.priority,
+            max_retries=job.max_retries,
+            options=job.options | {k: v for k, v in settings.items() if v is not None},
+        )
     return job if created else None

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path, PurePath
 
+import psycopg
 import pytest
 from conftest import ServiceProcess, wait_for
 from media_factory import make_audio_file, make_corrupt_video, make_text_file, make_video
@@ -654,6 +655,49 @@ def test_a_file_deleted_or_replaced_during_processing_fails_its_job_and_nothing_
         "completed"
     ]
     assert files(svc)["doomed.mp4"]["state"] == "missing"
+
+
+def test_new_content_registered_between_a_jobs_last_look_and_its_finish_is_queued(
+    start_service, database_url, videos, tmp_path
+) -> None:
+    if not database_url:
+        pytest.skip("the finish is held with a row lock; SQLite has only its one write lock")
+    hold = tmp_path / "quiet.hold"
+    hold.touch()
+    svc = start_service(
+        service={"plugins": ["workloads:Quiet"]},
+        ingest=INGEST | {"processors": ["quiet"]},
+        **{"processors.quiet": {"hold_while_exists": str(hold)}},
+    )
+    copy_in(videos[0], svc.drop / "clip.mp4")
+    record = wait_for(lambda: files(svc).get("clip.mp4"))
+    (old,) = jobs_of(svc, record["file_uuid"])
+    wait_for(lambda: svc.job(old["task_id"])["processors"]["quiet"]["status"] == "running")
+
+    with psycopg.connect(database_url) as lock, psycopg.connect(database_url) as look:
+        lock.execute("SELECT 1 FROM job WHERE task_id = %s FOR UPDATE", (old["task_id"],))
+        pid = lock.info.backend_pid
+
+        def finish_waits() -> bool:
+            waiting = look.execute(
+                "SELECT query FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                (pid,),
+            ).fetchall()
+            look.rollback()  # a fresh snapshot each time
+            return any("FOR UPDATE" in q and "SKIP" not in q for (q,) in waiting)
+
+        hold.unlink()  # its run ends on the old content; its finish waits for the lock
+        wait_for(finish_waits)
+        # Replaced now: the registration finds the job still running and joins it.
+        os.replace(copy_in(videos[1], svc.root / "staging.mp4"), svc.drop / "clip.mp4")
+        size = videos[1].stat().st_size
+        wait_for(lambda: files(svc)["clip.mp4"]["size"] == size)
+        lock.rollback()
+
+    assert svc.wait_status(old["task_id"], "completed")["processors"]["quiet"]["attempts"] == 1
+    # The new content is queued all the same, and runs.
+    newer = wait_for(lambda: len(j := jobs_of(svc, record["file_uuid"])) == 2 and j[1])
+    svc.wait_status(newer["task_id"], "completed")
 
 
 def _rejected(svc: ServiceProcess, name: str) -> dict | None:

@@ -450,6 +450,59 @@ def test_reconcile_new_changed_missing_and_unchanged(start_service, videos) -> N
     assert len(jobs_of(svc, back["file_uuid"])) == 1
 
 
+def test_new_content_of_the_same_size_and_mtime_is_new_and_a_chmod_or_restart_is_not(
+    start_service, videos, tmp_path
+) -> None:
+    svc = drop_service(start_service)
+    base = videos[0].read_bytes()
+    # Three versions of one clip, alike in size; each its own content (a tail players skip).
+    versions = []
+    for tail in (b"first", b"fixed", b"again"):
+        version = tmp_path / f"{tail.decode()}.mp4"
+        version.write_bytes(base + tail)
+        os.utime(version, (1_700_000_000, 1_700_000_000))  # one mtime, kept on upload
+        versions.append(version)
+    clip = svc.drop / "clip.mp4"
+
+    def uploaded(count: int) -> list[dict]:
+        """The clip's jobs once it has ``count``; each run to the end."""
+        found = wait_for(lambda: len(j := jobs_of(svc, record["file_uuid"])) == count and j)
+        return [svc.wait_status(job["task_id"], "completed") for job in found]
+
+    shutil.copy2(versions[0], svc.root / "staging.mp4")
+    os.replace(svc.root / "staging.mp4", clip)
+    record = wait_for(lambda: files(svc).get("clip.mp4"))
+    first = svc.get(f"/api/v1/files/{record['file_uuid']}")["fingerprint"]
+    uploaded(1)
+
+    # rsync -t, or an SFTP server's atomic upload of `put -p`: renamed over it, times kept.
+    shutil.copy2(versions[1], svc.root / "staging.mp4")
+    os.replace(svc.root / "staging.mp4", clip)
+    uploaded(2)
+    assert svc.get(f"/api/v1/files/{record['file_uuid']}")["fingerprint"] != first
+
+    # Rewritten in place, times put back (`sftp put -p`, `cp -p`), while the service was down.
+    svc.stop()
+    with clip.open("r+b") as f:
+        f.write(versions[2].read_bytes())
+    os.utime(clip, (1_700_000_000, 1_700_000_000))
+    svc.start()
+    uploaded(3)
+
+    # Not new content: a chmod, an access time set, a restart, rescans.
+    clip.chmod(0o600)
+    os.utime(clip, ns=(time.time_ns(), clip.stat().st_mtime_ns))  # touch -a
+    svc.restart()
+    for _ in range(2):
+        counts = rescan(svc)
+        assert (counts["new"], counts["changed"], counts["unchanged"]) == (0, 0, 1), counts
+    # A copy of what it holds put in its place, times kept (a backup restored): the same.
+    shutil.copy2(clip, svc.root / "staging.mp4")
+    os.replace(svc.root / "staging.mp4", clip)
+    assert rescan(svc) == {"new": 0, "changed": 0, "missing": 0, "unchanged": 1, "settling": 0}
+    assert len(jobs_of(svc, record["file_uuid"])) == 3
+
+
 # -- bad files --------------------------------------------------------------------------------
 
 

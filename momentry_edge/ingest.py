@@ -947,9 +947,12 @@ class FileGuard:
         st = _lstat(self.path)
         self._seen = st if st and record.fingerprint else None
         # Changed between registration and now: is it still the content that was registered?
-        if self._seen and not record.holds(st) and self._content_changed(st):
-            self._seen = None
-            self.replaced = True
+        if self._seen and not record.holds(st):
+            now = db.stamp(st)
+            moved = (record.size, record.mtime) != (now["size"], now["mtime"])
+            if self._content_changed(st, moved or record.inode not in (None, now["inode"])):
+                self._seen = None
+                self.replaced = True
 
     def problem(self) -> str | None:
         """None while the file is the one the job was queued for, else why not."""
@@ -969,7 +972,13 @@ class FileGuard:
         if st is None:
             return "the file was deleted or moved away during processing"
         if db.written(self._seen, st):
-            if self._content_changed(st):
+            seen = self._seen
+            moved = (st.st_size, st.st_mtime_ns, st.st_ino) != (
+                seen.st_size,
+                seen.st_mtime_ns,
+                seen.st_ino,
+            )
+            if self._content_changed(st, moved):
                 self.replaced = True
                 return (
                     "the file was replaced or changed during processing; its new "
@@ -978,11 +987,14 @@ class FileGuard:
             self._seen = st  # touched, same content
         return None
 
-    def _content_changed(self, st: os.stat_result) -> bool:
+    def _content_changed(self, st: os.stat_result, moved: bool) -> bool:
+        """Read to tell. One that cannot be read is taken for replaced when its size, mtime
+        or inode ``moved``; with only its ctime moved (a chmod) the probe and the
+        processors meet it and say why."""
         try:
             return fingerprint(self.path, st.st_size) != self.fingerprint
         except OSError:
-            return True
+            return moved
 
 
 def _lstat(path: Path) -> os.stat_result | None:

@@ -328,11 +328,15 @@ class Intake:
         names = [str(path) for path, _, _ in chunk]
         known = {r.path: r for r in MediaFile.select().where(MediaFile.path.in_(names))}
         looked = {}  # what the slow part (reading the samples) saw, outside the lock
-        for path, root, st in chunk:
-            if not _recognised_record(known.get(str(path)), st, True, False):
-                with contextlib.suppress(Gone):
-                    looked[str(path)] = (path, root, st, _glance(path, st))
         again, admissions, new = [], [], []
+        for path, root, st in chunk:
+            record = known.get(str(path))
+            if _recognised_record(record, st, True, False):
+                # Taken by another way in since the caller looked (a rescan counts it).
+                admissions.append(Admission(record, Outcome.UNCHANGED, None, False))
+                continue
+            with contextlib.suppress(Gone):
+                looked[str(path)] = (path, root, st, _glance(path, st))
         with bus.held(), db.write_transaction(database):
             _lock_paths(database, list(looked))
             current = {r.path: r for r in MediaFile.select().where(MediaFile.path.in_(names))}

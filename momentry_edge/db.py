@@ -11,6 +11,7 @@ import enum
 import functools
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -102,6 +103,12 @@ class MediaFile(BaseModel):
     name = pw.TextField()
     size = pw.BigIntegerField(default=0)
     mtime = pw.DoubleField(default=0)
+    # With size and mtime, what tells that the file may hold other content since it was
+    # read (see ``holds``): the inode (another one when a file is renamed over it) and
+    # the ctime (moves on every write, and its uploader cannot set it). Null in records
+    # older than these columns until a rescan fills them in.
+    inode = pw.BigIntegerField(null=True)  # st_ino as a signed 64-bit number
+    ctime = pw.DoubleField(null=True)
     fingerprint = pw.CharField(max_length=80, null=True)
     state = pw.CharField(max_length=16, default=FileState.PRESENT, index=True)
     reason = pw.TextField(null=True)
@@ -119,6 +126,38 @@ class MediaFile(BaseModel):
     audio_codec = pw.CharField(max_length=32, null=True)
     registered_at = pw.DoubleField(default=time.time)
     updated_at = pw.DoubleField(default=time.time)
+
+    def holds(self, st: os.stat_result) -> bool:
+        """Whether the file ``st`` describes is still the one read for this record, as far
+        as its stat tells (see ``unchanged``)."""
+        return unchanged((self.size, self.mtime, self.inode, self.ctime), st)
+
+
+def stamp(st: os.stat_result) -> dict[str, Any]:
+    """The MediaFile fields a file's stat gives: size, mtime, inode, ctime."""
+    inode = st.st_ino - (1 << 64) if st.st_ino >= 1 << 63 else st.st_ino  # fits a BIGINT
+    return {"size": st.st_size, "mtime": st.st_mtime, "inode": inode, "ctime": st.st_ctime}
+
+
+def unchanged(recorded: tuple[int, float, int | None, float | None], st: os.stat_result) -> bool:
+    """Whether a file's stat ``st`` still matches the recorded (size, mtime, inode, ctime):
+    then it holds the content read for the record, unread. Any change (a chmod or a
+    ``touch -a`` moves the ctime too) means only reading it again tells. An inode or
+    ctime not recorded yet (a record older than them) is not compared."""
+    seen = tuple(stamp(st).values())
+    return recorded[:2] == seen[:2] and all(
+        known is None or known == now for known, now in zip(recorded[2:], seen[2:], strict=True)
+    )
+
+
+def written(before: os.stat_result, after: os.stat_result) -> bool:
+    """Written to, replaced or touched between two looks at one path (to the nanosecond)."""
+    return (before.st_size, before.st_mtime_ns, before.st_ino, before.st_ctime_ns) != (
+        after.st_size,
+        after.st_mtime_ns,
+        after.st_ino,
+        after.st_ctime_ns,
+    )
 
 
 class Job(BaseModel):
@@ -263,6 +302,20 @@ def _v7_file_recheck(db: pw.Database) -> None:
         run_migrations(*steps)
 
 
+def _v8_file_identity(db: pw.Database) -> None:
+    # Each file's inode and ctime (see MediaFile); existing records get them from the next
+    # rescan (Intake.reconcile), without being read again.
+    have = {c.name for c in db.get_columns("media_file")}
+    migrator = SchemaMigrator.from_database(db)
+    steps = [
+        migrator.add_column("media_file", name, field)
+        for name, field in (("inode", MediaFile.inode), ("ctime", MediaFile.ctime))
+        if name not in have
+    ]
+    if steps:
+        run_migrations(*steps)
+
+
 # Append-only: each entry moves the schema one version forward.
 MIGRATIONS: list[Callable[[pw.Database], None]] = [
     _v1_initial,
@@ -272,6 +325,7 @@ MIGRATIONS: list[Callable[[pw.Database], None]] = [
     _v5_callbacks,
     _v6_job_settings,
     _v7_file_recheck,
+    _v8_file_identity,
 ]
 
 

@@ -6,12 +6,13 @@ A file arrives in one of three ways, and all of them go through ``Intake.admit``
 - an upload hook calls ``POST /api/v1/files/register`` (``Intake.register``);
 - a rescan (at start-up, every ``rescan_interval``, or on demand) walks the folders.
 
-``admit`` stats the file first: a known file whose size and mtime are unchanged is
-recognised without reading it. Otherwise it is probed and fingerprinted outside any
-lock; then the record and, when the content is new, its job are written in one
-transaction holding a per-path lock (SQLite: the write lock; PostgreSQL: an advisory
-lock). So the hook, the watcher, a rescan and other nodes racing on one file give one
-record and one job, and a crash never leaves a registered file without its job.
+``admit`` stats the file first: a known file whose size, mtime, inode and ctime are
+unchanged is recognised without reading it (``db.unchanged``). Otherwise it is probed
+and fingerprinted outside any lock; then the record and, when the content is new, its
+job are written in one transaction holding a per-path lock (SQLite: the write lock;
+PostgreSQL: an advisory lock). So the hook, the watcher, a rescan and other nodes
+racing on one file give one record and one job, and a crash never leaves a registered
+file without its job.
 
 Files known to be whole are taken many at a time: those whose writers closed them
 or that were renamed into place (inotify's close and move events; the watcher hands
@@ -73,8 +74,8 @@ class Outcome(enum.Enum):
     NEW = "new"  # first time this path is seen
     CHANGED = "changed"  # different content (or state) than the record had
     RESTORED = "restored"  # was missing or rejected, is back with the same content
-    TOUCHED = "touched"  # mtime or size moved, content (fingerprint) did not
-    UNCHANGED = "unchanged"  # recognised by size + mtime, not read at all
+    TOUCHED = "touched"  # its stat changed, its content (fingerprint) did not
+    UNCHANGED = "unchanged"  # recognised by its stat (db.unchanged), not read at all
 
 
 # The rescan's count each outcome adds to.
@@ -327,11 +328,15 @@ class Intake:
         names = [str(path) for path, _, _ in chunk]
         known = {r.path: r for r in MediaFile.select().where(MediaFile.path.in_(names))}
         looked = {}  # what the slow part (reading the samples) saw, outside the lock
-        for path, root, st in chunk:
-            if not _recognised_record(known.get(str(path)), st, True, False):
-                with contextlib.suppress(Gone):
-                    looked[str(path)] = (path, root, st, _glance(path, st))
         again, admissions, new = [], [], []
+        for path, root, st in chunk:
+            record = known.get(str(path))
+            if _recognised_record(record, st, True, False):
+                # Taken by another way in since the caller looked (a rescan counts it).
+                admissions.append(Admission(record, Outcome.UNCHANGED, None, False))
+                continue
+            with contextlib.suppress(Gone):
+                looked[str(path)] = (path, root, st, _glance(path, st))
         with bus.held(), db.write_transaction(database):
             _lock_paths(database, list(looked))
             current = {r.path: r for r in MediaFile.select().where(MediaFile.path.in_(names))}
@@ -339,7 +344,7 @@ class Intake:
                 fresh = _lstat(path)
                 if fresh is None:
                     continue  # gone meanwhile
-                if (fresh.st_size, fresh.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
+                if db.written(st, fresh):
                     again.append(name)  # written to while we looked
                     continue
                 record = current.get(name)
@@ -384,7 +389,8 @@ class Intake:
     ) -> dict[str, int]:
         """Bring the table in line with the folders: new files, changed files, missing files.
 
-        Known files with unchanged size and mtime are counted without being read.
+        Known files with unchanged size, mtime, inode and ctime are counted without being
+        read; records older than the inode and ctime columns get them here.
         A new or changed file written less than settle_seconds ago goes to ``defer``
         (the watcher's settle tracker) instead of being registered half-written; one
         written more than WRITING_GRACE ago is taken in batches, without the probe.
@@ -403,6 +409,8 @@ class Intake:
                 MediaFile.path,
                 MediaFile.size,
                 MediaFile.mtime,
+                MediaFile.inode,
+                MediaFile.ctime,
                 MediaFile.state,
                 MediaFile.transient,
             )
@@ -412,6 +420,7 @@ class Intake:
         }
         seen: set[str] = set()
         whole: list[tuple[Path, Path, os.stat_result]] = []
+        unstamped: list[tuple[str, os.stat_result]] = []
         for root in mounted:
             for path, st in self._walk(root):
                 if path in seen:
@@ -420,6 +429,8 @@ class Intake:
                 row = known.get(path)
                 if row is not None and _recognised(*row, st):
                     counts["unchanged"] += 1
+                    if None in row[2:4]:
+                        unstamped.append((path, st))
                 elif defer is not None and now - st.st_mtime < self.settle_seconds:
                     defer(Path(path))
                     counts["settling"] += 1
@@ -440,10 +451,11 @@ class Intake:
                 if defer is not None:
                     defer(Path(path))
                 counts["settling"] += 1
+        _stamp(unstamped)
         gone = [
             path
             for path, row in known.items()
-            if path not in seen and row[2] != FileState.MISSING and _lstat(Path(path)) is None
+            if path not in seen and row[4] != FileState.MISSING and _lstat(Path(path)) is None
         ]
         counts["missing"] = self.mark_missing(gone, now)
         return counts
@@ -501,8 +513,7 @@ class Intake:
             with bus.held(), db.write_transaction(database):
                 _lock_path(database, str(path))
                 fresh = _stat_file(path)
-                moved = (fresh.st_size, fresh.st_mtime_ns) != (st.st_size, st.st_mtime_ns)
-                if moved and attempt < 2:
+                if db.written(st, fresh) and attempt < 2:
                     continue  # written to while we looked: look again
                 current = MediaFile.get_or_none(MediaFile.path == str(path))
                 if not upload_ok and current is not None:
@@ -645,15 +656,40 @@ def _stat_file(path: Path) -> os.stat_result:
     return st
 
 
-def _recognised(size: int, mtime: float, state: str, transient: bool, st: Any) -> bool:
-    """Known, and neither written nor touched since: no need to read it again.
+def _recognised(
+    size: int,
+    mtime: float,
+    inode: int | None,
+    ctime: float | None,
+    state: str,
+    transient: bool,
+    st: os.stat_result,
+) -> bool:
+    """Known, and its stat unchanged since it was read (``db.unchanged``): no need to read
+    it again.
 
     A file that is missing, or rejected for a cause that can pass without the file
-    changing (a chmod does not move mtime), is always looked at again.
+    changing, is always looked at again.
     """
     if state == FileState.MISSING or (state == FileState.REJECTED and transient):
         return False
-    return (size, mtime) == (st.st_size, st.st_mtime)
+    return db.unchanged((size, mtime, inode, ctime), st)
+
+
+def _stamp(found: Sequence[tuple[str, os.stat_result]]) -> None:
+    """Give records made before the inode and ctime columns existed their file's, as the
+    rescan finds it unchanged otherwise (never read again for that)."""
+    database = MediaFile._meta.database
+    for chunk in pw.chunked(found, 500):
+        with db.write_transaction(database):
+            for path, st in chunk:
+                fields = db.stamp(st)
+                MediaFile.update(inode=fields["inode"], ctime=fields["ctime"]).where(
+                    MediaFile.path == path,
+                    MediaFile.size == fields["size"],
+                    MediaFile.mtime == fields["mtime"],
+                    MediaFile.inode.is_null() | MediaFile.ctime.is_null(),
+                ).execute()
 
 
 def _recognised_record(
@@ -666,7 +702,9 @@ def _recognised_record(
     if explicit and needs_probe(record):
         return False  # the register API answers with the probe's verdict
     # (The watcher and the rescan keep the hook's "aborted" until the file changes.)
-    return _recognised(record.size, record.mtime, record.state, record.transient, st)
+    return _recognised(
+        record.size, record.mtime, record.inode, record.ctime, record.state, record.transient, st
+    )
 
 
 def _observe(path: Path, st: os.stat_result, upload_ok: bool) -> _Observed:
@@ -736,8 +774,7 @@ def _write(
         "watch_root": str(root),
         "rel_path": str(path.relative_to(root)),
         "name": path.name,
-        "size": st.st_size,
-        "mtime": st.st_mtime,
+        **db.stamp(st),
         "updated_at": now,
         "state": observed.state,
         "reason": observed.reason,
@@ -778,8 +815,7 @@ def _fields(
         "watch_root": str(root),
         "rel_path": str(path.relative_to(root)),
         "name": path.name,
-        "size": st.st_size,
-        "mtime": st.st_mtime,
+        **db.stamp(st),
         "state": observed.state,
         "reason": observed.reason,
         "fingerprint": observed.fingerprint,
@@ -825,7 +861,7 @@ def _upload_failed(record: MediaFile, st: os.stat_result) -> None:
     still holds is not pulled from under it: Conflict. Changed content is rejected as
     usual, and the running job notices the replaced file itself (FileGuard)."""
     active = list(Job.select().where(Job.file == record.id, Job.status.in_(db.ACTIVE_STATES)))
-    unchanged = _recognised(record.size, record.mtime, record.state, record.transient, st)
+    unchanged = _recognised_record(record, st, True, False)
     running = [job for job in active if job.status == JobStatus.PROCESSING]
     if running and unchanged:
         raise Conflict(
@@ -913,11 +949,14 @@ class FileGuard:
         # A symlink (or special file) put in its place: never followed out of the folder.
         self.unfollowed = os.path.lexists(self.path) and _lstat(self.path) is None
         st = _lstat(self.path)
-        self._seen = (st.st_size, st.st_mtime) if st and record.fingerprint else None
+        self._seen = st if st and record.fingerprint else None
         # Changed between registration and now: is it still the content that was registered?
-        if self._seen and self._seen != (record.size, record.mtime) and self._content_changed(st):
-            self._seen = None
-            self.replaced = True
+        if self._seen and not record.holds(st):
+            now = db.stamp(st)
+            moved = (record.size, record.mtime) != (now["size"], now["mtime"])
+            if self._content_changed(st, moved or record.inode not in (None, now["inode"])):
+                self._seen = None
+                self.replaced = True
 
     def problem(self) -> str | None:
         """None while the file is the one the job was queued for, else why not."""
@@ -936,21 +975,30 @@ class FileGuard:
         st = _lstat(self.path)
         if st is None:
             return "the file was deleted or moved away during processing"
-        if (st.st_size, st.st_mtime) != self._seen:
-            if self._content_changed(st):
+        if db.written(self._seen, st):
+            seen = self._seen
+            moved = (st.st_size, st.st_mtime_ns, st.st_ino) != (
+                seen.st_size,
+                seen.st_mtime_ns,
+                seen.st_ino,
+            )
+            if self._content_changed(st, moved):
                 self.replaced = True
                 return (
                     "the file was replaced or changed during processing; its new "
                     "content is registered as a new job once it has settled"
                 )
-            self._seen = (st.st_size, st.st_mtime)  # touched, same content
+            self._seen = st  # touched, same content
         return None
 
-    def _content_changed(self, st: os.stat_result) -> bool:
+    def _content_changed(self, st: os.stat_result, moved: bool) -> bool:
+        """Read to tell. One that cannot be read is taken for replaced when its size, mtime
+        or inode ``moved``; with only its ctime moved (a chmod) the probe and the
+        processors meet it and say why."""
         try:
             return fingerprint(self.path, st.st_size) != self.fingerprint
         except OSError:
-            return True
+            return moved
 
 
 def _lstat(path: Path) -> os.stat_result | None:
@@ -962,23 +1010,31 @@ def _lstat(path: Path) -> os.stat_result | None:
 
 
 def requeue_replaced(job: Job, snapshot: MediaFile) -> Job | None:
-    """After ``job`` failed because its file was replaced: queue the new content if it
-    was registered meanwhile (that registration found ``job`` still active and joined
-    it). Otherwise the watcher registers it, and queues it, once it has settled."""
-    record = MediaFile.get_by_id(snapshot.id)
-    same = (record.size, record.mtime, record.fingerprint) == (
-        snapshot.size,
-        snapshot.mtime,
-        snapshot.fingerprint,
-    )
-    if same or record.state != FileState.PRESENT:
-        return None
-    settings = {"task_timeout": job.task_timeout, "not_before": job.not_before}
-    job, created = jobs.submit(
-        record,
-        job.processors,
-        priority=job.priority,
-        max_retries=job.max_retries,
-        options=job.options | {k: v for k, v in settings.items() if v is not None},
-    )
+    """After ``job`` ended on content its file no longer holds: queue the new content if
+    it was registered meanwhile (that registration found ``job`` still active and joined
+    it). Otherwise the watcher registers it, and queues it, once it has settled.
+
+    Under the path's lock, as registrations are: one in progress has read ``job`` as
+    active but not committed yet, and is waited for (PostgreSQL would otherwise show
+    the record as it was, and neither would queue the new content).
+    """
+    database = MediaFile._meta.database
+    with bus.held(), db.write_transaction(database):  # the job announced once committed
+        _lock_path(database, snapshot.path)
+        record = MediaFile.get_by_id(snapshot.id)
+        same = (record.size, record.mtime, record.fingerprint) == (
+            snapshot.size,
+            snapshot.mtime,
+            snapshot.fingerprint,
+        )
+        if same or record.state != FileState.PRESENT:
+            return None
+        settings = {"task_timeout": job.task_timeout, "not_before": job.not_before}
+        job, created = jobs.submit(
+            record,
+            job.processors,
+            priority=job.priority,
+            max_retries=job.max_retries,
+            options=job.options | {k: v for k, v in settings.items() if v is not None},
+        )
     return job if created else None

@@ -313,7 +313,7 @@ _RESCANNED = _ok(
     new=INT | {"description": "files registered for the first time"},
     changed=INT | {"description": "known files re-registered: new content, or back on disk"},
     missing=INT | {"description": "known files now gone from disk"},
-    unchanged=INT | {"description": "known files recognised by size and mtime, not read"},
+    unchanged=INT | {"description": "known files unchanged: same stat, or read and same content"},
     settling=INT | {"description": "written too recently; registered once settled"},
 )
 _PAGING = ("limit", "offset")

@@ -296,7 +296,7 @@ def content_hash(record: MediaFile) -> str | None:
         return record.content_hash
     path = Path(record.path)
     before = _regular_stat(path)
-    if before is None or (before.st_size, before.st_mtime) != (record.size, record.mtime):
+    if before is None or not record.holds(before):
         return None
     digest = hashlib.blake2b(digest_size=32)
     try:
@@ -306,7 +306,7 @@ def content_hash(record: MediaFile) -> str | None:
     except OSError:
         return None
     after = _regular_stat(path)
-    if after is None or (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
+    if after is None or db.written(before, after):
         return None  # written while it was read
     value = digest.hexdigest()
     # Stored only while the record still describes this content (not re-registered meanwhile).
@@ -316,6 +316,8 @@ def content_hash(record: MediaFile) -> str | None:
             MediaFile.id == record.id,
             MediaFile.size == record.size,
             MediaFile.mtime == record.mtime,
+            MediaFile.inode == record.inode,
+            MediaFile.ctime == record.ctime,
             MediaFile.fingerprint == record.fingerprint,
         )
         .execute()

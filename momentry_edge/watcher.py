@@ -41,7 +41,12 @@ move a folder in                   moved ``""`` -> folder (dir), created for eac
 rename a folder inside the watch   moved (dir), moved for each file in it
 symlink or hard link               created (a symlink is never taken)
 copy keeping times (``cp -p``)     created, opened, modified, closed, attrib
+delete the watched folder          deleted (dir) for each file and folder, itself last
+rename the watched folder away     nothing: its watch follows it to the new name
 =================================  ===============================================
+
+So the ingest thread looks every LOST_POLL whether each watched folder is still the
+one it watches (``_identity``).
 
 ``closed`` is inotify's IN_CLOSE_WRITE: the writer has closed the file. Where the
 platform reports it (inotify), a file written and closed is taken at once, and a
@@ -101,8 +106,10 @@ _REPORTS_CLOSE = {"InotifyObserver"}
 # GIL, so more threads only overlap database commits: 2 measured ~1.2x over 1, and 4
 # no better than 2 (each thread holds a database connection).
 REGISTER_THREADS = 2
-# While a watched folder is gone (deleted, or its volume unmounted), how often the ingest
-# thread looks whether it is back, to watch it again (its watch ended with it).
+# How often the ingest thread looks whether a watched folder is still the one watched
+# (inotify says nothing when the folder itself is renamed away: its watch follows it to
+# the new name) and whether one gone (deleted, renamed, its volume unmounted) is back,
+# to watch it again.
 LOST_POLL = 1.0
 
 
@@ -306,11 +313,12 @@ class Watcher:
     def _run(self) -> None:
         while not self._stopping.is_set():
             try:
-                # Block without a timeout while nothing is settling: no wake-ups when idle.
-                idle = LOST_POLL if self._lost else None
+                # Block without a timeout while nothing is settling or watched.
+                idle = LOST_POLL if self._lost or self._scheduled else None
                 self._take(self.tick if len(self.tracker) else idle)
-                if any(root.is_dir() for root in list(self._lost)):
-                    self._guarded(self.rescan)  # watch it again; take what is in it already
+                if self._folders_changed():
+                    # Watch what is there now; take what is in it already.
+                    self._guarded(self.rescan)
                 due = self.tracker.due()
                 if closed := [path for path, was_closed in due if was_closed]:
                     self._hand_closed(closed)
@@ -321,6 +329,14 @@ class Watcher:
                 # Whatever one odd file or event does, the drop folder stays watched.
                 log.exception("ingest: unexpected error; carrying on")
                 time.sleep(self.tick)
+
+    def _folders_changed(self) -> bool:
+        """A watched folder is gone or is another folder now (one stat each), or one gone
+        is back."""
+        watched = list(self._scheduled.items())
+        if any(made is not None and _identity(root) != made for root, (_, made) in watched):
+            return True
+        return any(root.is_dir() for root in list(self._lost))
 
     def _settled(self, path: str, closed: bool) -> None:
         """On a register thread: take ``path``, or wait for it again if it is still arriving."""

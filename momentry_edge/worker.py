@@ -395,8 +395,10 @@ class Workers:
         log.info("job %s %s", job.task_id, status)
         if status == JobStatus.RETRYING:
             self.kick(delay=Job.get_by_id(job.id).next_attempt_at - clock.now())
-        if guard.replaced:
-            ingest.requeue_replaced(job, job.file)  # the new content arrived while this job ran
+        # Replaced while this job ran, or since its last look (before its finish): the new
+        # content, if registered meanwhile, joined this job and is queued now.
+        if guard.replaced or guard.problem() is not None:
+            ingest.requeue_replaced(job, job.file)
         return status
 
     def _reject(self, job: Job, runs: list[ProcessorRun], reason: str) -> str:

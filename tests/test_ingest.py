@@ -11,6 +11,7 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path, PurePath
 
+import psycopg
 import pytest
 from conftest import ServiceProcess, wait_for
 from media_factory import make_audio_file, make_corrupt_video, make_text_file, make_video
@@ -449,6 +450,59 @@ def test_reconcile_new_changed_missing_and_unchanged(start_service, videos) -> N
     assert len(jobs_of(svc, back["file_uuid"])) == 1
 
 
+def test_new_content_of_the_same_size_and_mtime_is_new_and_a_chmod_or_restart_is_not(
+    start_service, videos, tmp_path
+) -> None:
+    svc = drop_service(start_service)
+    base = videos[0].read_bytes()
+    # Three versions of one clip, alike in size; each its own content (a tail players skip).
+    versions = []
+    for tail in (b"first", b"fixed", b"again"):
+        version = tmp_path / f"{tail.decode()}.mp4"
+        version.write_bytes(base + tail)
+        os.utime(version, (1_700_000_000, 1_700_000_000))  # one mtime, kept on upload
+        versions.append(version)
+    clip = svc.drop / "clip.mp4"
+
+    def uploaded(count: int) -> list[dict]:
+        """The clip's jobs once it has ``count``; each run to the end."""
+        found = wait_for(lambda: len(j := jobs_of(svc, record["file_uuid"])) == count and j)
+        return [svc.wait_status(job["task_id"], "completed") for job in found]
+
+    shutil.copy2(versions[0], svc.root / "staging.mp4")
+    os.replace(svc.root / "staging.mp4", clip)
+    record = wait_for(lambda: files(svc).get("clip.mp4"))
+    first = svc.get(f"/api/v1/files/{record['file_uuid']}")["fingerprint"]
+    uploaded(1)
+
+    # rsync -t, or an SFTP server's atomic upload of `put -p`: renamed over it, times kept.
+    shutil.copy2(versions[1], svc.root / "staging.mp4")
+    os.replace(svc.root / "staging.mp4", clip)
+    uploaded(2)
+    assert svc.get(f"/api/v1/files/{record['file_uuid']}")["fingerprint"] != first
+
+    # Rewritten in place, times put back (`sftp put -p`, `cp -p`), while the service was down.
+    svc.stop()
+    with clip.open("r+b") as f:
+        f.write(versions[2].read_bytes())
+    os.utime(clip, (1_700_000_000, 1_700_000_000))
+    svc.start()
+    uploaded(3)
+
+    # Not new content: a chmod, an access time set, a restart, rescans.
+    clip.chmod(0o600)
+    os.utime(clip, ns=(time.time_ns(), clip.stat().st_mtime_ns))  # touch -a
+    svc.restart()
+    for _ in range(2):
+        counts = rescan(svc)
+        assert (counts["new"], counts["changed"], counts["unchanged"]) == (0, 0, 1), counts
+    # A copy of what it holds put in its place, times kept (a backup restored): the same.
+    shutil.copy2(clip, svc.root / "staging.mp4")
+    os.replace(svc.root / "staging.mp4", clip)
+    assert rescan(svc) == {"new": 0, "changed": 0, "missing": 0, "unchanged": 1, "settling": 0}
+    assert len(jobs_of(svc, record["file_uuid"])) == 3
+
+
 # -- bad files --------------------------------------------------------------------------------
 
 
@@ -654,6 +708,49 @@ def test_a_file_deleted_or_replaced_during_processing_fails_its_job_and_nothing_
         "completed"
     ]
     assert files(svc)["doomed.mp4"]["state"] == "missing"
+
+
+def test_new_content_registered_between_a_jobs_last_look_and_its_finish_is_queued(
+    start_service, database_url, videos, tmp_path
+) -> None:
+    if not database_url:
+        pytest.skip("the finish is held with a row lock; SQLite has only its one write lock")
+    hold = tmp_path / "quiet.hold"
+    hold.touch()
+    svc = start_service(
+        service={"plugins": ["workloads:Quiet"]},
+        ingest=INGEST | {"processors": ["quiet"]},
+        **{"processors.quiet": {"hold_while_exists": str(hold)}},
+    )
+    copy_in(videos[0], svc.drop / "clip.mp4")
+    record = wait_for(lambda: files(svc).get("clip.mp4"))
+    (old,) = jobs_of(svc, record["file_uuid"])
+    wait_for(lambda: svc.job(old["task_id"])["processors"]["quiet"]["status"] == "running")
+
+    with psycopg.connect(database_url) as lock, psycopg.connect(database_url) as look:
+        lock.execute("SELECT 1 FROM job WHERE task_id = %s FOR UPDATE", (old["task_id"],))
+        pid = lock.info.backend_pid
+
+        def finish_waits() -> bool:
+            waiting = look.execute(
+                "SELECT query FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                (pid,),
+            ).fetchall()
+            look.rollback()  # a fresh snapshot each time
+            return any("FOR UPDATE" in q and "SKIP" not in q for (q,) in waiting)
+
+        hold.unlink()  # its run ends on the old content; its finish waits for the lock
+        wait_for(finish_waits)
+        # Replaced now: the registration finds the job still running and joins it.
+        os.replace(copy_in(videos[1], svc.root / "staging.mp4"), svc.drop / "clip.mp4")
+        size = videos[1].stat().st_size
+        wait_for(lambda: files(svc)["clip.mp4"]["size"] == size)
+        lock.rollback()
+
+    assert svc.wait_status(old["task_id"], "completed")["processors"]["quiet"]["attempts"] == 1
+    # The new content is queued all the same, and runs.
+    newer = wait_for(lambda: len(j := jobs_of(svc, record["file_uuid"])) == 2 and j[1])
+    svc.wait_status(newer["task_id"], "completed")
 
 
 def _rejected(svc: ServiceProcess, name: str) -> dict | None:

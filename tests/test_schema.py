@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 from momentry_edge import db, jobs
 from momentry_edge.db import FileState, Job, MediaFile, SchemaVersion
+from momentry_edge.ingest import Intake
 
 
 def test_a_version_4_database_gains_the_new_columns_and_keeps_its_jobs(tmp_path, database_url):
@@ -72,4 +75,48 @@ def test_a_version_6_database_gains_the_file_recheck_columns_and_keeps_its_files
     )
     # Run again (another node starting): nothing to do, nothing breaks.
     assert db.migrate(database) == len(db.MIGRATIONS)
+    database.close()
+
+
+def test_a_version_7_database_gains_inode_and_ctime_and_a_rescan_fills_them_in_unread(
+    tmp_path, database_url
+):
+    data, drop = tmp_path / "data", tmp_path / "drop"
+    drop.mkdir()
+    database = db.connect(database_url, data)
+    jobs.init_queue_state(2, False)
+    for i in range(3):
+        (drop / f"{i}.mp4").write_bytes(bytes([i]) * 4096)
+        os.utime(drop / f"{i}.mp4", (1_700_000_000, 1_700_000_000))
+    intake = Intake([drop], [".mp4"], 0.5, ["noop"], 0)
+    assert intake.reconcile(now=1_700_000_100)["new"] == 3
+    for column in ("inode", "ctime"):
+        database.execute_sql(f"ALTER TABLE media_file DROP COLUMN {column}")
+    SchemaVersion.delete().where(SchemaVersion.version >= 8).execute()
+    database.close()
+
+    database = db.connect(database_url, data)
+    database.connect(reuse_if_open=True)
+
+    assert {"inode", "ctime"} <= {c.name for c in database.get_columns("media_file")}
+    assert SchemaVersion.select().count() == len(db.MIGRATIONS)
+    before = {r.path: r for r in MediaFile.select()}
+    assert [(r.inode, r.ctime) for r in before.values()] == [(None, None)] * 3
+    # The first rescan recognises every file as it did (nothing read, nothing queued) and
+    # records its inode and ctime.
+    counts = intake.reconcile()
+    assert (counts["new"], counts["changed"], counts["unchanged"]) == (0, 0, 3)
+    for path, record in before.items():
+        now = MediaFile.get_by_id(record.id)
+        assert (now.inode, now.ctime) == (os.stat(path).st_ino, os.stat(path).st_ctime)
+        assert (now.fingerprint, now.updated_at) == (record.fingerprint, record.updated_at)
+    assert Job.select().count() == 3
+
+    # From then on, new content of the same size and mtime is told apart.
+    (tmp_path / "new.mp4").write_bytes(b"\xff" * 4096)
+    os.utime(tmp_path / "new.mp4", (1_700_000_000, 1_700_000_000))
+    os.replace(tmp_path / "new.mp4", drop / "0.mp4")
+    assert intake.reconcile()["changed"] == 1
+    replaced = MediaFile.get(MediaFile.path == str(drop / "0.mp4"))
+    assert replaced.fingerprint != before[replaced.path].fingerprint
     database.close()

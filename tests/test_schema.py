@@ -73,3 +73,28 @@ def test_a_version_6_database_gains_the_file_recheck_columns_and_keeps_its_files
     # Run again (another node starting): nothing to do, nothing breaks.
     assert db.migrate(database) == len(db.MIGRATIONS)
     database.close()
+
+
+def test_a_version_7_database_gains_a_queue_identity_that_stays(tmp_path, database_url):
+    data = tmp_path / "data"
+    database = db.connect(database_url, data)
+    jobs.init_queue_state(3, False)
+    database.execute_sql("ALTER TABLE queue_state DROP COLUMN queue_id")
+    SchemaVersion.delete().where(SchemaVersion.version >= 8).execute()
+    database.close()
+
+    database = db.connect(database_url, data)
+    database.connect(reuse_if_open=True)
+    identity = db.queue_id()
+    assert len(identity) == 32 and jobs.queue_state().max_concurrent == 3
+    database.close()
+    # The next start (or another node of the queue) reads the same identity.
+    database = db.connect(database_url, data)
+    jobs.init_queue_state(3, False)
+    assert db.queue_id() == identity
+    database.close()
+    # Another database is another queue.
+    other = db.connect("", tmp_path / "other")
+    jobs.init_queue_state(3, False)
+    assert db.queue_id() != identity
+    other.close()

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
@@ -93,6 +94,10 @@ class QueueState(BaseModel):
     config_max_concurrent = pw.IntegerField()
     config_dynamic_concurrency = pw.BooleanField()
     updated_at = pw.DoubleField(default=time.time)
+    # This queue's identity, made once: the Redis mirror marks the keys it writes with it,
+    # so queues of other machines sharing one Redis keep theirs. Nodes of one PostgreSQL
+    # queue share it, as they share its jobs.
+    queue_id = pw.CharField(max_length=32, default=lambda: uuid.uuid4().hex)
 
 
 class MediaFile(BaseModel):
@@ -316,6 +321,14 @@ def _v8_file_identity(db: pw.Database) -> None:
         run_migrations(*steps)
 
 
+def _v9_queue_id(db: pw.Database) -> None:
+    # The queue's identity (QueueState.queue_id); an existing settings row gets a new one.
+    if "queue_id" in {c.name for c in db.get_columns("queue_state")}:
+        return
+    migrator = SchemaMigrator.from_database(db)
+    run_migrations(migrator.add_column("queue_state", "queue_id", QueueState.queue_id))
+
+
 # Append-only: each entry moves the schema one version forward.
 MIGRATIONS: list[Callable[[pw.Database], None]] = [
     _v1_initial,
@@ -326,6 +339,7 @@ MIGRATIONS: list[Callable[[pw.Database], None]] = [
     _v6_job_settings,
     _v7_file_recheck,
     _v8_file_identity,
+    _v9_queue_id,
 ]
 
 
@@ -374,6 +388,11 @@ def sqlite(path: Path, busy_timeout: float = 15.0) -> pw.SqliteDatabase:
         },
         timeout=busy_timeout,
     )
+
+
+def queue_id() -> str:
+    """This queue database's identity (the settings row is made at start)."""
+    return QueueState.get_by_id(1).queue_id
 
 
 def release_connection() -> None:

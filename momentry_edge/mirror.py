@@ -7,9 +7,15 @@ The Job Worker plan keeps these keys (``uuid`` is the job's ``task_id``)::
     momentry:progress:{uuid}               pub/sub channel: a JSON message per change
     momentry:jobs:active|completed|failed  sets of task ids
 
-and ``momentry:edge:mirror`` (when the last full rewrite began), whose absence says
-Redis was emptied under a running server (FLUSHALL, FLUSHDB, an empty replica
+and ``momentry:edge:mirror:{queue}`` (when the last full rewrite began), whose absence
+says Redis was emptied under a running server (FLUSHALL, FLUSHDB, an empty replica
 promoted): the run id alone only tells a restart.
+
+Machines with queues of their own (each its own SQLite file) may share one Redis: each
+job and processor hash carries its queue's identity (``edge_queue``, db.queue_id), and a
+full rewrite drops only stale keys carrying its own, changes set members one by one and
+keeps a marker per queue. Keys without ``edge_queue`` (older versions) are left alone:
+whose they are cannot be told.
 
 Redis is a copy, never the truth: the bus listener only marks a job as changed,
 and one thread reads the job table and writes Redis with short socket timeouts.
@@ -69,7 +75,8 @@ def set_key(name: str) -> str:
     return f"{PREFIX}jobs:{name}"
 
 
-MARKER = f"{PREFIX}edge:mirror"
+def marker_key(queue: str) -> str:
+    return f"{PREFIX}edge:mirror:{queue}"
 
 
 def connect(url: str, timeout: float = 1.0) -> redis.Redis:
@@ -94,6 +101,7 @@ class RedisMirror(Background):
         # the same again, e.g. a state change the previous write already showed, is not sent.
         self._last_said: dict[str, dict[str, Any]] = {}
         self._watching: set[str] = set()  # running jobs, re-read every WATCH_EVERY
+        self._queue = ""  # the queue's identity, read from the database before the first write
 
     def stop(self) -> None:
         super().stop()
@@ -128,10 +136,13 @@ class RedisMirror(Background):
                 return
             now = time.monotonic()
             try:
+                if not self._queue:
+                    self._queue = db.queue_id()
                 if run_id is None or now >= next_check:
                     current = self._client.info("server")["run_id"]
                     next_check = now + CHECK_EVERY
-                    emptied = run_id is not None and not self._client.exists(MARKER)
+                    marker = marker_key(self._queue)
+                    emptied = run_id is not None and not self._client.exists(marker)
                     if current != run_id or emptied or now >= next_full:
                         if run_id is not None and (current != run_id or emptied):
                             log.warning("redis restarted or emptied; rebuilding the job mirror")
@@ -204,7 +215,7 @@ class RedisMirror(Background):
             return
         runs = list(job.runs.order_by(ProcessorRun.position))
         pipe = self._client.pipeline(transaction=True)
-        _write(pipe, job, runs)
+        _write(pipe, job, runs, self._queue)
         message = _progress_message(job, runs)
         said = {k: v for k, v in message.items() if k != "at"}
         if publish and said != self._last_said.get(task_id):
@@ -233,14 +244,13 @@ class RedisMirror(Background):
             self._last_said.pop(task_id, None)
 
     def _resync(self) -> None:
-        """Rewrite every job from the table; drop keys of jobs that are gone."""
+        """Rewrite every job from the table; drop keys of this queue's jobs that are gone."""
         with self._cond:
             self._due.clear()  # everything is written below; later changes mark again
             self._last_write.clear()
         # Set first: emptied while this runs, the marker goes too and the next check
         # starts over.
-        self._client.set(MARKER, iso(time.time()))
-        members: dict[str, list[str]] = {name: [] for name in SETS}
+        self._client.set(marker_key(self._queue), iso(time.time()))
         known: set[str] = set()
         watching: set[str] = set()
         query = Job.select(Job, MediaFile).join(MediaFile).order_by(Job.id)
@@ -251,26 +261,30 @@ class RedisMirror(Background):
             pipe = self._client.pipeline(transaction=False)
             for job in chunk:
                 runs = sorted(runs_of[job.id], key=lambda r: r.position)
-                _write(pipe, job, runs, sets=False)
+                # Set members one by one: the sets hold other queues' jobs too.
+                _write(pipe, job, runs, self._queue)
                 known.add(job.task_id)
                 if job.status == JobStatus.PROCESSING:
                     watching.add(job.task_id)
-                if job.status in SET_OF_STATUS:
-                    members[SET_OF_STATUS[job.status]].append(job.task_id)
             pipe.execute()
-        pipe = self._client.pipeline(transaction=True)
-        for name, ids in members.items():
-            pipe.delete(set_key(name))
-            if ids:
-                pipe.sadd(set_key(name), *ids)
-        pipe.execute()
-        stale = [
+        unknown = [
             key
             for key in self._client.scan_iter(match=f"{PREFIX}job:*", count=500)
             if key.split(":")[2] not in known
         ]
-        if stale:
-            self._client.delete(*stale)
+        for start in range(0, len(unknown), BATCH):
+            chunk = unknown[start : start + BATCH]
+            pipe = self._client.pipeline(transaction=False)
+            for key in chunk:
+                pipe.hget(key, "edge_queue")
+            owners = pipe.execute(raise_on_error=False)  # a key of another kind: not ours
+            stale = [key for key, owner in zip(chunk, owners, strict=True) if owner == self._queue]
+            if stale:
+                pipe = self._client.pipeline(transaction=False)
+                pipe.delete(*stale)
+                for name in SETS:
+                    pipe.srem(set_key(name), *{key.split(":")[2] for key in stale})
+                pipe.execute()
         with self._cond:
             self._watching = watching
         log.info("redis mirror: %d job(s) written", len(known))
@@ -287,23 +301,23 @@ def _chunks(query: Any, size: int) -> Iterable[list[Job]]:
         yield chunk
 
 
-def _write(pipe: Any, job: Job, runs: list[ProcessorRun], *, sets: bool = True) -> None:
-    """Queue the commands that make the job's keys match the table (hashes replaced whole)."""
+def _write(pipe: Any, job: Job, runs: list[ProcessorRun], queue: str) -> None:
+    """Queue the commands that make the job's keys match the table (hashes replaced whole),
+    each hash marked with ``queue``, the identity of the queue the job is in."""
     uuid = job.task_id
     key = job_key(uuid)
     pipe.delete(key)
-    pipe.hset(key, mapping=_strings(_job_fields(job, runs)))
+    pipe.hset(key, mapping=_strings(_job_fields(job, runs) | {"edge_queue": queue}))
     for run in runs:
         run_key = processor_key(uuid, run.processor)
         pipe.delete(run_key)
-        pipe.hset(run_key, mapping=_strings(_run_fields(run)))
-    if sets:
-        target = SET_OF_STATUS.get(job.status)
-        for name in SETS:
-            if name == target:
-                pipe.sadd(set_key(name), uuid)
-            else:
-                pipe.srem(set_key(name), uuid)
+        pipe.hset(run_key, mapping=_strings(_run_fields(run) | {"edge_queue": queue}))
+    target = SET_OF_STATUS.get(job.status)
+    for name in SETS:
+        if name == target:
+            pipe.sadd(set_key(name), uuid)
+        else:
+            pipe.srem(set_key(name), uuid)
 
 
 def _job_fields(job: Job, runs: list[ProcessorRun]) -> dict[str, Any]:

@@ -209,3 +209,77 @@ def test_a_flushed_redis_gets_the_whole_mirror_back_without_waiting_for_a_change
     # server, the same run id, and no job of this service changes afterwards.
     r.flushall()
     wait_for(lambda: mirrored(r, task, "completed", ["noop"]), timeout=30)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_two_machines_with_their_own_queues_share_one_redis(start_service, private_redis):
+    r = private_redis.client()
+
+    def leftover(queue: str | None, name: str) -> str:
+        """Keys of a job no queue has: as a removed job of ``queue`` (None: an older
+        version, which marked nothing) would leave them."""
+        task = f"task_{name}"
+        fields = {"status": "completed"} | ({"edge_queue": queue} if queue else {})
+        r.hset(f"momentry:job:{task}", mapping=fields)
+        r.hset(f"momentry:job:{task}:processor:noop", mapping=fields)
+        r.sadd("momentry:jobs:completed", task)
+        return task
+
+    def kept(task: str) -> bool:
+        return bool(
+            r.exists(f"momentry:job:{task}", f"momentry:job:{task}:processor:noop") == 2
+            and r.sismember("momentry:jobs:completed", task)
+        )
+
+    east = start_service("east", service={"redis_url": private_redis.url})
+    a = east.submit("east.mp4", ["noop"])["task_id"]
+    east.wait_status(a, "completed")
+    wait_for(lambda: mirrored(r, a, "completed", ["noop"]))
+
+    # The second machine's start rewrites its own mirror and leaves the first's alone.
+    west = start_service("west", service={"redis_url": private_redis.url})
+    b = west.submit("west.mp4", ["noop"])["task_id"]
+    west.wait_status(b, "completed")
+    wait_for(lambda: mirrored(r, b, "completed", ["noop"]))
+    assert mirrored(r, a, "completed", ["noop"])
+    east_queue = r.hget(f"momentry:job:{a}", "edge_queue")
+    west_queue = r.hget(f"momentry:job:{b}", "edge_queue")
+    assert east_queue and west_queue and east_queue != west_queue
+    assert r.hget(f"momentry:job:{a}:processor:noop", "edge_queue") == east_queue
+
+    # Each full rewrite (here at a restart) drops its own leftovers only.
+    older = leftover(None, "older")
+    for svc, queue in ((east, east_queue), (west, west_queue)):
+        others = leftover(west_queue if svc is east else east_queue, "others")
+        gone = leftover(queue, "gone")
+        svc.restart()
+        wait_for(lambda g=gone: not r.keys(f"momentry:job:{g}*"), timeout=30)
+        assert not r.sismember("momentry:jobs:completed", gone)
+        assert kept(others) and kept(older)
+        assert mirrored(r, a, "completed", ["noop"]) and mirrored(r, b, "completed", ["noop"])
+    assert r.smembers("momentry:jobs:completed") == {a, b, older, "task_others"}
+    assert r.exists(f"momentry:edge:mirror:{east_queue}", f"momentry:edge:mirror:{west_queue}")
+
+    # Emptied: each machine refills its own jobs, neither one's rewrite passes for the other's.
+    r.flushall()
+    wait_for(lambda: mirrored(r, a, "completed", ["noop"]), timeout=30)
+    wait_for(lambda: mirrored(r, b, "completed", ["noop"]), timeout=30)
+    assert r.smembers("momentry:jobs:completed") == {a, b}
+
+
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+def test_nodes_of_one_postgresql_queue_mirror_it_as_one(start_service, private_redis):
+    r = private_redis.client()
+    first = start_service("first", service={"redis_url": private_redis.url, "node_id": "first"})
+    second = start_service("second", service={"redis_url": private_redis.url, "node_id": "second"})
+    tasks = [first.submit(f"shared{n}.mp4", ["noop"])["task_id"] for n in range(2)]
+    for task in tasks:
+        first.wait_status(task, "completed")
+        wait_for(lambda t=task: mirrored(r, t, "completed", ["noop"]))
+    assert len({r.hget(f"momentry:job:{task}", "edge_queue") for task in tasks}) == 1
+
+    second.restart()  # its full rewrite covers the whole queue, whichever node ran each job
+    r.flushall()
+    for task in tasks:
+        wait_for(lambda t=task: mirrored(r, t, "completed", ["noop"]), timeout=30)
+    assert r.smembers("momentry:jobs:completed") == set(tasks)

@@ -120,3 +120,28 @@ def test_a_version_7_database_gains_inode_and_ctime_and_a_rescan_fills_them_in_u
     replaced = MediaFile.get(MediaFile.path == str(drop / "0.mp4"))
     assert replaced.fingerprint != before[replaced.path].fingerprint
     database.close()
+
+
+def test_a_version_8_database_gains_a_queue_identity_that_stays(tmp_path, database_url):
+    data = tmp_path / "data"
+    database = db.connect(database_url, data)
+    jobs.init_queue_state(3, False)
+    database.execute_sql("ALTER TABLE queue_state DROP COLUMN queue_id")
+    SchemaVersion.delete().where(SchemaVersion.version >= 9).execute()
+    database.close()
+
+    database = db.connect(database_url, data)
+    database.connect(reuse_if_open=True)
+    identity = db.queue_id()
+    assert len(identity) == 32 and jobs.queue_state().max_concurrent == 3
+    database.close()
+    # The next start (or another node of the queue) reads the same identity.
+    database = db.connect(database_url, data)
+    jobs.init_queue_state(3, False)
+    assert db.queue_id() == identity
+    database.close()
+    # Another database is another queue.
+    other = db.connect("", tmp_path / "other")
+    jobs.init_queue_state(3, False)
+    assert db.queue_id() != identity
+    other.close()

@@ -910,9 +910,14 @@ class FileGuard:
         self.path = Path(record.path)
         self.fingerprint = record.fingerprint
         self.replaced = False
+        try:
+            st: os.stat_result | None = self.path.lstat()
+        except OSError:
+            st = None
         # A symlink (or special file) put in its place: never followed out of the folder.
-        self.unfollowed = os.path.lexists(self.path) and _lstat(self.path) is None
-        st = _lstat(self.path)
+        self.unfollowed = st is not None and not stat_module.S_ISREG(st.st_mode)
+        if self.unfollowed:
+            st = None
         self._seen = (st.st_size, st.st_mtime) if st and record.fingerprint else None
         # Changed between registration and now: is it still the content that was registered?
         if self._seen and self._seen != (record.size, record.mtime) and self._content_changed(st):

@@ -874,18 +874,13 @@ def probe_pending(record: MediaFile, now: float | None = None) -> str | None:
     if not needs_probe(record):
         return None
     now = time.time() if now is None else now
-    unchanged = (
-        (MediaFile.id == record.id)
-        & (MediaFile.fingerprint == record.fingerprint)
-        & (MediaFile.state == FileState.PRESENT)
-    )
     try:
         info = probe(record.path)
     except MediaNotFoundError:
         return None
     except MediaError as exc:
         fields = {"state": FileState.REJECTED, "reason": exc.reason, "transient": exc.transient}
-        if MediaFile.update(fields, updated_at=now).where(unchanged).execute():
+        if MediaFile.update(fields, updated_at=now).where(_unchanged(record)).execute():
             bus.publish(
                 "file.registered",
                 file_uuid=record.file_uuid,
@@ -894,8 +889,17 @@ def probe_pending(record: MediaFile, now: float | None = None) -> str | None:
             )
             log.warning("rejected %s: %s", record.rel_path, exc.reason)
         return exc.reason
-    MediaFile.update(_metadata(info), updated_at=now).where(unchanged).execute()
+    MediaFile.update(_metadata(info), updated_at=now).where(_unchanged(record)).execute()
     return None
+
+
+def _unchanged(record: MediaFile) -> pw.Expression:
+    """The record's row while it still holds the content ``record`` describes."""
+    return (
+        (MediaFile.id == record.id)
+        & (MediaFile.fingerprint == record.fingerprint)
+        & (MediaFile.state == FileState.PRESENT)
+    )
 
 
 class FileGuard:

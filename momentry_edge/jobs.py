@@ -33,7 +33,7 @@ _claim_lock = threading.Lock()
 # How long a finish waits for another thread's claim to end, so as to claim the next job
 # in its own commit: a claim takes milliseconds, unless it is waiting out a busy
 # database or a broken connection, which the finish must not wait for.
-CLAIM_WAIT = 0.5
+CLAIM_WAIT = 0.1
 
 
 class LeaseLost(Exception):

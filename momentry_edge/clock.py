@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import time
-from datetime import UTC, datetime
+
+# The whole second last rendered, and its text: consecutive calls (log lines, documents)
+# mostly fall within one second, and strftime is the costly part.
+_second: tuple[int, str] = (0, "1970-01-01T00:00:00")
 
 # Seconds this machine's clock is behind the shared database server's (cluster.sync_clock).
 _offset = 0.0
@@ -29,6 +33,20 @@ def set_offset(seconds: float) -> None:
 
 
 def iso(ts: float | None) -> str | None:
+    """``ts`` (Unix seconds) as ``YYYY-MM-DDTHH:MM:SS.mmmZ``, milliseconds cut, not rounded,
+    after rounding to the microsecond as datetime.fromtimestamp does."""
+    global _second
     if ts is None:
         return None
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
+    fraction, whole = math.modf(ts)
+    micros = round(fraction * 1e6)  # half to even, as datetime does
+    seconds = int(whole)
+    if micros >= 1_000_000:
+        seconds, micros = seconds + 1, micros - 1_000_000
+    elif micros < 0:
+        seconds, micros = seconds - 1, micros + 1_000_000
+    cached_second, text = _second
+    if seconds != cached_second:
+        text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+        _second = (seconds, text)
+    return f"{text}.{micros // 1000:03d}Z"

@@ -910,18 +910,13 @@ def probe_pending(record: MediaFile, now: float | None = None) -> str | None:
     if not needs_probe(record):
         return None
     now = time.time() if now is None else now
-    unchanged = (
-        (MediaFile.id == record.id)
-        & (MediaFile.fingerprint == record.fingerprint)
-        & (MediaFile.state == FileState.PRESENT)
-    )
     try:
         info = probe(record.path)
     except MediaNotFoundError:
         return None
     except MediaError as exc:
         fields = {"state": FileState.REJECTED, "reason": exc.reason, "transient": exc.transient}
-        if MediaFile.update(fields, updated_at=now).where(unchanged).execute():
+        if MediaFile.update(fields, updated_at=now).where(_unchanged(record)).execute():
             bus.publish(
                 "file.registered",
                 file_uuid=record.file_uuid,
@@ -930,8 +925,17 @@ def probe_pending(record: MediaFile, now: float | None = None) -> str | None:
             )
             log.warning("rejected %s: %s", record.rel_path, exc.reason)
         return exc.reason
-    MediaFile.update(_metadata(info), updated_at=now).where(unchanged).execute()
+    MediaFile.update(_metadata(info), updated_at=now).where(_unchanged(record)).execute()
     return None
+
+
+def _unchanged(record: MediaFile) -> pw.Expression:
+    """The record's row while it still holds the content ``record`` describes."""
+    return (
+        (MediaFile.id == record.id)
+        & (MediaFile.fingerprint == record.fingerprint)
+        & (MediaFile.state == FileState.PRESENT)
+    )
 
 
 class FileGuard:
@@ -946,9 +950,14 @@ class FileGuard:
         self.path = Path(record.path)
         self.fingerprint = record.fingerprint
         self.replaced = False
+        try:
+            st: os.stat_result | None = self.path.lstat()
+        except OSError:
+            st = None
         # A symlink (or special file) put in its place: never followed out of the folder.
-        self.unfollowed = os.path.lexists(self.path) and _lstat(self.path) is None
-        st = _lstat(self.path)
+        self.unfollowed = st is not None and not stat_module.S_ISREG(st.st_mode)
+        if self.unfollowed:
+            st = None
         self._seen = st if st and record.fingerprint else None
         # Changed between registration and now: is it still the content that was registered?
         if self._seen and not record.holds(st):

@@ -29,6 +29,10 @@ from .events import bus
 
 # Threads of one process claim one at a time; the database serialises processes.
 _claim_lock = threading.Lock()
+# How long a finish waits for another thread's claim to end, so as to claim the next job
+# in its own commit: a claim takes milliseconds, unless it is waiting out a busy
+# database or a broken connection, which the finish must not wait for.
+CLAIM_WAIT = 0.1
 
 
 class LeaseLost(Exception):
@@ -1021,13 +1025,15 @@ def finish_and_claim(
     draining a backlog commits once a job, not twice. A crash before the commit leaves
     both jobs as they were; after it, the next job is held like any claimed one (its
     lease runs out, the reaper recovers it). No next job when another thread of this
-    process is claiming at that moment (the caller then claims on its own)."""
-    now = clock.now()
+    process is still claiming after CLAIM_WAIT (the caller then claims on its own)."""
     database = Job._meta.database
     following, promoted = None, 0
-    # The claim lock before the write lock, as in claim, and only if free: a thread that
-    # holds it may be waiting out a busy database, and this finish must not wait for it.
-    if _claim_lock.acquire(blocking=False):
+    # The claim lock before the write lock, as in claim. Waiting for it rather than
+    # finishing alone saves the commit of a claim of its own (on SQLite the finish would
+    # wait as long for the write lock).
+    claiming = _claim_lock.acquire(timeout=CLAIM_WAIT)
+    now = clock.now()
+    if claiming:
         try:
             with db.write_transaction(database):
                 status, job, ended = _finish(job, owner, policy, now, completed)

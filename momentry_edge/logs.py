@@ -6,6 +6,7 @@ once per job through a context variable, so processors need not pass it along.
 
 from __future__ import annotations
 
+import json
 import logging
 import logging.handlers
 import os
@@ -15,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from .clock import iso
-from .terminal import json_line, printable
+from .terminal import json_shielded, printable
+
+_string = json.encoder.encode_basestring  # a str as a JSON string, as json.dumps gives it
 
 current_task: ContextVar[str | None] = ContextVar("current_task", default=None)
 
@@ -25,18 +28,21 @@ def _task_id(record: logging.LogRecord) -> str | None:
 
 
 class JsonLines(logging.Formatter):
+    """One JSON object a line: time, level, logger, message, and task_id and error when
+    there are. Written out as json.dumps would give the object (the worker logs a few
+    lines a job, and building and dumping a dict cost more than writing the line)."""
+
     def format(self, record: logging.LogRecord) -> str:
-        line = {
-            "time": iso(record.created),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
+        text = (
+            f'{{"time": "{iso(record.created)}", "level": {_string(record.levelname.lower())},'
+            f' "logger": {_string(record.name)}, "message": {_string(record.getMessage())}'
+        )
         if task_id := _task_id(record):
-            line["task_id"] = task_id
+            text += f', "task_id": {_string(task_id)}'
         if record.exc_info:
-            line["error"] = self.formatException(record.exc_info)
-        return json_line(line)  # file names in messages must not drive a tailing terminal
+            text += f', "error": {_string(self.formatException(record.exc_info))}'
+        # File names in messages must not drive a tailing terminal.
+        return json_shielded(text + "}")
 
 
 class Readable(logging.Formatter):

@@ -20,10 +20,11 @@ import contextlib
 import hashlib
 import json
 import os
+import random
 import shutil
 import stat
-import tempfile
 import time
+from json.encoder import encode_basestring as _string
 from pathlib import Path
 from typing import Any
 
@@ -64,33 +65,87 @@ def aside_path(folder: Path, processor: str, status: str) -> Path:
 
 def make_dir(folder: Path) -> Path:
     """Create ``folder`` and any missing parents, each DIR_MODE."""
-    if not folder.is_dir():
+    try:
+        os.mkdir(folder, DIR_MODE)
+    except FileExistsError:
+        return folder
+    except FileNotFoundError:
         make_dir(folder.parent)
-        with contextlib.suppress(FileExistsError):
-            folder.mkdir()
-            os.chmod(folder, DIR_MODE)  # mkdir's mode would be narrowed by the umask
+        try:
+            os.mkdir(folder, DIR_MODE)
+        except FileExistsError:  # made meanwhile by another writer
+            return folder
+    os.chmod(folder, DIR_MODE)  # mkdir's mode would be narrowed by the umask
     return folder
 
 
 def write_atomic(path: Path, text: str) -> Path:
-    """Write via a temp file in the same folder and rename, so readers never see half a file."""
-    make_dir(path.parent)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    """Write via a temp file in the same folder and rename, so readers never see half a
+    file; the file is flushed to disk before the rename. Written with the os calls
+    themselves: a few documents a job, where Python's file objects cost more than the
+    writing."""
+    data = text.encode("utf-8")
+    fd, tmp = _temp_file(path)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            os.fchmod(out.fileno(), FILE_MODE)  # mkstemp makes it 0600
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
+        try:
+            os.fchmod(fd, FILE_MODE)  # os.open's mode would be narrowed by the umask
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
         raise
     return path
 
 
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+
+
+def _temp_file(path: Path) -> tuple[int, str]:
+    """A new file beside ``path`` (``.<name>.<random>``), open for writing; the folder
+    is made (make_dir) if it is not there."""
+    made = False
+    while True:
+        tmp = f"{path.parent}{os.sep}.{path.name}.{random.getrandbits(48):012x}"
+        try:
+            return os.open(tmp, _TEMP_FLAGS, FILE_MODE), tmp
+        except FileExistsError:
+            continue  # another writer's name: draw again
+        except FileNotFoundError:
+            if made:
+                raise
+            make_dir(path.parent)
+            made = True
+
+
 def write_json_atomic(path: Path, data: Any) -> Path:
-    return write_atomic(path, json.dumps(data, ensure_ascii=False, indent=2) + "\n")
+    return write_atomic(path, _indented(data) + "\n")
+
+
+def _indented(data: Any) -> str:
+    """``json.dumps(data, ensure_ascii=False, indent=2)``, the same text. For a document
+    (a dict of mostly plain values) its top level is written here and each plain value
+    by json's C encoder: json's indenting encoder is written in Python."""
+    if not isinstance(data, dict) or not data or not all(isinstance(k, str) for k in data):
+        return json.dumps(data, ensure_ascii=False, indent=2)
+    items = []
+    for key, value in data.items():
+        if isinstance(value, dict | list | tuple) and value:
+            # Nested lines one level deeper: JSON strings hold no raw line breaks.
+            text = json.dumps(value, ensure_ascii=False, indent=2).replace("\n", "\n  ")
+        elif isinstance(value, str):
+            text = _string(value)
+        elif value is None:
+            text = "null"
+        else:
+            text = json.dumps(value, ensure_ascii=False)
+        items.append(f"  {_string(key)}: {text}")
+    return "{\n" + ",\n".join(items) + "\n}"
 
 
 def write_result(
@@ -148,7 +203,8 @@ def _holds_complete_result(path: Path) -> bool:
 
 def _drop_asides(folder: Path, processor: str) -> None:
     for status in (FAILED, PARTIAL):
-        aside_path(folder, processor, status).unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(aside_path(folder, processor, status))
 
 
 # -- reading, for the API ----------------------------------------------------------------------

@@ -36,9 +36,17 @@ def printable(value: object, multiline: bool = False) -> str:
 def json_line(value: Any) -> str:
     """``value`` as one line of JSON that changes nothing on a terminal (a log file someone
     tails): the unsafe characters as ``\\uXXXX``, other text readable (not ASCII-escaped)."""
+    return json_shielded(json.dumps(value, ensure_ascii=False))
+
+
+def json_shielded(text: str) -> str:
+    """JSON text (``ensure_ascii=False``) with the unsafe characters as ``\\uXXXX``."""
     # Raw, those characters can only be inside JSON strings, where \uXXXX means the same.
-    text = json.dumps(value, ensure_ascii=False)
-    return _UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return _UNSAFE_IN_JSON.sub(_json_escape, text)
+
+
+def _json_escape(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
 
 
 def scrub(value: Any) -> Any:

@@ -141,6 +141,10 @@ class Workers:
         # than the database's): past lease_seconds, another node may have taken the job.
         self._renewed: dict[int, float] = {}
         self._hand_lock = threading.Lock()
+        # Worker threads in _drain: each claims again when its job ends, so only while
+        # fewer than the limit are draining does a free place need another thread woken.
+        self._drainers = 0
+        self._claimed_state: QueueState | None = None  # as the latest claim read it
         self._starter = _Starter()
         self.huey = Huey("momentry-edge", storage_class=BlockingMemoryStorage, results=False)
         self._drain_task = self.huey.task(name="drain")(self._drain)
@@ -239,6 +243,15 @@ class Workers:
     # -- running jobs ------------------------------------------------------------------------
 
     def _drain(self) -> None:
+        with self._hand_lock:
+            self._drainers += 1
+        try:
+            self._drain_line()
+        finally:
+            with self._hand_lock:
+                self._drainers -= 1
+
+    def _drain_line(self) -> None:
         job: Job | None = None
         while not self.stopping.is_set():
             if job is None:
@@ -280,13 +293,25 @@ class Workers:
         return jobs.ClaimRequest(
             self.owner,
             self.node,
-            self.effective_limit,  # by the state the claim reads in its transaction
+            self._limit_at_claim,  # by the state the claim reads in its transaction
             lease,
             # Only when another node can run something this one cannot must it look
             # past the head of the line.
             can_run=self.can_run if others else None,
             cluster_can_run=self.can_run | others,
         )
+
+    def _limit_at_claim(self, state: QueueState) -> int:
+        """The claim's limit, by the queue's state as the claim reads it (noted for
+        run_job, which decides by it whether to wake another thread)."""
+        self._claimed_state = state
+        return self.effective_limit(state)
+
+    def _room(self, state: QueueState) -> bool:
+        """Whether another job may start here beside those of the draining threads."""
+        with self._hand_lock:
+            draining = self._drainers
+        return draining < self.effective_limit(state)
 
     def run_job(self, job: Job) -> Job | None:
         """Run ``job``; returns the next job when its finish claimed one (_run_job)."""
@@ -296,13 +321,12 @@ class Workers:
             # Counted for its whole budget until it knows what it uses (_run_job).
             self._in_hand[job.id] = self._budget()
             self._renewed[job.id] = time.monotonic()  # claimed just now
-            running = len(self._in_hand)
         try:
             # Another worker may take the next job while this one runs; at the limit none
             # is woken: the next claim comes when a job ends. A change of the queue's state
             # meanwhile wakes the workers itself (queue.resumed, ...).
-            state = jobs.queue_state()
-            if running < self.effective_limit(state):
+            state = self._claimed_state or jobs.queue_state()
+            if self._room(state):
                 self.kick()
             self._run_job(job, following, state)
         except (Exception, SystemExit) as exc:  # a library's sys.exit: this thread goes on
@@ -355,9 +379,8 @@ class Workers:
         parts, frame_threads, threads = self._threads(batches)
         with self._hand_lock:
             self._in_hand[job.id] = threads
-            running = len(self._in_hand)
         # Threads it does not need may go to another job, if the limit lets one more run.
-        if threads < self._budget() and running < self.effective_limit(state):
+        if threads < self._budget() and self._room(state):
             self.kick()
         halt = _Halt()
         ledger = _Ledger(runs)

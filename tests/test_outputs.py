@@ -4,8 +4,14 @@ result, a later success replaces the failure, and the group can read them."""
 from __future__ import annotations
 
 import json
+import random
 import stat
+from datetime import UTC, datetime
 from pathlib import Path
+
+from momentry_edge import outputs
+from momentry_edge.clock import iso
+from momentry_edge.db import Job, MediaFile
 
 
 def mode(path: Path) -> int:
@@ -97,3 +103,38 @@ def test_cut_failing_for_good_leaves_a_failed_document_until_a_retry_completes(s
     assert (mode(thumbnail), mode(thumbnail.parent)) == (0o640, 0o750)
     thumbnail_url = f"/api/v1/files/{task['file_uuid']}/thumbnails/0"
     assert svc.client.get(thumbnail_url).content == thumbnail.read_bytes()
+
+
+def test_a_document_is_indented_json_in_a_folder_made_for_it(tmp_path):
+    # Written out rather than by json.dumps: the text must be what json.dumps gives.
+    record = MediaFile(file_uuid="f" * 32, fingerprint="12:ab")
+    job = Job(task_id="task_0123456789ab", file=record)
+    result = {
+        "text": 'caf\u00e9 \u65e5\u672c "quoted" \\ \n',
+        "scenes": [{"start": 0.1, "end": 1e-7, "tags": []}, {"nested": {"deep": [1, [2, {}]]}}],
+        "empty": {},
+        "count": 3,
+        "ratio": float("nan"),
+        "flag": True,
+    }
+    folder = tmp_path / "results" / record.file_uuid  # neither folder there yet
+    path = outputs.write_result(
+        folder, job, "cut", outputs.COMPLETED, result, backend="cpu", version="2"
+    )
+    text = path.read_text(encoding="utf-8")
+    document = json.loads(text)
+    assert text == json.dumps(document, ensure_ascii=False, indent=2) + "\n"
+    assert document["result"]["text"] == result["text"] and document["task_id"] == job.task_id
+    assert (mode(path), mode(folder), mode(folder.parent)) == (0o640, 0o750, 0o750)
+    assert [p.name for p in folder.iterdir()] == ["cut.json"]  # no temp file left
+
+
+def test_times_read_as_datetime_renders_them():
+    def by_datetime(ts: float) -> str:
+        return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+    moments = [0.0, 1764563000.9999996, 1764563000.0004999, 1764563001.5, -1.25, 4102444799.9995]
+    rng = random.Random(7)
+    moments += [rng.uniform(0, 4.1e9) for _ in range(2000)]
+    assert [iso(ts) for ts in moments] == [by_datetime(ts) for ts in moments]
+    assert iso(1764563000.9999996) == "2025-12-01T04:23:21.000Z"  # rounded up a second

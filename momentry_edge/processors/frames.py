@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import gc
 import logging
 import math
 import threading
@@ -49,6 +50,9 @@ REPORT_SECONDS = 1.0  # of wall time: progress (and a chance to stop) at least t
 # that took more than CHEAP_SAVE seconds of CPU delays the next one by SAVE_SPACING
 # times as long, so saving never costs more than ~1/SAVE_SPACING of the run. CPU, not
 # wall time: on a busy machine a cheap save that waited for a core is still cheap.
+# Nor the garbage collector's: a full collection of a heap with models loaded takes
+# ~0.1 s in whichever thread allocates when one is due; charged to a cheap save, it put
+# the next saves off for seconds.
 CHEAP_SAVE = 0.01
 SAVE_SPACING = 20
 # Parallel pass: bytes of images queued per member thread (memory stays flat; counted in
@@ -63,6 +67,32 @@ MARKS_AHEAD = 4
 UNKNOWN_COST = 0.01  # seconds a frame is taken to cost before one was timed
 
 Outcome = dict[str, Any] | BaseException
+
+
+class _Collections(threading.local):
+    """CPU seconds this thread spent in Python's garbage collector."""
+
+    spent = 0.0
+    started = 0.0
+
+
+_collections = _Collections()
+
+
+def _on_collection(phase: str, info: dict[str, Any]) -> None:
+    now = time.thread_time()
+    if phase == "start":
+        _collections.started = now
+    else:
+        _collections.spent += now - _collections.started
+
+
+gc.callbacks.append(_on_collection)
+
+
+def _save_clock() -> float:
+    """This thread's CPU seconds but those spent collecting garbage: what a save costs."""
+    return time.thread_time() - _collections.spent
 
 
 @dataclass(frozen=True)
@@ -597,10 +627,10 @@ class _Parallel:
         assert m.plan is not None
         if done <= m.plan.resume or time.monotonic() < m.next_save:
             return None, 0.0
-        cpu = time.thread_time()
+        cpu = _save_clock()
         try:
             # A copy: it is reported after this thread has fed the member more frames.
-            return copy.deepcopy(m.processor.checkpoint(done)), time.thread_time() - cpu
+            return copy.deepcopy(m.processor.checkpoint(done)), _save_clock() - cpu
         except Exception as exc:
             self._fail(m, done - 1, exc)  # no report at this mark
             return None, 0.0
@@ -708,7 +738,7 @@ def _report_all(
     for m in list(members):
         if not final and m.plan is not None and done <= m.plan.resume:
             continue  # still before its resume point: nothing new to save
-        now, cpu = time.monotonic(), time.thread_time()
+        now, cpu = time.monotonic(), _save_clock()
         checkpoint, spent = None, 0.0
         try:
             if taken is not None and m.slot in taken:
@@ -725,7 +755,7 @@ def _report_all(
             continue
         if checkpoint is not None:
             m.saved = done
-            spent += time.thread_time() - cpu
+            spent += _save_clock() - cpu
             m.next_save = now + SAVE_SPACING * spent if spent > CHEAP_SAVE else 0.0
     return first_stop
 

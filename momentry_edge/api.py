@@ -225,6 +225,7 @@ def make_app(service: Core) -> bottle.Bottle:
             body.get("max_concurrent"),
             body.get("dynamic_concurrency"),
             ceiling=service.config.queue.worker_threads,
+            node=service.node,  # this node's: machines sharing a queue differ
         )
         return {
             "success": True,

@@ -83,7 +83,9 @@ class BaseModel(pw.Model):
 
 
 class QueueState(BaseModel):
-    """One row: the operator's settings that must survive restarts."""
+    """One row: the operator's settings that must survive restarts. On a shared
+    PostgreSQL queue the concurrency settings are each node's own (Node.own_*): only
+    the pause is the queue's."""
 
     id = pw.IntegerField(primary_key=True, default=1)
     paused = pw.BooleanField(default=False)
@@ -232,6 +234,13 @@ class Node(BaseModel):
     owner = pw.CharField(max_length=120)  # the lease owner id of its current process
     processors = JSONField(default=list)  # the processors it can run (ready here)
     max_concurrent = pw.IntegerField(default=0)  # its effective limit at its last heartbeat
+    # On a shared PostgreSQL queue, its own concurrency settings, as QueueState's are on
+    # SQLite (machines differ), with its config file's values when last taken from it.
+    # Null on SQLite, and until the node's first start with them.
+    own_max_concurrent = pw.IntegerField(null=True)
+    own_dynamic_concurrency = pw.BooleanField(null=True)
+    config_max_concurrent = pw.IntegerField(null=True)
+    config_dynamic_concurrency = pw.BooleanField(null=True)
     started_at = pw.DoubleField(default=time.time)
     last_seen = pw.DoubleField(default=time.time, index=True)
 
@@ -329,6 +338,35 @@ def _v9_queue_id(db: pw.Database) -> None:
     run_migrations(migrator.add_column("queue_state", "queue_id", QueueState.queue_id))
 
 
+_NODE_SETTINGS = (
+    "own_max_concurrent",
+    "own_dynamic_concurrency",
+    "config_max_concurrent",
+    "config_dynamic_concurrency",
+)
+
+
+def _v10_node_concurrency(db: pw.Database) -> None:
+    # Each node's own concurrency settings (Node.own_*). On PostgreSQL the nodes known so
+    # far start from the queue's shared ones, so a change made through the API stays
+    # (the config rule then gives a node whose file says otherwise its file's value).
+    have = {c.name for c in db.get_columns("node")}
+    if set(_NODE_SETTINGS) <= have:
+        return
+    migrator = SchemaMigrator.from_database(db)
+    run_migrations(
+        *(migrator.add_column("node", name, getattr(Node, name)) for name in _NODE_SETTINGS)
+    )
+    if is_postgres(db):
+        db.execute_sql(
+            "UPDATE node SET own_max_concurrent = q.max_concurrent,"
+            " own_dynamic_concurrency = q.dynamic_concurrency,"
+            " config_max_concurrent = q.config_max_concurrent,"
+            " config_dynamic_concurrency = q.config_dynamic_concurrency"
+            " FROM queue_state q WHERE q.id = 1"
+        )
+
+
 # Append-only: each entry moves the schema one version forward.
 MIGRATIONS: list[Callable[[pw.Database], None]] = [
     _v1_initial,
@@ -340,6 +378,7 @@ MIGRATIONS: list[Callable[[pw.Database], None]] = [
     _v7_file_recheck,
     _v8_file_identity,
     _v9_queue_id,
+    _v10_node_concurrency,
 ]
 
 

@@ -23,7 +23,7 @@ import peewee as pw
 
 from . import clock, db
 from .clock import iso
-from .db import Job, JobStatus, MediaFile, ProcessorRun, QueueState, RunStatus
+from .db import Job, JobStatus, MediaFile, Node, ProcessorRun, QueueState, RunStatus
 from .errors import Conflict, Invalid, NotFound
 from .events import bus
 
@@ -85,30 +85,64 @@ def find_job(ref: str | int) -> Job:
 # -- queue settings -------------------------------------------------------------------------
 
 
-def init_queue_state(max_concurrent: int, dynamic: bool) -> QueueState:
-    """Create the settings row, or take the config file's values where the file changed."""
-    with db.write_transaction(QueueState._meta.database):
+def init_queue_state(max_concurrent: int, dynamic: bool, node: str | None = None) -> QueueState:
+    """Create the settings row, or take the config file's values where the file changed.
+
+    On a shared PostgreSQL queue the values are ``node``'s own (its row, registered
+    first): nodes of one queue run on machines of their own sizes.
+    """
+    database = QueueState._meta.database
+    with db.write_transaction(database):
         state = QueueState.get_or_none(QueueState.id == 1)
         if state is None:
-            return QueueState.create(
+            state = QueueState.create(
                 id=1,
                 max_concurrent=max_concurrent,
                 dynamic_concurrency=dynamic,
                 config_max_concurrent=max_concurrent,
                 config_dynamic_concurrency=dynamic,
             )
-        if state.config_max_concurrent != max_concurrent:
-            state.max_concurrent = state.config_max_concurrent = max_concurrent
-        if state.config_dynamic_concurrency != dynamic:
-            state.dynamic_concurrency = state.config_dynamic_concurrency = dynamic
-        state.save()
-        return state
+        if _own_settings(node):
+            own = Node.get_by_id(node)
+            if own.config_max_concurrent != max_concurrent:
+                own.own_max_concurrent = own.config_max_concurrent = max_concurrent
+            if own.config_dynamic_concurrency != dynamic:
+                own.own_dynamic_concurrency = own.config_dynamic_concurrency = dynamic
+            own.save()
+        else:
+            if state.config_max_concurrent != max_concurrent:
+                state.max_concurrent = state.config_max_concurrent = max_concurrent
+            if state.config_dynamic_concurrency != dynamic:
+                state.dynamic_concurrency = state.config_dynamic_concurrency = dynamic
+            state.save()
+    return queue_state(node)
+
+
+def _own_settings(node: str | None) -> bool:
+    """Whether ``node`` keeps concurrency settings of its own: on PostgreSQL, where several
+    nodes share the queue. SQLite's one node keeps them in the queue's row, whatever its id."""
+    return node is not None and db.is_postgres(QueueState._meta.database)
+
+
+def _state_sql(node: str | None) -> tuple[str, tuple[str, ...]]:
+    """The statement reading the queue's state as ``node`` works by it: the queue's pause
+    with the node's own settings in the place of the queue's, where it has its own."""
+    if not _own_settings(node):
+        return "SELECT * FROM queue_state WHERE id = 1", ()
+    sql = (
+        "SELECT q.id, q.paused, n.own_max_concurrent AS max_concurrent,"
+        " n.own_dynamic_concurrency AS dynamic_concurrency FROM queue_state q"
+        " JOIN node n ON n.node_id = ? WHERE q.id = 1"
+    )
+    return sql, (node,)
 
 
 @db.retried  # read as a job starts: a dropped connection must not give the job back
-def queue_state() -> QueueState:
+def queue_state(node: str | None = None) -> QueueState:
+    """The pause, and ``node``'s max_concurrent and dynamic_concurrency (see _state_sql)."""
     # Read before every claim: written out (see db.fetch) rather than built by peewee.
-    return db.fetch(QueueState, "SELECT * FROM queue_state WHERE id = 1")[0]
+    sql, params = _state_sql(node)
+    return db.fetch(QueueState, sql, *params)[0]
 
 
 def set_paused(paused: bool) -> QueueState:
@@ -117,20 +151,28 @@ def set_paused(paused: bool) -> QueueState:
     return queue_state()
 
 
-def set_concurrency(max_concurrent: int | None, dynamic: bool | None, ceiling: int) -> QueueState:
-    changes: dict[Any, Any] = {QueueState.updated_at: clock.now()}
+def set_concurrency(
+    max_concurrent: int | None, dynamic: bool | None, ceiling: int, node: str | None = None
+) -> QueueState:
+    """Change the concurrency settings ``node`` works by: its own on a shared PostgreSQL
+    queue (see _own_settings), so a change through one node leaves the others as they are."""
+    changes: dict[str, Any] = {}
     if max_concurrent is not None:
         if isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int):
             raise Invalid("max_concurrent must be a whole number")
         if not 1 <= max_concurrent <= ceiling:
             raise Invalid(f"max_concurrent must be between 1 and {ceiling} (queue.worker_threads)")
-        changes[QueueState.max_concurrent] = max_concurrent
+        changes["max_concurrent"] = max_concurrent
     if dynamic is not None:
         if not isinstance(dynamic, bool):
             raise Invalid("dynamic_concurrency must be true or false")
-        changes[QueueState.dynamic_concurrency] = dynamic
-    QueueState.update(changes).where(QueueState.id == 1).execute()
-    state = queue_state()
+        changes["dynamic_concurrency"] = dynamic
+    if _own_settings(node):
+        own = {getattr(Node, f"own_{name}"): value for name, value in changes.items()}
+        Node.update(own).where(Node.node_id == node).execute()
+    else:
+        QueueState.update(changes, updated_at=clock.now()).where(QueueState.id == 1).execute()
+    state = queue_state(node)
     bus.publish(
         "queue.concurrency",
         max_concurrent=state.max_concurrent,
@@ -528,7 +570,7 @@ class ClaimRequest:
     """What a worker asks of ``claim`` (see there), to hand to ``finish_and_claim``.
 
     ``limit``: how many jobs may run on the node, or how to tell from the queue state
-    (paused, max_concurrent, ...), which the claim reads in its own transaction: a
+    (paused, the node's max_concurrent, ...), which the claim reads in its own transaction: a
     pause or a lower limit acknowledged before the claim commits holds it back.
     """
 
@@ -578,8 +620,10 @@ def _claim(request: ClaimRequest, now: float) -> tuple[Job | None, int]:
     if not isinstance(limit, int):
         # PostgreSQL: shared-locked, so a pause or a new limit commits (and is answered)
         # only after this claim; SQLite's write lock already keeps them apart.
+        # The node's own settings row is locked likewise (see _state_sql).
         lock = " FOR SHARE" if db.is_postgres(Job._meta.database) else ""
-        (state,) = db.fetch(QueueState, "SELECT * FROM queue_state WHERE id = 1" + lock)
+        sql, params = _state_sql(request.node)
+        (state,) = db.fetch(QueueState, sql + lock, *params)
         limit = limit(state)
     if limit <= 0:
         return None, promoted

@@ -151,7 +151,7 @@ class Service:
             "blocked_reason": self.gate.blocked_reason,  # why nothing starts, besides a pause
             "models": self.provision.status(),  # models pulled at this start, and how far
         }
-        return views.queue_status(self.workers.effective_limit(), self.gate.load, extra)
+        return views.queue_status(self.workers.effective_limit(), self.gate.load, extra, self.node)
 
     def processors(self) -> dict[str, dict[str, Any]]:
         """``GET /api/v1/processors``: readiness, and the pull of a model still coming."""
@@ -174,11 +174,11 @@ class Service:
         database = backup.connect_checked(self.config)
         cluster.sync_clock(database)  # before anything is stamped with the queue's time
         q = self.config.queue
-        jobs.init_queue_state(q.max_concurrent, q.dynamic_concurrency)
         try:
             cluster.register_node(self.node, self.owner, sorted(self.workers.can_run))
         except Conflict as exc:
             raise ConfigError(f"service.node_id: {exc.message}") from None
+        jobs.init_queue_state(q.max_concurrent, q.dynamic_concurrency, self.node)  # into its row
         self.notifier = cluster.Notifier(database, on_wake=self.workers.kick)
         bus.listen(self.notifier.on_event)
         bus.listen(self.callbacks.on_event)
@@ -235,7 +235,7 @@ class Service:
             if task == "sample":
                 # The disk first: it needs no database, which may be what is failing.
                 self.gate.check_disk(self.config.data_dir)  # queue.unblocked wakes the workers
-                self.gate.sample(jobs.queue_state().max_concurrent)
+                self.gate.sample(jobs.queue_state(self.node).max_concurrent)
             elif task == "heartbeat":
                 self.workers.renew_leases()
                 cluster.heartbeat(self.node, self.owner, self.workers.effective_limit())

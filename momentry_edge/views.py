@@ -61,15 +61,18 @@ def estimated_starts(count: int, running: list[Job], limit: int, now: float) -> 
 
 
 def queue_status(
-    effective_limit: int, load: Any, extra: dict[str, Any] | None = None
+    effective_limit: int, load: Any, extra: dict[str, Any] | None = None, node: str | None = None
 ) -> dict[str, Any]:
+    """The queue's status as ``node`` (the one answering) sees it: its own concurrency."""
     with db.read_snapshot(Job._meta.database):
-        return _queue_status(effective_limit, load, extra)
+        return _queue_status(effective_limit, load, extra, node)
 
 
-def _queue_status(effective_limit: int, load: Any, extra: dict[str, Any] | None) -> dict[str, Any]:
+def _queue_status(
+    effective_limit: int, load: Any, extra: dict[str, Any] | None, node: str | None
+) -> dict[str, Any]:
     now = clock.now()
-    state = jobs.queue_state()
+    state = jobs.queue_state(node)
     running = list(
         Job.select(Job, MediaFile)
         .join(MediaFile)

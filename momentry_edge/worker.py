@@ -233,7 +233,7 @@ class Workers:
 
     def effective_limit(self, state: QueueState | None = None) -> int:
         """How many jobs may run here now, by the queue's state (read now if not given)."""
-        state = state or jobs.queue_state()
+        state = state or jobs.queue_state(self.node)
         with self._hand_lock:
             threads = list(self._in_hand.values())
         return self.gate.effective_limit(
@@ -325,7 +325,7 @@ class Workers:
             # Another worker may take the next job while this one runs; at the limit none
             # is woken: the next claim comes when a job ends. A change of the queue's state
             # meanwhile wakes the workers itself (queue.resumed, ...).
-            state = self._claimed_state or jobs.queue_state()
+            state = self._claimed_state or jobs.queue_state(self.node)
             if self._room(state):
                 self.kick()
             self._run_job(job, following, state)

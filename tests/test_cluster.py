@@ -331,3 +331,56 @@ def test_restore_from_a_machine_whose_clock_is_ahead_still_sees_the_live_node(
     )
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "nodes are working" in refused.stderr and "node-a" in refused.stderr
+
+
+def running_on(svc) -> dict[str, int]:
+    """How many jobs each node runs now, as the queue's status shows them."""
+    counts: dict[str, int] = {}
+    for entry in svc.status()["queue"]:
+        if entry["status"] == "processing":
+            counts[entry["node"]] = counts.get(entry["node"], 0) + 1
+    return counts
+
+
+def test_each_node_keeps_its_own_concurrency_across_restarts_and_changes(start_service):
+    # Jobs that run until the end of the test: each node holds as many as its limit lets it.
+    long = {"processors.steps": {"steps": 100_000, "step_seconds": 0.05}}
+    big = node(start_service, "a", queue={"max_concurrent": 2}, **long)
+    small = node(start_service, "b", queue={"max_concurrent": 1}, **long)  # started last
+    small.call("POST", "/api/v1/queue/pause")
+    for i in range(8):
+        small.submit(f"c{i}.mp4", ["steps"])
+    small.call("POST", "/api/v1/queue/resume")
+
+    def each_keeps(a: int, b: int) -> None:
+        wait_for(lambda: running_on(big) == {"node-a": a, "node-b": b})
+        assert (big.status()["max_concurrent"], small.status()["max_concurrent"]) == (a, b)
+        # Each node's heartbeat reports its own limit to the others.
+        wait_for(
+            lambda: (
+                {n["id"]: n["max_concurrent"] for n in big.status()["nodes"]}
+                == {"node-a": a, "node-b": b}
+            )
+        )
+
+    each_keeps(2, 1)
+    big.restart()  # its config value does not become the other node's
+    each_keeps(2, 1)
+    small.restart()
+    each_keeps(2, 1)
+
+    # A change through one node is that node's alone, and survives its restart.
+    reply = small.call("PUT", "/api/v1/queue/concurrency", json={"max_concurrent": 3})
+    assert (reply["max_concurrent"], reply["effective_concurrency"]) == (3, 3)
+    each_keeps(2, 3)
+    small.restart()
+    each_keeps(2, 3)
+    big.restart()
+    each_keeps(2, 3)
+
+    # An edited config file wins over the earlier change, on that node alone.
+    small.config_path.write_text(
+        small.config_path.read_text().replace("max_concurrent = 1", "max_concurrent = 2")
+    )
+    small.restart()
+    each_keeps(2, 2)

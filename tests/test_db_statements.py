@@ -6,7 +6,7 @@ from __future__ import annotations
 import peewee as pw
 import pytest
 
-from momentry_edge import db, jobs
+from momentry_edge import cluster, db, jobs
 from momentry_edge.db import (
     FileState,
     Job,
@@ -167,7 +167,8 @@ def test_a_claim_heeds_the_queue_state_as_of_its_own_commit(tmp_path, database_u
     the API answers: the claim that follows must not start a job all the same."""
     database = db.connect(database_url, tmp_path / "data")
     try:
-        jobs.init_queue_state(2, False)
+        cluster.register_node("node", "owner", [])  # its settings row, on PostgreSQL
+        jobs.init_queue_state(2, False, "node")
         files = _media_files("abc")
         queued = [jobs.submit(f, ["noop"], max_retries=0)[0] for f in files]
 
@@ -190,7 +191,7 @@ def test_a_claim_heeds_the_queue_state_as_of_its_own_commit(tmp_path, database_u
         jobs.set_paused(False)
         second = jobs.claim(request.owner, request.node, request.limit, 60)
         assert second is not None and second.id == queued[1].id
-        jobs.set_concurrency(1, None, ceiling=8)  # one runs already: no second one now
+        jobs.set_concurrency(1, None, ceiling=8, node="node")  # one runs already: no second one now
         assert jobs.claim(request.owner, request.node, request.limit, 60) is None
         assert Job.get_by_id(queued[2].id).status == JobStatus.PENDING
     finally:

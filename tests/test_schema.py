@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from momentry_edge import db, jobs
+from momentry_edge import cluster, db, jobs
 from momentry_edge.db import FileState, Job, MediaFile, SchemaVersion
 from momentry_edge.ingest import Intake
 
@@ -145,3 +145,28 @@ def test_a_version_8_database_gains_a_queue_identity_that_stays(tmp_path, databa
     jobs.init_queue_state(3, False)
     assert db.queue_id() != identity
     other.close()
+
+
+def test_a_version_9_database_keeps_its_concurrency_change_on_each_node(tmp_path, database_url):
+    data = tmp_path / "data"
+    database = db.connect(database_url, data)
+    for node in ("big", "small"):
+        cluster.register_node(node, f"{node}-owner", [])
+    jobs.init_queue_state(2, True)
+    jobs.set_concurrency(3, False, ceiling=8)  # changed through the API under version 9
+    for setting in ("max_concurrent", "dynamic_concurrency"):
+        for column in (f"own_{setting}", f"config_{setting}"):
+            database.execute_sql(f"ALTER TABLE node DROP COLUMN {column}")
+    SchemaVersion.delete().where(SchemaVersion.version >= 10).execute()
+    database.close()
+
+    database = db.connect(database_url, data)
+    # Started with the config file the change was made under: the change stays. Another
+    # node's file that says otherwise gives it its own value (only it, on PostgreSQL).
+    state = jobs.init_queue_state(2, True, "big")
+    assert (state.max_concurrent, state.dynamic_concurrency) == (3, False)
+    jobs.init_queue_state(1, True, "small")
+    assert jobs.queue_state("small").max_concurrent == 1
+    shared = 1 if not db.is_postgres(database) else 3  # SQLite: one node, one setting
+    assert jobs.queue_state("big").max_concurrent == shared
+    database.close()

@@ -19,6 +19,7 @@ import psycopg
 import pytest
 from conftest import ServiceProcess, wait_for
 from disks import fill, small_filesystem
+from pgproxy import PLAIN_ENV, CuttingProxy
 
 from momentry_edge import db
 
@@ -292,6 +293,32 @@ def test_postgres_connections_cut_while_a_backlog_drains_lose_and_double_nothing
     listing = answered(svc, "/api/v1/jobs")
     assert sorted(j["task_id"] for j in listing["jobs"]) == sorted(tasks)
     wait_for(lambda: answered(svc, "/api/v1/queue/status")["active_count"] == 0)
+
+
+@on_postgres
+def test_postgres_connections_cut_as_transactions_begin_leave_every_request_answered(
+    start_service, database_url
+):
+    proxy = CuttingProxy(database_url)
+    try:
+        svc = start_service(service={"database_url": proxy.url}, env=PLAIN_ENV)
+        # A restart or failover landing just after a transaction has begun, again and
+        # again: the queue status (one snapshot read) meanwhile is 503, asked to retry.
+        proxy.cut_after_begin.set()
+        for _ in range(40):
+            reply = svc.client.get("/api/v1/queue/status")
+            assert reply.status_code in (200, 503), reply.text
+        proxy.cut_after_begin.clear()
+        assert proxy.cuts >= 40
+        # The database whole again: every request is answered, none kept failing on a
+        # connection the cuts ended or waiting for one, and a job runs.
+        for _ in range(40):
+            reply = svc.client.get("/api/v1/queue/status")
+            assert reply.status_code == 200, reply.text
+        task = svc.submit("after.mp4", ["noop"])["task_id"]
+        svc.wait_status(task, "completed")
+    finally:
+        proxy.close()
 
 
 PLUGINS = [

@@ -645,22 +645,11 @@ def read_snapshot(db: pw.Database) -> Any:
     """A transaction whose reads all see one moment, so a view never shows a job twice."""
     if not is_postgres(db):
         return db.atomic()  # SQLite in WAL mode: a read transaction is a snapshot
-    return _PostgresSnapshot(db)
-
-
-class _PostgresSnapshot:
-    def __init__(self, db: pw.Database) -> None:
-        self._tx = db.atomic()
-        self._db = db
-
-    def __enter__(self) -> Any:
-        tx = self._tx.__enter__()
-        if self._db.transaction_depth() == 1:
-            self._db.execute_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        return tx
-
-    def __exit__(self, *exc: Any) -> Any:
-        return self._tx.__exit__(*exc)
+    # One BEGIN statement with its mode: were the mode set by a second statement, a
+    # connection cut between the two would leave the thread marked inside a transaction
+    # that is never ended, its connection never given back to the pool (after enough
+    # cuts, every request waited on an empty pool).
+    return db.atomic(isolation_level="REPEATABLE READ READ ONLY")
 
 
 def holds_cluster_lock(db: pw.Database, name: str) -> bool:

@@ -295,6 +295,7 @@ def remove(data_dir: Path, file_uuid: str) -> None:
 # -- results shared between files of the same content ----------------------------------------
 
 
+@db.retried  # read as a run starts: a dropped connection must not fail the run
 def duplicate_output(
     record: MediaFile, processor: str, model: str | None, version: str, out_dir: Path
 ) -> tuple[str, str] | None:

@@ -19,6 +19,7 @@ import psycopg
 import pytest
 from conftest import ServiceProcess, wait_for
 from disks import fill, small_filesystem
+from pgproxy import PLAIN_ENV, CuttingProxy
 
 from momentry_edge import db
 
@@ -28,6 +29,9 @@ on_postgres = pytest.mark.parametrize("database_url", ["postgres"], indirect=Tru
 BUSY_TIMEOUT = 1.0  # service.database_timeout in these tests
 # How long a state change keeps trying across a locked database before it gives up.
 RETRY_WINDOW = BUSY_TIMEOUT * (len(db.RETRY_DELAYS) + 1) + sum(db.RETRY_DELAYS)
+# How long a storm of cut connections lasts: within the pauses between a state change's
+# tries, so the last try always comes after it.
+STORM = sum(db.RETRY_DELAYS) / 2
 STEPS = 30
 
 
@@ -251,24 +255,31 @@ def test_postgres_connections_cut_while_a_backlog_drains_lose_and_double_nothing
     svc.call("POST", "/api/v1/queue/pause")
     tasks = [svc.submit(f"b{i}.mp4", ["steps", "noop"])["task_id"] for i in range(8)]
     svc.call("POST", "/api/v1/queue/resume")
-    stop = threading.Event()
 
-    def cut() -> None:
+    def storm() -> None:
+        """Cut every connection the service holds, again and again, for less than the
+        time a state change keeps trying (a failover, not a database gone for good)."""
         with psycopg.connect(database_url, autocommit=True) as admin:
-            while not stop.is_set():
+            end = time.monotonic() + STORM
+            while time.monotonic() < end:
                 admin.execute(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                     " WHERE datname = current_database() AND pid <> pg_backend_pid()"
                 )
                 time.sleep(0.03)
 
-    cutter = threading.Thread(target=cut)
-    cutter.start()
-    try:
-        wait_for(lambda: sum(ended(svc, t) for t in tasks) >= 4, timeout=120)
-    finally:
-        stop.set()
-        cutter.join()
+    def ended_count() -> int:
+        return sum(ended(svc, t) for t in tasks)
+
+    # A storm, then the next only once a job has ended after it: however slow the
+    # machine, a state change caught in a storm has its last try after it, with the
+    # database back.
+    for _ in range(4):
+        storm()
+        before = ended_count()
+        if before == len(tasks):
+            break
+        wait_for(lambda before=before: ended_count() > before, timeout=120)
     wait_for(lambda: all(ended(svc, t) for t in tasks), timeout=60)
     for task in tasks:
         job = answered(svc, f"/api/v1/jobs/{task}")
@@ -276,12 +287,38 @@ def test_postgres_connections_cut_while_a_backlog_drains_lose_and_double_nothing
         assert {p["status"] for p in job["processors"].values()} == {"completed"}, job
         out = svc.data_dir / "results" / job["file_uuid"]
         assert (out / "steps.json").exists() and (out / "noop.json").exists()
-        # Each cut is ridden out: no job was given back, none ran its steps twice.
-        assert job["crash_count"] == 0, job["error_message"]
+        # Each cut is ridden out: no job was given back or retried, none ran its steps twice.
+        assert (job["crash_count"], job["retry_count"]) == (0, 0), job["error_message"]
         assert len((out / "steps.log").read_text().split()) == 4
     listing = answered(svc, "/api/v1/jobs")
     assert sorted(j["task_id"] for j in listing["jobs"]) == sorted(tasks)
     wait_for(lambda: answered(svc, "/api/v1/queue/status")["active_count"] == 0)
+
+
+@on_postgres
+def test_postgres_connections_cut_as_transactions_begin_leave_every_request_answered(
+    start_service, database_url
+):
+    proxy = CuttingProxy(database_url)
+    try:
+        svc = start_service(service={"database_url": proxy.url}, env=PLAIN_ENV)
+        # A restart or failover landing just after a transaction has begun, again and
+        # again: the queue status (one snapshot read) meanwhile is 503, asked to retry.
+        proxy.cut_after_begin.set()
+        for _ in range(40):
+            reply = svc.client.get("/api/v1/queue/status")
+            assert reply.status_code in (200, 503), reply.text
+        proxy.cut_after_begin.clear()
+        assert proxy.cuts >= 40
+        # The database whole again: every request is answered, none kept failing on a
+        # connection the cuts ended or waiting for one, and a job runs.
+        for _ in range(40):
+            reply = svc.client.get("/api/v1/queue/status")
+            assert reply.status_code == 200, reply.text
+        task = svc.submit("after.mp4", ["noop"])["task_id"]
+        svc.wait_status(task, "completed")
+    finally:
+        proxy.close()
 
 
 PLUGINS = [

@@ -154,10 +154,15 @@ def test_a_run_that_does_not_report_shows_running_and_is_counted_once(start_serv
 
 
 def test_transient_failures_back_off_then_dead_list_then_retry_reruns_only_failed(start_service):
-    svc = start_service(queue={"max_retries": 3, "retry_delay": 0.3})
+    # Each retrying state lasts its whole backoff step (1, 2, 4 s and a jitter), long
+    # enough to be seen by polling on a loaded machine; a 0.3 s step could pass unseen.
+    first_step = 1.0
+    svc = start_service(queue={"max_retries": 3, "retry_delay": first_step})
     svc.marker.write_text("storage is down")
     task = svc.submit("flaky.mp4", ["cut", "flaky"])["task_id"]
 
+    # Seconds from each failure to the attempt it scheduled: the backoff step, plus the
+    # time the service took from recording the failure to scheduling the retry.
     delays: dict[int, float] = {}
 
     def record_delays() -> bool:
@@ -167,9 +172,11 @@ def test_transient_failures_back_off_then_dead_list_then_retry_reruns_only_faile
             delays[job["retry_count"]] = _ts(job["next_attempt_at"]) - failed_at
         return job["status"] in ("partial", "failed")
 
-    wait_for(record_delays, timeout=30, interval=0.02)
+    wait_for(record_delays, timeout=90, interval=0.02)
     assert sorted(delays) == [1, 2, 3]
-    assert 0.3 <= delays[1] < delays[2] < delays[3], delays
+    for retry, delay in delays.items():
+        assert delay >= first_step * 2 ** (retry - 1), delays  # never sooner than its step
+    assert delays[1] < delays[2] < delays[3], delays  # the steps double
 
     job = svc.job(task)
     assert job["status"] == "partial"

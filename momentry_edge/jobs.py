@@ -169,7 +169,8 @@ def set_concurrency(
         changes["dynamic_concurrency"] = dynamic
     if _own_settings(node):
         own = {getattr(Node, f"own_{name}"): value for name, value in changes.items()}
-        Node.update(own).where(Node.node_id == node).execute()
+        if own:  # both keys null: nothing to change (an empty UPDATE is an error)
+            Node.update(own).where(Node.node_id == node).execute()
     else:
         QueueState.update(changes, updated_at=clock.now()).where(QueueState.id == 1).execute()
     state = queue_state(node)

@@ -148,6 +148,8 @@ def test_one_files_work_is_never_queued_twice(start_service, tmp_path):
     # Once it runs, it takes nothing on; only what no active job runs makes a new job.
     svc.call("POST", "/api/v1/queue/resume")
     svc.wait_status(first["task_id"], "processing")
+    # The forced job out of line too (running or done), or it would take the next ask on.
+    svc.wait_status(forced["task_id"], "processing", "completed", "partial", "failed")
     running = svc.call("POST", scan, expect=200, json={"processors": ["cut"]})
     assert running["task_id"] == first["task_id"]
     other = svc.call("POST", scan, expect=202, json={"processors": ["noop", "pose"]})

@@ -54,7 +54,7 @@ def test_written_out_statements_match_peewee(tmp_path, database_url):
         assert claimed.status == JobStatus.PROCESSING and claimed.lease_owner == "owner"
         assert claimed.file.__data__ == MediaFile.get_by_id(record.id).__data__
 
-        jobs.start_run(runs[0], "builtin", None)
+        jobs.start_run(jobs.Claim.of(claimed, "owner"), runs[0], "builtin", None)
         assert (
             jobs.report(
                 job.id,
@@ -120,7 +120,7 @@ def test_a_start_rides_on_the_next_write_and_a_finish_claims_the_next_job(tmp_pa
             "builtin",
             "m1",
         )
-        jobs.complete_run(noop, "/out/noop.json")
+        jobs.complete_run(jobs.Claim.of(claimed, "owner"), noop, "/out/noop.json")
         assert ProcessorRun.get_by_id(noop.id).attempts == 1
 
         # ...and by the job's finish, which records the last run and, with a limit of one,
@@ -147,10 +147,11 @@ def test_a_start_rides_on_the_next_write_and_a_finish_claims_the_next_job(tmp_pa
 
         # A release and a failure carry a start the same way.
         (run,) = jobs.pending_runs(second.id)
-        jobs.release_run(run, jobs.Started(102.0, "b", "m"))
+        holding = jobs.Claim.of(following, "owner")
+        jobs.release_run(holding, run, jobs.Started(102.0, "b", "m"))
         run = ProcessorRun.get_by_id(run.id)
         assert (run.status, run.attempts, run.started_at) == (RunStatus.PENDING, 1, 102.0)
-        jobs.fail_run(run, "broke", transient=False, started=jobs.Started(103.0, "b", "m"))
+        jobs.fail_run(holding, run, "broke", transient=False, started=jobs.Started(103.0, "b", "m"))
         run = ProcessorRun.get_by_id(run.id)
         assert (run.status, run.attempts, run.started_at, run.error) == (
             RunStatus.FAILED,
@@ -183,7 +184,7 @@ def test_a_claim_heeds_the_queue_state_as_of_its_own_commit(tmp_path, database_u
         jobs.set_paused(True)
         assert jobs.claim(request.owner, request.node, request.limit, 60) is None
         (run,) = jobs.pending_runs(first.id)
-        jobs.complete_run(run, "/out/noop.json")
+        jobs.complete_run(jobs.Claim.of(first, "owner"), run, "/out/noop.json")
         status, following = jobs.finish_and_claim(first, "owner", policy, request)
         assert (status, following) == (JobStatus.COMPLETED, None)
         assert [Job.get_by_id(j.id).status for j in queued[1:]] == [JobStatus.PENDING] * 2

@@ -783,7 +783,7 @@ class Workers:
         checkpoint: dict[str, Any] | None,
         error: str,
         out_dir: Path,
-    ) -> str | None:
+    ) -> outputs.Staged | None:
         """The failed document, to place; None when it could not be written."""
         try:
             partial = (checkpoint or {}).get("partial")

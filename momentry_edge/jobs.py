@@ -5,7 +5,9 @@ draining a backlog finishes one job and claims the next in a single commit
 (``finish_and_claim``), and a run's start is written with the run's next write.
 Order in line is ``priority DESC, seq, id``; ``seq`` is the time a job entered
 the line (nanoseconds), so FIFO holds across nodes and ``prioritize`` is a
-single UPDATE that gives a job a seq below every other pending one.
+single UPDATE that gives a job a seq below every other pending one. A worker writes
+into a job it claimed only while that claim still holds it (``Claim``, ``_still_held``):
+one whose lease ran out and whose job was given away writes nothing more into it.
 """
 
 from __future__ import annotations

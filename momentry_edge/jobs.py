@@ -5,11 +5,14 @@ draining a backlog finishes one job and claims the next in a single commit
 (``finish_and_claim``), and a run's start is written with the run's next write.
 Order in line is ``priority DESC, seq, id``; ``seq`` is the time a job entered
 the line (nanoseconds), so FIFO holds across nodes and ``prioritize`` is a
-single UPDATE that gives a job a seq below every other pending one.
+single UPDATE that gives a job a seq below every other pending one. A worker writes
+into a job it claimed only while that claim still holds it (``Claim``, ``_still_held``):
+one whose lease ran out and whose job was given away writes nothing more into it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import re
@@ -21,7 +24,7 @@ from typing import Any
 
 import peewee as pw
 
-from . import clock, db
+from . import clock, db, outputs
 from .clock import iso
 from .db import Job, JobStatus, MediaFile, Node, ProcessorRun, QueueState, RunStatus
 from .errors import Conflict, Invalid, NotFound
@@ -734,13 +737,63 @@ def _start_params(started: Started | None) -> list[Any]:
     return [] if started is None else [started.at, started.backend, started.model]
 
 
+@dataclass(frozen=True)
+class Claim:
+    """One claim of a job by a worker: the job, the lease owner and the claim's
+    ``started_at``, which tells it from a later claim of the same job (see _still_held)."""
+
+    job_id: int
+    owner: str
+    started_at: float
+
+    @classmethod
+    def of(cls, job: Job, owner: str) -> Claim:
+        return cls(job.id, owner, job.started_at)
+
+
+def _write_run(
+    claim: Claim | None, sql: str, *params: Any, document: outputs.Staged | None = None
+) -> None:
+    """Run ``sql``, an UPDATE of one run ending in ``WHERE id = ?``, only while ``claim``
+    still holds the job, else raise LeaseLost: a worker that lost the job writes nothing
+    into it. None: inside the caller's transaction, which checked that with the job's row
+    locked.
+
+    The condition is in the statement itself (no read-then-write race); on PostgreSQL it
+    share-locks the job's row, so the reaper cannot give the job away before the commit.
+    ``document``, the run's document, is put in place before that commit: a worker that
+    lost the job never replaces the document of the one that holds it now.
+    """
+    if claim is None:
+        db.execute(sql, *params)
+        if document is not None:
+            document.place()
+        return
+    lock = " FOR SHARE" if db.is_postgres(Job._meta.database) else ""
+    sql += (
+        " AND EXISTS (SELECT 1 FROM job WHERE id = ? AND status = ? AND lease_owner = ?"
+        f" AND started_at = ?{lock})"
+    )
+    params += (claim.job_id, JobStatus.PROCESSING, claim.owner, claim.started_at)
+    with db.write_transaction(Job._meta.database) if document else contextlib.nullcontext():
+        if not db.execute(sql, *params).rowcount:
+            raise LeaseLost(f"job {claim.job_id} is no longer held by {claim.owner}")
+        if document is not None:
+            document.place()
+
+
 @db.retried
 def start_run(
-    run: ProcessorRun | int, backend: str | None, model: str | None, at: float | None = None
+    claim: Claim,
+    run: ProcessorRun | int,
+    backend: str | None,
+    model: str | None,
+    at: float | None = None,
 ) -> None:
     """Mark the run running (``at``: when it began, if before now)."""
     now = clock.now()
-    db.execute(
+    _write_run(
+        claim,
         "UPDATE processor_run SET status = ?, attempts = attempts + 1, started_at = ?,"
         " completed_at = NULL, error = NULL, backend = ?, model = ?, updated_at = ?"
         " WHERE id = ?",
@@ -831,22 +884,31 @@ def _progress(runs: Sequence[tuple[str, int, int]]) -> int:
 
 @dataclass(frozen=True)
 class Completion:
-    """A run that completed, with where its document is and its start if not written yet."""
+    """A run that completed, with where its document is and its start if not written yet;
+    ``document``: that document, to put in place with the record (see _write_run)."""
 
     run_id: int
     output_path: str
     started: Started | None = None
+    document: outputs.Staged | None = None
 
 
 @db.retried
-def complete_run(run: ProcessorRun | int, output_path: str, started: Started | None = None) -> None:
-    _complete(Completion(getattr(run, "id", run), output_path, started))
+def complete_run(
+    claim: Claim,
+    run: ProcessorRun | int,
+    output_path: str,
+    started: Started | None = None,
+    document: outputs.Staged | None = None,
+) -> None:
+    _complete(Completion(getattr(run, "id", run), output_path, started, document), claim)
 
 
-def _complete(done: Completion) -> None:
+def _complete(done: Completion, claim: Claim | None) -> None:
     now = clock.now()
     # Progress shows the run whole: its own total when it reported one, else 1 of 1.
-    db.execute(
+    _write_run(
+        claim,
         "UPDATE processor_run SET status = ?, output_path = ?, completed_at = ?, error = NULL,"
         " progress_current = CASE WHEN progress_total > 0 THEN progress_total ELSE 1 END,"
         " progress_total = CASE WHEN progress_total > 0 THEN progress_total ELSE 1 END,"
@@ -857,13 +919,15 @@ def _complete(done: Completion) -> None:
         now,
         *_start_params(done.started),
         done.run_id,
+        document=done.document,
     )
 
 
 @db.retried
-def skip_run(run: ProcessorRun, reason: str, output_path: str | None = None) -> None:
+def skip_run(claim: Claim, run: ProcessorRun, reason: str, output_path: str | None = None) -> None:
     now = clock.now()
-    db.execute(
+    _write_run(
+        claim,
         "UPDATE processor_run SET status = ?, reason = ?, output_path = ?, completed_at = ?,"
         " updated_at = ? WHERE id = ?",
         RunStatus.SKIPPED,
@@ -877,26 +941,29 @@ def skip_run(run: ProcessorRun, reason: str, output_path: str | None = None) -> 
 
 @db.retried
 def fail_run(
+    claim: Claim,
     run: ProcessorRun,
     error: str,
     *,
     transient: bool,
-    output_path: str | None = None,
+    document: outputs.Staged | None = None,
     started: Started | None = None,
 ) -> None:
-    """``output_path``: the failed document written for it, when one could be."""
+    """``document``: the failed document written for it, when one could be."""
     now = clock.now()
-    db.execute(
+    _write_run(
+        claim,
         "UPDATE processor_run SET status = ?, error = ?, transient = ?, output_path = ?,"
         f" completed_at = ?, updated_at = ?{_START_SET if started else ''} WHERE id = ?",
         RunStatus.FAILED,
         error,
         transient,
-        output_path,
+        document and str(document.path),
         now,
         now,
         *_start_params(started),
         run.id,
+        document=document,
     )
 
 
@@ -926,15 +993,23 @@ def documented(run: ProcessorRun, output_path: str) -> None:
 
 
 @db.retried
-def release_run(run: ProcessorRun, started: Started | None = None) -> None:
-    """Back to pending, keeping the checkpoint (shutdown or cancel mid-run)."""
+def release_run(
+    claim: Claim,
+    run: ProcessorRun,
+    started: Started | None = None,
+    document: outputs.Staged | None = None,
+) -> None:
+    """Back to pending, keeping the checkpoint (shutdown or cancel mid-run); ``document``:
+    its partial document."""
     start = ", completed_at = NULL, error = NULL" + _START_SET if started else ""
-    db.execute(
+    _write_run(
+        claim,
         f"UPDATE processor_run SET status = ?, updated_at = ?{start} WHERE id = ?",
         RunStatus.PENDING,
         clock.now(),
         *_start_params(started),
         run.id,
+        document=document,
     )
 
 
@@ -1048,13 +1123,13 @@ def finish(
     """Decide a run's outcome from its processors: done, retry later, or final.
 
     ``completed``: runs that completed and are not recorded yet (the job's last), recorded
-    in the same commit, as ``complete_run`` would (whoever holds the job now).
+    in the same commit, as ``complete_run`` would. LeaseLost, with nothing written, when
+    the job is no longer this claim's.
     """
     now = _now(now)
     with db.write_transaction(Job._meta.database):
-        status, job, ended = _finish(job, owner, policy, now, completed)
-    if ended:
-        _announce_finish(job, status)
+        status, job = _finish(job, owner, policy, now, completed)
+    _announce_finish(job, status)
     return status
 
 
@@ -1070,7 +1145,8 @@ def finish_and_claim(
     draining a backlog commits once a job, not twice. A crash before the commit leaves
     both jobs as they were; after it, the next job is held like any claimed one (its
     lease runs out, the reaper recovers it). No next job when another thread of this
-    process is still claiming after CLAIM_WAIT (the caller then claims on its own)."""
+    process is still claiming after CLAIM_WAIT (the caller then claims on its own).
+    LeaseLost, with nothing written, when the job is no longer this claim's."""
     database = Job._meta.database
     following, promoted = None, 0
     # The claim lock before the write lock, as in claim. Waiting for it rather than
@@ -1081,31 +1157,31 @@ def finish_and_claim(
     if claiming:
         try:
             with db.write_transaction(database):
-                status, job, ended = _finish(job, owner, policy, now, completed)
+                status, job = _finish(job, owner, policy, now, completed)
                 following, promoted = _claim(request, now)
         finally:
             _claim_lock.release()
     else:  # finished alone; the worker claims its next job after
         with db.write_transaction(database):
-            status, job, ended = _finish(job, owner, policy, now, completed)
-    if ended:
-        _announce_finish(job, status)
+            status, job = _finish(job, owner, policy, now, completed)
+    _announce_finish(job, status)
     _announce_claim(following, promoted, request.node)
     return status, following
 
 
 def _finish(
     job: Job, owner: str, policy: RetryPolicy, now: float, completed: Sequence[Completion]
-) -> tuple[str, Job, bool]:
-    """Inside a write transaction: (status, the job's row, whether this ended the run)."""
-    for done in completed:
-        _complete(done)
+) -> tuple[str, Job]:
+    """Inside a write transaction: (status, the job's row); LeaseLost, before anything is
+    written, when the reaper or a user took the job meanwhile."""
     claimed, job = job, get(job.id, lock=True)
     if not _still_held(job, claimed, owner):
-        return job.status, job, False  # the reaper or a user took it meanwhile
+        raise LeaseLost(f"job {job.task_id} is no longer held by {owner}")
+    for done in completed:  # held, and the row locked: no other worker can take it now
+        _complete(done, None)
     runs = db.fetch(ProcessorRun, "SELECT * FROM processor_run WHERE job_id = ?", job.id)
     if job.cancel_requested:
-        return _finalise(job, JobStatus.CANCELLED, "cancelled by user", now, runs), job, True
+        return _finalise(job, JobStatus.CANCELLED, "cancelled by user", now, runs), job
     failed = [r for r in runs if r.status == RunStatus.FAILED]
     retryable = [
         r
@@ -1115,11 +1191,11 @@ def _finish(
         and job.options.get("retry_on_failure", True)
     ]
     if retryable:
-        return _schedule_retry(job, retryable, policy, now), job, True
+        return _schedule_retry(job, retryable, policy, now), job
     done = sum(r.status in db.RUN_DONE for r in runs)
     status = JobStatus.COMPLETED if not failed else JobStatus.PARTIAL if done else JobStatus.FAILED
     error = "; ".join(f"{r.processor}: {r.error}" for r in failed) or None
-    return _finalise(job, status, error, now, runs), job, True
+    return _finalise(job, status, error, now, runs), job
 
 
 def _announce_finish(job: Job, status: str) -> None:

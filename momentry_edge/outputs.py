@@ -24,6 +24,7 @@ import random
 import shutil
 import stat
 import time
+from collections.abc import Callable
 from json.encoder import encode_basestring as _string
 from pathlib import Path
 from typing import Any
@@ -81,9 +82,43 @@ def make_dir(folder: Path) -> Path:
 
 def write_atomic(path: Path, text: str) -> Path:
     """Write via a temp file in the same folder and rename, so readers never see half a
-    file; the file is flushed to disk before the rename. Written with the os calls
-    themselves: a few documents a job, where Python's file objects cost more than the
-    writing."""
+    file; the file is flushed to disk before the rename."""
+    staged = _stage(path, text)
+    try:
+        return staged.place()
+    finally:
+        staged.discard()  # not placed: not left behind
+
+
+class Staged:
+    """A file written out (flushed to disk) beside ``path``, under a name of its own, until
+    ``place`` renames it to ``path``; ``discard`` removes it if it was not placed."""
+
+    def __init__(self, tmp: str, path: Path, after: Callable[[], None] | None = None) -> None:
+        self._tmp = tmp
+        self.path = path
+        self._after = after  # what placing it replaces besides (documents set aside)
+        self._placed = False
+
+    def place(self) -> Path:
+        """Put the file at ``path``; again, when already placed, does nothing."""
+        if not self._placed:
+            os.replace(self._tmp, self.path)
+            self._placed = True
+            if self._after is not None:
+                self._after()
+        return self.path
+
+    def discard(self) -> None:
+        if not self._placed:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._tmp)
+
+
+def _stage(path: Path, text: str, after: Callable[[], None] | None = None) -> Staged:
+    """``text`` written to a temp file beside ``path``, to be placed there (Staged).
+    Written with the os calls themselves: a few documents a job, where Python's file
+    objects cost more than the writing."""
     data = text.encode("utf-8")
     fd, tmp = _temp_file(path)
     try:
@@ -95,12 +130,11 @@ def write_atomic(path: Path, text: str) -> Path:
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    return path
+    return Staged(tmp, path, after)
 
 
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
@@ -154,14 +188,31 @@ def write_result(
     processor: str,
     status: str,
     result: Any,
+    **details: Any,
+) -> Path:
+    """Write a processor's document (see stage_result); returns where it went."""
+    staged = stage_result(folder, job, processor, status, result, **details)
+    try:
+        return staged.place()
+    finally:
+        staged.discard()  # not placed: not left behind
+
+
+def stage_result(
+    folder: Path,
+    job: Job,
+    processor: str,
+    status: str,
+    result: Any,
     *,
     error: str | None = None,
     checkpoint: dict[str, Any] | None = None,
     backend: str | None = None,
     model: str | None = None,
     version: str | None = None,
-) -> Path:
-    """Write a processor's document; returns where it went.
+) -> Staged:
+    """A processor's document, written out and ready to be put in place (Staged): the
+    worker places it only while it still holds the job (jobs._write_run).
 
     A failed or partial run never replaces a complete result: it goes beside it
     (``aside_path``). A completed one removes what was set aside before it.
@@ -183,15 +234,16 @@ def write_result(
         or None,
     }
     path = document_path(folder, processor)
+    text = _indented(document) + "\n"
     if status != COMPLETED and _holds_complete_result(path):
-        path = write_json_atomic(aside_path(folder, processor, status), document)
-        other = PARTIAL if status == FAILED else FAILED
-        aside_path(folder, processor, other).unlink(missing_ok=True)  # the newer one tells
-        return path
-    write_json_atomic(path, document)
+        other = aside_path(folder, processor, PARTIAL if status == FAILED else FAILED)
+        # The newer of the two set aside tells.
+        return _stage(
+            aside_path(folder, processor, status), text, lambda: other.unlink(missing_ok=True)
+        )
     if status == COMPLETED:
-        _drop_asides(folder, processor)
-    return path
+        return _stage(path, text, lambda: _drop_asides(folder, processor))
+    return _stage(path, text)
 
 
 def _holds_complete_result(path: Path) -> bool:

@@ -329,6 +329,9 @@ class Workers:
             if self._room(state):
                 self.kick()
             self._run_job(job, following, state)
+        except jobs.LeaseLost:
+            # Another worker may run it now: nothing of this run was written into the job.
+            log.warning("job %s: lease lost, another worker has it", job.task_id)
         except (Exception, SystemExit) as exc:  # a library's sys.exit: this thread goes on
             self._give_back(job, exc)
         finally:
@@ -396,25 +399,12 @@ class Workers:
             frame_threads,
         )
         error = _side_by_side([functools.partial(part, batch) for batch in batches], parts)
-        if error is not None or halt.reason is not None:
-            for done in ledger.completions:  # recorded on their own, as the job is not finished
-                jobs.complete_run(done.run_id, done.output_path, done.started)
-        if error is not None:
-            raise error  # outside the processors: the job is given back (run_job)
-        if halt.reason == StopReason.SHUTDOWN:
-            status = jobs.requeue(job, self.owner)
-            log.info("job %s at shutdown: %s", job.task_id, status)
-            return status
-        if halt.reason == StopReason.LEASE:
-            log.warning("job %s: lease lost, another worker has it", job.task_id)
-            return JobStatus.PROCESSING
-        if self.stopping.is_set():
-            status = jobs.finish(job, self.owner, self.policy, completed=ledger.completions)
-        else:
-            status, claimed = jobs.finish_and_claim(
-                job, self.owner, self.policy, self._claim_request(), ledger.completions
-            )
-            following.extend([claimed] if claimed else [])
+        try:
+            status = self._end_job(job, following, halt, ledger, error)
+        finally:  # documents not placed with their record (the job lost) are not left behind
+            for done in ledger.completions:
+                if done.document is not None:
+                    done.document.discard()
         log.info("job %s %s", job.task_id, status)
         if status == JobStatus.RETRYING:
             self.kick(delay=Job.get_by_id(job.id).next_attempt_at - clock.now())
@@ -424,14 +414,46 @@ class Workers:
             ingest.requeue_replaced(job, job.file)
         return status
 
+    def _end_job(
+        self,
+        job: Job,
+        following: list[Job],
+        halt: _Halt,
+        ledger: _Ledger,
+        error: BaseException | None,
+    ) -> str:
+        """Record how the job's run ended, if the job is still this worker's (else raise
+        LeaseLost); returns its status."""
+        if halt.reason == StopReason.LEASE or isinstance(error, jobs.LeaseLost):
+            raise jobs.LeaseLost(job.task_id)
+        claim = jobs.Claim.of(job, self.owner)
+        if error is not None or halt.reason is not None:
+            for done in ledger.completions:  # recorded on their own, as the job is not finished
+                jobs.complete_run(claim, done.run_id, done.output_path, done.started, done.document)
+        if error is not None:
+            raise error  # outside the processors: the job is given back (run_job)
+        if halt.reason == StopReason.SHUTDOWN:
+            status = jobs.requeue(job, self.owner)
+            log.info("job %s at shutdown: %s", job.task_id, status)
+            return status
+        if self.stopping.is_set():
+            status = jobs.finish(job, self.owner, self.policy, completed=ledger.completions)
+        else:
+            status, claimed = jobs.finish_and_claim(
+                job, self.owner, self.policy, self._claim_request(), ledger.completions
+            )
+            following.extend([claimed] if claimed else [])
+        return status
+
     def _reject(self, job: Job, runs: list[ProcessorRun], reason: str) -> str:
         """The file is rejected, e.g. by the probe it was queued without (ingest.unusable):
         the job fails with the reason, no processor runs and no result is written. Not
         retried: a file rejected for a cause that may pass is looked at again by ingest,
         which queues it anew once it reads."""
         error = f"file rejected: {reason}"
+        claim = jobs.Claim.of(job, self.owner)
         for run in runs:
-            jobs.fail_run(run, error, transient=False)
+            jobs.fail_run(claim, run, error, transient=False)
         status = jobs.finish(job, self.owner, self.policy)
         log.warning("job %s %s: %s", job.task_id, status, error)
         return status
@@ -451,15 +473,18 @@ class Workers:
         """One part of a job, beside the others."""
         if halt.reason is not None:
             return  # the job is stopping: these runs stay to do
-        if problem := guard.problem():
-            for run in batch:
-                ledger.settled(run)
-                self._fail(job, run, None, run.last_checkpoint, problem, False, out_dir)
-            return
-        with contextlib.suppress(Stop):  # halt has the reason; _run_job acts on it
-            self._run_batch(
-                job, batch, media_path, out_dir, deadline, guard, halt, ledger, frame_threads
-            )
+        try:
+            if problem := guard.problem():
+                for run in batch:
+                    ledger.settled(run)
+                    self._fail(job, run, None, run.last_checkpoint, problem, False, out_dir)
+                return
+            with contextlib.suppress(Stop):  # halt has the reason; _run_job acts on it
+                self._run_batch(
+                    job, batch, media_path, out_dir, deadline, guard, halt, ledger, frame_threads
+                )
+        except jobs.LeaseLost:
+            halt.stop(StopReason.LEASE)  # the other parts stop at their next report
 
     def _budget(self) -> int:
         """The threads one job may use (``queue.job_threads``)."""
@@ -557,12 +582,20 @@ class Workers:
                 try:
                     settled = self._settle(job, run, processor, tracker, outcome, out_dir, guard)
                     stop = settled or stop
-                except db.OUTAGE_ERRORS:
-                    raise  # the database away past every retry: the whole job is given back
+                except (jobs.LeaseLost, *db.OUTAGE_ERRORS):
+                    # The job lost (nothing more of it is written), or the database away past
+                    # every retry (the whole job is given back).
+                    raise
                 except Exception as exc:  # e.g. its output cannot be written: others settle
                     log.error("job %s: %s not recorded", job.task_id, run.processor, exc_info=exc)
                     error = f"{type(exc).__name__}: {exc}"
-                    jobs.fail_run(run, error, transient=True, started=tracker.take_start())
+                    jobs.fail_run(
+                        jobs.Claim.of(job, self.owner),
+                        run,
+                        error,
+                        transient=True,
+                        started=tracker.take_start(),
+                    )
             if stop is not None:
                 raise stop
 
@@ -581,7 +614,8 @@ class Workers:
                 job.file, run.processor, processor.model, processor.version, out_dir
             )
         ):
-            jobs.skip_run(run, *duplicate)  # this content was processed already
+            # This content was processed already.
+            jobs.skip_run(jobs.Claim.of(job, self.owner), run, *duplicate)
             log.info("job %s: %s skipped: %s", job.task_id, run.processor, duplicate[0])
             return None
         state = processor.readiness()
@@ -589,7 +623,7 @@ class Workers:
             state = self.provision.readiness(run.processor, state)  # e.g. why a pull failed
         if not state.ready:
             raise ProcessorError(state.reason or "not ready", transient=False)
-        start = _Start(run.id, processor.backend, processor.model)
+        start = _Start(jobs.Claim.of(job, self.owner), run.id, processor.backend, processor.model)
         if job.crash_count:
             # It has taken the process down before: marked running at once, so that a crash
             # loop names the run it happens in (jobs._recover).
@@ -635,9 +669,10 @@ class Workers:
                 error = f"timed out after {limit:g} s ({source})"
                 fail(error, True)
                 return outcome
+            partial = None
             if outcome.reason == StopReason.CANCELLED and tracker.checkpoint and processor:
                 try:
-                    self._write_output(
+                    partial = self._stage_output(
                         job,
                         run,
                         processor,
@@ -650,7 +685,12 @@ class Workers:
                 except OSError as exc:  # the checkpoint in the database is kept all the same
                     log.warning("job %s: partial output not written: %s", job.task_id, exc)
                     self._check_disk()
-            jobs.release_run(run, tracker.take_start())
+            claim = jobs.Claim.of(job, self.owner)
+            try:
+                jobs.release_run(claim, run, tracker.take_start(), partial)
+            finally:
+                if partial is not None:
+                    partial.discard()  # not placed with the record: the job is lost
             return outcome
         if isinstance(outcome, ProcessorError):
             # A read error because the file went away is reported as just that.
@@ -667,7 +707,7 @@ class Workers:
         else:
             assert processor is not None
             try:
-                path = self._write_output(
+                document = self._stage_output(
                     job,
                     run,
                     processor,
@@ -685,13 +725,17 @@ class Workers:
                 fail(error, True)
                 self._check_disk()
                 return None
-            done = jobs.Completion(run.id, str(path), tracker.take_start())
+            done = jobs.Completion(run.id, str(document.path), tracker.take_start(), document)
             if last and tracker.halt.reason is None:
                 # The job's last run: recorded with the job's finish, in one commit. A crash
                 # before it leaves the run to do again, as a crash before complete_run would.
                 tracker.ledger.completions.append(done)
             else:
-                jobs.complete_run(run, done.output_path, done.started)
+                claim = jobs.Claim.of(job, self.owner)
+                try:
+                    jobs.complete_run(claim, run, done.output_path, done.started, document)
+                finally:
+                    document.discard()  # not placed with the record: the job is lost
             log.info("job %s: %s completed", job.task_id, run.processor)
         return None
 
@@ -708,8 +752,15 @@ class Workers:
     ) -> None:
         """Record a failed run, and write its document (with the result so far) so the
         results folder tells a failed processor from one that has not run."""
-        path = self._write_failed(job, run, processor, checkpoint, error, out_dir)
-        jobs.fail_run(run, error, transient=transient, output_path=path, started=started)
+        document = self._stage_failed(job, run, processor, checkpoint, error, out_dir)
+        claim = jobs.Claim.of(job, self.owner)
+        try:
+            jobs.fail_run(
+                claim, run, error, transient=transient, document=document, started=started
+            )
+        finally:
+            if document is not None:
+                document.discard()  # not placed with the record: the job is lost
 
     def document_failures(self, task_ids: Collection[str]) -> None:
         """Write the failed documents of these jobs' runs that have none: a run parked
@@ -717,11 +768,14 @@ class Workers:
         for run in jobs.undocumented_failures(task_ids):
             job = run.job
             out_dir = outputs.results_dir(self.config.data_dir, job.file.file_uuid)
-            path = self._write_failed(job, run, None, run.last_checkpoint, run.error, out_dir)
-            if path is not None:
-                jobs.documented(run, path)
+            document = self._stage_failed(job, run, None, run.last_checkpoint, run.error, out_dir)
+            if document is not None:
+                try:
+                    jobs.documented(run, str(document.place()))
+                finally:
+                    document.discard()
 
-    def _write_failed(
+    def _stage_failed(
         self,
         job: Job,
         run: ProcessorRun,
@@ -729,11 +783,11 @@ class Workers:
         checkpoint: dict[str, Any] | None,
         error: str,
         out_dir: Path,
-    ) -> str | None:
-        """The failed document's path; None when it could not be written."""
+    ) -> outputs.Staged | None:
+        """The failed document, to place; None when it could not be written."""
         try:
             partial = (checkpoint or {}).get("partial")
-            path = self._write_output(
+            return self._stage_output(
                 job, run, processor, outputs.FAILED, partial, error, checkpoint, out_dir
             )
         except OSError as exc:  # the failure is recorded in the database all the same
@@ -742,14 +796,13 @@ class Workers:
             )
             self._check_disk()
             return None
-        return str(path)
 
     def _check_disk(self) -> None:
         """A write failed: if the disk is full, stop admitting jobs now, not at the next sample."""
         with contextlib.suppress(OSError):
             self.gate.check_disk(self.config.data_dir)
 
-    def _write_output(
+    def _stage_output(
         self,
         job: Job,
         run: ProcessorRun,
@@ -759,8 +812,9 @@ class Workers:
         error: str | None,
         checkpoint: dict[str, Any] | None,
         out_dir: Path,
-    ) -> Path:
-        return outputs.write_result(
+    ) -> outputs.Staged:
+        """The run's document, written out, to be placed with the run's record."""
+        return outputs.stage_result(
             out_dir,
             job,
             run.processor,
@@ -1012,7 +1066,10 @@ class _Start:
     (``take``), or on its own by the _Starter once START_DELAY has passed without one, so a
     run that does not report soon still shows as running. Whoever takes it writes it."""
 
-    def __init__(self, run_id: int, backend: str | None, model: str | None) -> None:
+    def __init__(
+        self, claim: jobs.Claim, run_id: int, backend: str | None, model: str | None
+    ) -> None:
+        self.claim = claim
         self.run_id = run_id
         self.due = time.monotonic() + START_DELAY
         self._lock = threading.Lock()
@@ -1038,7 +1095,9 @@ class _Start:
         with self._lock:
             if self._unwritten is not None:
                 started = self._unwritten
-                jobs.start_run(self.run_id, started.backend, started.model, at=started.at)
+                jobs.start_run(
+                    self.claim, self.run_id, started.backend, started.model, at=started.at
+                )
                 self._unwritten = None
 
 
@@ -1086,6 +1145,8 @@ class _Starter:
                 start = self._starts.popleft()
             try:
                 start.write()
+            except jobs.LeaseLost:
+                pass  # the run's worker finds that out at its next write
             except Exception as exc:  # the database away: the run's next write carries it
                 log.warning("a run's start not written: %s", exc)
             finally:

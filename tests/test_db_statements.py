@@ -6,7 +6,7 @@ from __future__ import annotations
 import peewee as pw
 import pytest
 
-from momentry_edge import cluster, db, jobs
+from momentry_edge import cluster, db, jobs, outputs
 from momentry_edge.db import (
     FileState,
     Job,
@@ -54,7 +54,7 @@ def test_written_out_statements_match_peewee(tmp_path, database_url):
         assert claimed.status == JobStatus.PROCESSING and claimed.lease_owner == "owner"
         assert claimed.file.__data__ == MediaFile.get_by_id(record.id).__data__
 
-        jobs.start_run(runs[0], "builtin", None)
+        jobs.start_run(jobs.Claim.of(claimed, "owner"), runs[0], "builtin", None)
         assert (
             jobs.report(
                 job.id,
@@ -120,7 +120,7 @@ def test_a_start_rides_on_the_next_write_and_a_finish_claims_the_next_job(tmp_pa
             "builtin",
             "m1",
         )
-        jobs.complete_run(noop, "/out/noop.json")
+        jobs.complete_run(jobs.Claim.of(claimed, "owner"), noop, "/out/noop.json")
         assert ProcessorRun.get_by_id(noop.id).attempts == 1
 
         # ...and by the job's finish, which records the last run and, with a limit of one,
@@ -147,10 +147,11 @@ def test_a_start_rides_on_the_next_write_and_a_finish_claims_the_next_job(tmp_pa
 
         # A release and a failure carry a start the same way.
         (run,) = jobs.pending_runs(second.id)
-        jobs.release_run(run, jobs.Started(102.0, "b", "m"))
+        holding = jobs.Claim.of(following, "owner")
+        jobs.release_run(holding, run, jobs.Started(102.0, "b", "m"))
         run = ProcessorRun.get_by_id(run.id)
         assert (run.status, run.attempts, run.started_at) == (RunStatus.PENDING, 1, 102.0)
-        jobs.fail_run(run, "broke", transient=False, started=jobs.Started(103.0, "b", "m"))
+        jobs.fail_run(holding, run, "broke", transient=False, started=jobs.Started(103.0, "b", "m"))
         run = ProcessorRun.get_by_id(run.id)
         assert (run.status, run.attempts, run.started_at, run.error) == (
             RunStatus.FAILED,
@@ -183,7 +184,7 @@ def test_a_claim_heeds_the_queue_state_as_of_its_own_commit(tmp_path, database_u
         jobs.set_paused(True)
         assert jobs.claim(request.owner, request.node, request.limit, 60) is None
         (run,) = jobs.pending_runs(first.id)
-        jobs.complete_run(run, "/out/noop.json")
+        jobs.complete_run(jobs.Claim.of(first, "owner"), run, "/out/noop.json")
         status, following = jobs.finish_and_claim(first, "owner", policy, request)
         assert (status, following) == (JobStatus.COMPLETED, None)
         assert [Job.get_by_id(j.id).status for j in queued[1:]] == [JobStatus.PENDING] * 2
@@ -194,6 +195,51 @@ def test_a_claim_heeds_the_queue_state_as_of_its_own_commit(tmp_path, database_u
         jobs.set_concurrency(1, None, ceiling=8, node="node")  # one runs already: no second one now
         assert jobs.claim(request.owner, request.node, request.limit, 60) is None
         assert Job.get_by_id(queued[2].id).status == JobStatus.PENDING
+    finally:
+        database.close()
+
+
+def test_a_claim_whose_job_was_given_away_writes_nothing_into_it(tmp_path, database_url):
+    database = db.connect(database_url, tmp_path / "data")
+    try:
+        jobs.init_queue_state(1, False)
+        (record,) = _media_files("a")
+        jobs.submit(record, ["noop"], max_retries=0)
+        old = jobs.claim("owner", "node", 1, 60, now=1000.0)
+        policy = jobs.RetryPolicy(retry_delay=1, max_crashes=3, lease_seconds=60)
+        # Its lease ran out: the reaper gave it back, and another thread of the same
+        # process claimed it again (the same owner, a later claim).
+        assert jobs.reap("node", "owner", policy, now=1100.0) == [old.task_id]
+        new = jobs.claim("owner", "node", 1, 60, now=1200.0)
+        assert new is not None and new.id == old.id
+        (run,) = ProcessorRun.select().where(ProcessorRun.job == old.id)
+        before = (Job.get_by_id(old.id).__data__, run.__data__)
+
+        lost = jobs.Claim.of(old, "owner")
+        folder = tmp_path / "results"
+        staged = outputs.stage_result(folder, old, "noop", outputs.COMPLETED, {"by": "old"})
+        writes = [
+            lambda: jobs.start_run(lost, run, "builtin", None),
+            lambda: jobs.complete_run(lost, run, str(staged.path), None, staged),
+            lambda: jobs.fail_run(lost, run, "broke", transient=True, document=staged),
+            lambda: jobs.skip_run(lost, run, "duplicate", "/elsewhere/noop.json"),
+            lambda: jobs.release_run(lost, run, jobs.Started(1.0, None, None), staged),
+            lambda: jobs.finish(
+                old, "owner", policy, completed=[jobs.Completion(run.id, "/x", None, staged)]
+            ),
+        ]
+        for write in writes:
+            with pytest.raises(jobs.LeaseLost):
+                write()
+        row = ProcessorRun.get_by_id(run.id)
+        assert (Job.get_by_id(old.id).__data__, row.__data__) == before
+        assert not staged.path.exists(), "its document was not put in place"
+        staged.discard()
+        assert list(folder.iterdir()) == []
+
+        # The claim that holds the job now writes as ever.
+        jobs.complete_run(jobs.Claim.of(new, "owner"), run, "/out/noop.json")
+        assert jobs.finish(new, "owner", policy) == JobStatus.COMPLETED
     finally:
         database.close()
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
+import sqlite3
 
-from conftest import wait_for
+from conftest import ServiceProcess, wait_for
+from test_cluster import own_login
 
 
 def test_a_job_that_keeps_killing_the_service_is_parked(start_service):
@@ -54,3 +58,73 @@ def test_task_timeout_fails_the_job_and_keeps_its_partial_output(start_service):
     assert partial["result"]["done"] == partial["last_checkpoint"]["frame"]
     assert svc.get(f"/api/v1/files/{job['file_uuid']}/results/steps") == partial
     wait_for(lambda: svc.status()["active_count"] == 0)
+
+
+def _stall(svc, cut) -> None:
+    """Suspend the service (SIGSTOP), holding nothing of the queue's: on SQLite it is
+    stopped while the test holds the write lock, so never inside a write of its own; on
+    PostgreSQL its connections are ended (``cut``), and with them its transactions."""
+    if cut is None:
+        queue = sqlite3.connect(svc.data_dir / "momentry.db", isolation_level=None, timeout=60)
+        try:
+            queue.execute("BEGIN IMMEDIATE")
+            os.kill(svc.proc.pid, signal.SIGSTOP)
+            queue.execute("ROLLBACK")
+        finally:
+            queue.close()
+    else:
+        os.kill(svc.proc.pid, signal.SIGSTOP)
+        cut(True)
+
+
+def test_a_worker_stalled_past_its_lease_records_nothing_of_the_job_it_lost(
+    start_service, database_url, tmp_path
+):
+    hold = tmp_path / "hold"
+    hold.touch()
+    plugins = ["workloads:Noop", "workloads:Quiet"]
+    with contextlib.ExitStack() as stack:
+        url, cut = database_url, None
+        if database_url:
+            url, cut = stack.enter_context(own_login(database_url, "stalled"))
+        a = start_service(
+            "a",
+            service={"node_id": "node-a", "plugins": plugins, "database_url": url},
+            queue={"lease_seconds": 2},
+            **{"processors.quiet": {"hold_while_exists": str(hold)}},
+        )
+        task = a.submit("stalled.mp4", ["quiet"])["task_id"]
+        wait_for(lambda: a.job(task)["processors"]["quiet"]["status"] == "running")
+        # Another service on the same queue and data folder, as a restart beside a hung
+        # process would be; its run of the job ends at once.
+        b = ServiceProcess(
+            tmp_path / "b",
+            database_url,
+            {
+                "service": {"node_id": "node-b", "plugins": plugins, "data_dir": str(a.data_dir)},
+                "queue": {"lease_seconds": 2},
+                "processors.quiet": {"hold_while_exists": str(tmp_path / "never")},
+            },
+        )
+        b.data_dir = a.data_dir
+        stack.callback(lambda: b.proc.poll() is None and b.kill())
+        b.start()
+        _stall(a, cut)
+        # Its lease runs out: b takes the job over and completes it.
+        job = b.wait_status(task, "completed")
+        assert job["node"] == "node-b" and job["processors"]["quiet"]["attempts"] == 2
+        out = a.data_dir / "results" / job["file_uuid"] / "quiet.json"
+        document = out.read_text()
+        assert json.loads(document)["result"] == {"attempt": 2}
+
+        # The stalled service resumes, its run ends, and it stops.
+        hold.unlink()
+        if cut is not None:
+            cut(False)
+        os.kill(a.proc.pid, signal.SIGCONT)
+        assert a.stop() == 0
+        # The job, its run and its document are b's: a recorded and replaced nothing.
+        assert b.job(task) == job
+        assert out.read_text() == document
+        assert not [p.name for p in out.parent.iterdir() if p.name != "quiet.json"]
+        assert f"job {task}: lease lost" in a.log()

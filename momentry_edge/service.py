@@ -250,8 +250,11 @@ class Service:
                 self.workers.poll()
             elif task == "health" and self.config.queue.worker_enabled:
                 self.workers.check_health()
-            elif task == "sweep" and self.config.service.retention_days:
-                housekeeping.sweep(self.config.data_dir, self.config.service.retention_days * DAY)
+            elif task == "sweep":
+                # Also at the first tick, for what a crash left; retention_days 0 keeps all
+                # results, not the temp files.
+                days = self.config.service.retention_days
+                housekeeping.sweep(self.config.data_dir, days * DAY if days else None)
             elif task == "rescan":
                 self.watcher.request_rescan()  # runs on the ingest thread, not this one
             elif task == "backup":

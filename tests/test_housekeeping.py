@@ -1,11 +1,17 @@
-"""The retention sweep removes only what finished longer ago than the retention."""
+"""The retention sweep removes only what finished longer ago than the retention, and the
+temp files a crash left behind, only ours and only once no writer can still place them."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
-from momentry_edge import db, housekeeping, jobs
+from conftest import wait_for
+
+from momentry_edge import db, housekeeping, jobs, models, outputs
 from momentry_edge.db import Job, JobStatus, MediaFile
 
 DAY = 86400.0
@@ -37,10 +43,11 @@ def test_sweep_keeps_recent_and_active_work(tmp_path, database_url):
     (data / "logs" / "momentry-edge.log.1").write_text("rotated\n")
 
     counts = housekeeping.sweep(data, retention_seconds=30 * DAY, now=time.time() + 29 * DAY)
-    assert counts == {"jobs": 0, "results": 0, "logs": 0}, "nothing is past retention yet"
+    nothing = {"jobs": 0, "results": 0, "logs": 0, "temp_files": 0}
+    assert counts == nothing, "nothing is past retention yet"
 
     counts = housekeeping.sweep(data, retention_seconds=30 * DAY, now=time.time() + 31 * DAY)
-    assert counts == {"jobs": 1, "results": 1, "logs": 1}
+    assert counts == {"jobs": 1, "results": 1, "logs": 1, "temp_files": 0}
     assert Job.get_or_none(Job.id == finished.id) is None
     assert Job.get_by_id(waiting.id).status == JobStatus.PENDING, "active jobs are never swept"
     assert not (data / "results" / done_file.file_uuid).exists()
@@ -48,3 +55,131 @@ def test_sweep_keeps_recent_and_active_work(tmp_path, database_url):
     assert (data / "logs" / "momentry-edge.log").exists(), "the live log stays"
     assert sorted(os.listdir(data / "logs")) == ["momentry-edge.log"]
     db.Job._meta.database.close()
+
+
+# -- the temp files a crash left ---------------------------------------------------------------
+
+OLD = time.time() - 2 * DAY  # older than housekeeping.TEMP_FILE_AGE
+
+
+def leftover(path: Path, when: float = OLD) -> Path:
+    """A temp file of ``path`` as outputs.py writes it (``.<name>.<hex>``), never placed."""
+    fd, tmp = outputs._temp_file(path)
+    os.write(fd, b"{}\n")
+    os.close(fd)
+    os.utime(tmp, (when, when))
+    return Path(tmp)
+
+
+def aged(path: Path, when: float = OLD) -> Path:
+    if not path.is_symlink():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x")
+    os.utime(path, (when, when), follow_symlinks=False)
+    return path
+
+
+def test_sweep_removes_old_temp_files_and_only_ours(tmp_path):
+    data = tmp_path / "data"
+    folder = outputs.results_dir(data, "a" * 32)
+    debris = [
+        leftover(outputs.document_path(folder, "asr")),
+        leftover(folder / "asr.srt"),
+        aged(folder / ".cut.thumbnails.work" / ".0000000042.jpg.tmp"),
+        aged(data / "models" / "whisper-base" / f"{models.RECORD}.tmp"),
+    ]
+    link = folder / f".asr.json.{os.getpid()}.link"  # as outputs._link_outputs makes it
+    link.symlink_to("asr.json")
+    debris.append(aged(link))
+    fresh = leftover(outputs.document_path(folder, "cut"), when=time.time() - 3600)
+    kept = [
+        aged(folder / "asr.json"),
+        aged(folder / ".notes.txt"),
+        aged(folder / ".DS_Store"),
+        aged(folder / ".asr.json.12345"),  # too few digits
+        aged(folder / ".asr.json.0123456789abc"),  # too many
+        aged(folder / ".asr.json.0123456789AB"),  # not as _temp_file spells them
+        aged(folder / "asr.json.0123456789ab"),  # not hidden
+        aged(folder / ".asr.json.tmp"),
+        aged(folder / ".cut.thumbnails.work" / "0000000042.jpg"),
+        aged(data / "models" / "whisper-base" / ".partial" / "model.bin.part"),  # resumed
+        aged(data / "models" / "whisper-base" / ".asr.json.0123456789ab"),  # not in results
+        aged(data / "logs" / ".momentry-edge.log.0123456789ab"),
+    ]
+    (folder / ".x.json.0123456789ab").mkdir()  # a folder: not ours
+
+    counts = housekeeping.sweep(data, retention_seconds=None)
+    assert counts == {"jobs": 0, "results": 0, "logs": 0, "temp_files": len(debris)}
+    assert not [p for p in debris if p.exists() or p.is_symlink()]
+    assert fresh.exists(), "a temp file younger than a day may still be placed"
+    assert [p for p in kept if p.exists()] == kept
+    assert (folder / ".x.json.0123456789ab").is_dir()
+    assert housekeeping.sweep(data, retention_seconds=None)["temp_files"] == 0
+
+
+def test_sweep_removes_links_named_like_temp_files_and_never_follows_them(tmp_path):
+    data = tmp_path / "data"
+    folder = outputs.results_dir(data, "a" * 32)
+    outside = tmp_path / "outside"
+    target = aged(outside / "notes.json")
+    inner = aged(outside / "elsewhere" / ".asr.json.0123456789ab")
+    to_file = folder / ".asr.json.0123456789ab"
+    to_folder = outputs.results_dir(data, "b" * 32)  # a results folder that is a link
+    folder.mkdir(parents=True)
+    to_file.symlink_to(target)
+    to_folder.symlink_to(outside / "elsewhere", target_is_directory=True)
+    aged(to_file)
+
+    counts = housekeeping.sweep(data, retention_seconds=None)
+    assert counts["temp_files"] == 1
+    assert not to_file.is_symlink(), "the link goes"
+    assert target.read_text() == "x", "its target stays"
+    assert to_folder.is_symlink() and inner.exists(), "a linked folder is not looked into"
+
+
+def test_a_temp_file_that_cannot_be_removed_is_logged_and_the_sweep_goes_on(tmp_path, unprivileged):
+    data = tmp_path / "data"
+    locked = outputs.results_dir(data, "a" * 32)
+    unreadable = outputs.results_dir(data, "b" * 32)
+    stuck = leftover(outputs.document_path(locked, "asr"))
+    hidden = leftover(outputs.document_path(unreadable, "asr"))
+    gone = leftover(outputs.document_path(outputs.results_dir(data, "c" * 32), "asr"))
+    locked.chmod(0o555)
+    unreadable.chmod(0)
+    try:
+        swept = subprocess.run(
+            [
+                *unprivileged,
+                sys.executable,
+                "-c",
+                "import sys; from pathlib import Path; from momentry_edge import housekeeping;"
+                " print(housekeeping.sweep(Path(sys.argv[1]), None)['temp_files'])",
+                str(data),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        locked.chmod(0o750)
+        unreadable.chmod(0o750)
+    assert swept.returncode == 0, swept.stderr
+    assert swept.stdout.strip() == "1"
+    assert not gone.exists()
+    assert stuck.exists() and hidden.exists()
+    assert f"cannot remove {stuck}" in swept.stderr
+    assert f"cannot read {unreadable}" in swept.stderr
+
+
+def test_a_service_start_removes_what_a_crash_left_also_keeping_all_results(
+    start_service, tmp_path
+):
+    folder = outputs.results_dir(tmp_path / "node" / "data", "a" * 32)
+    debris = leftover(outputs.document_path(folder, "asr"))
+    document = aged(outputs.document_path(folder, "asr"))
+    notes = aged(folder / ".notes.txt")
+
+    svc = start_service(service={"retention_days": 0})  # keep all results
+    wait_for(lambda: not debris.exists())
+    assert document.exists() and notes.exists()
+    assert "0 result folders, 0 log files, 1 temp files" in svc.log()

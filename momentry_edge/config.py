@@ -96,7 +96,8 @@ class QueueConfig:
         5.0, minimum=0.05, maximum=MAX_SECONDS, env="MOMENTRY_POLL_INTERVAL"
     )
     worker_enabled: bool = _setting(True, env="MOMENTRY_WORKER_ENABLED")
-    # Worker threads are started once; max_concurrent can be raised live up to this.
+    # The most worker threads (started as jobs need them); max_concurrent can be raised live
+    # up to this.
     worker_threads: int = _setting(8, minimum=1, maximum=256)
     # Threads one job may use to run its independent parts side by side (the speech
     # branch, the frame pass, other processors): on a small machine one job alone can

@@ -79,17 +79,27 @@ class BlockingMemoryStorage(MemoryStorage):
         super().__init__(*args, **kwargs)
         self._ready = threading.Condition(self._lock)
         self._closed = False
+        self._waiting = 0  # workers blocked in dequeue
+        # Called, outside the lock, when a message finds no idle worker to take it.
+        self.unserved: Callable[[], None] | None = None
 
     def enqueue(self, data: bytes, priority: float | None = None) -> None:
         with self._ready:
             super().enqueue(data, priority)
             self._ready.notify()
+            unserved = self._waiting < len(self._queue)
+        if unserved and self.unserved is not None:
+            self.unserved()
 
     def dequeue(self) -> bytes | None:
         with self._ready:
             data = super().dequeue()
             while data is None and not self._closed:
-                self._ready.wait()
+                self._waiting += 1
+                try:
+                    self._ready.wait()
+                finally:
+                    self._waiting -= 1
                 data = super().dequeue()
             return data
 
@@ -148,13 +158,17 @@ class Workers:
         self._starter = _Starter()
         self.huey = Huey("momentry-edge", storage_class=BlockingMemoryStorage, results=False)
         self._drain_task = self.huey.task(name="drain")(self._drain)
+        # One worker thread to begin with; more start as drains need them (_add_thread),
+        # up to queue.worker_threads, so that an idle service holds no threads it never uses.
         self.consumer = InProcessConsumer(
             self.huey,
-            workers=config.queue.worker_threads,
+            workers=1,
             periodic=False,
             check_worker_health=False,  # the service's main loop calls it
             shutdown_timeout=30,
         )
+        self._pool_lock = threading.Lock()  # the consumer's list of worker threads
+        self.huey.storage.unserved = self._add_thread
 
     def update_processors(self) -> None:
         """What this node can run; a job needing more waits for a node that can. Processors
@@ -185,11 +199,15 @@ class Workers:
         if delay is not None:
             self._drain_task.schedule(delay=max(delay, 0))
         elif self.huey.pending_count() < self.config.queue.worker_threads:
-            self._drain_task()
+            self._drain_task()  # with every thread busy, the storage asks _add_thread
+        else:  # drains wait already, e.g. for a limit raised meanwhile: a thread for them
+            self._add_thread()
 
     def on_event(self, event: Event) -> None:
         """Bus listener: a change after which a job may be claimable here."""
         if event["type"] in WAKE_EVENTS:
+            if event["type"].startswith("queue."):
+                self._claimed_state = None  # changed (a limit, a resume): read it afresh
             self.kick()
             if event.get("not_before"):
                 self.kick(delay=event["not_before"] - clock.now())  # its start time
@@ -201,7 +219,31 @@ class Workers:
             self.kick()
 
     def check_health(self) -> None:
-        self.consumer.check_worker_health()
+        with self._pool_lock:
+            self.consumer.check_worker_health()
+
+    def _add_thread(self) -> None:
+        """A drain found every worker thread busy: start one more, up to
+        queue.worker_threads, while the limit lets one more job run here (by the state the
+        latest claim read, or read now after a change of it: see on_event)."""
+        if not self.started or self.stopping.is_set():
+            return
+        with self._pool_lock:
+            threads = len(self.consumer.worker_threads)
+            if threads >= self.config.queue.worker_threads:
+                return
+            with self._hand_lock:
+                draining = self._drainers
+            try:
+                room = draining < self.effective_limit(self._claimed_state)
+            except db.OUTAGE_ERRORS:
+                room = True  # the claim itself keeps to the limit
+            if not room:
+                return
+            worker = self.consumer._create_worker()
+            thread = self.consumer._create_process(worker, f"Worker-{threads + 1}")
+            self.consumer.worker_threads.append((worker, thread))
+            thread.start()
 
     def in_hand(self) -> set[int]:
         """Ids of the jobs this process's worker threads are running now."""

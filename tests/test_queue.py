@@ -82,6 +82,22 @@ def test_lowering_concurrency_live_is_obeyed_and_raising_it_starts_more(start_se
         svc.wait_status(task, "completed")
 
 
+def test_raising_concurrency_while_a_long_job_runs_starts_more_at_once(start_service):
+    # One job running holds the service's only busy worker thread; the raise must start
+    # threads for the others then, not when that job ends.
+    svc = start_service(
+        queue={"max_concurrent": 1}, **{"processors.steps": {"steps": 60, "step_seconds": 0.1}}
+    )
+    tasks = [svc.submit(f"long {i}.mp4", ["steps"])["task_id"] for i in range(4)]
+    wait_for(lambda: svc.status()["active_count"] == 1)
+    first = next(e["task_id"] for e in svc.status()["queue"] if e["status"] == "processing")
+    svc.call("PUT", "/api/v1/queue/concurrency", json={"max_concurrent": 3})
+    wait_for(lambda: svc.status()["active_count"] == 3, timeout=4)
+    assert svc.job(first)["status"] == "processing", "the first job was still running"
+    for task in tasks:
+        svc.wait_status(task, "completed", timeout=60)
+
+
 def test_pause_lets_running_jobs_finish_and_starts_none(start_service):
     svc = start_service(
         queue={"max_concurrent": 2}, **{"processors.steps": {"steps": 8, "step_seconds": 0.1}}

@@ -38,7 +38,7 @@ from huey import Huey, PostgresHuey, SqliteHuey
 from huey.consumer import Consumer
 
 from momentry_edge import config as config_module
-from momentry_edge import db, ingest, jobs
+from momentry_edge import db, ingest, jobs, outputs
 from momentry_edge.db import Job, MediaFile
 from momentry_edge.processors.base import Processor, RunContext
 from momentry_edge.service import Service
@@ -266,9 +266,17 @@ class RawHuey:
         self.stamps: dict[str, float] = {}
         self.noop = self.huey.task(name="noop")(self._noop)
         self.stamp = self.huey.task(name="stamp")(self._stamp)
+        self.document = self.huey.task(name="document")(self._document)
 
     def _noop(self) -> None:
         self.completed = next(self._done)  # next() on itertools.count is atomic under the GIL
+
+    def _document(self, folder: str) -> None:
+        """What a no-op job leaves besides its queue rows: a result document in a folder of
+        its own, written as the service writes one (temp file, fsync, rename)."""
+        document = {"processor": "noop", "status": "completed", "task_id": folder, "result": {}}
+        outputs.write_json_atomic(outputs.document_path(Path(folder), "noop"), document)
+        self.completed = next(self._done)
 
     def _stamp(self, key: str) -> None:
         self.stamps[key] = time.monotonic()
@@ -383,6 +391,8 @@ def first_overlap(spans: list[tuple[float, float]]) -> float | None:
 
 def drain_raw(raw: RawHuey, count: int) -> Rate:
     """In-process consumer, 2 thread workers, polling every 0.01..0.1 s."""
+    raw.completed = 0
+    raw._done = itertools.count(1)
     cpu, start = time.process_time(), time.perf_counter()
     with raw.consumer(initial_delay=0.01, max_delay=0.1):
         while raw.completed < count and time.perf_counter() - start < DRAIN_TIMEOUT:
@@ -534,11 +544,20 @@ def measure_enqueue(b: Bench) -> None:
 
 
 def measure_drain(b: Bench) -> None:
-    """Drain the N queued jobs at two at a time on both sides."""
+    """Drain the N queued jobs at two at a time on both sides; then raw Huey again, each
+    task writing the result document a no-op job writes here."""
     edge = drain_edge(b.edge_on, b.n, b.server)
     raw = drain_raw(b.raw, b.n)
     b.report.add(f"drain, 2 at a time ({b.n} jobs)", edge.rate.per_second, raw.per_second, "jobs/s")
     b.report.add("  CPU per job", edge.rate.cpu_ms, raw.cpu_ms, "ms", 2)
+    results = b.tmp / "raw-results"
+    for i in range(b.n):
+        b.raw.document(str(results / f"{i:06d}"))
+    documented = drain_raw(b.raw, b.n)
+    b.report.add(
+        "  against raw + a result document", edge.rate.per_second, documented.per_second, "jobs/s"
+    )
+    b.report.add("  CPU per job", edge.rate.cpu_ms, documented.cpu_ms, "ms", 2)
     if edge.server_ms is not None:
         b.report.add("  + PostgreSQL server CPU", edge.server_ms, None, "ms", 2)
     two = "never" if edge.two_after is None else f"{edge.two_after:.1f} s after start"

@@ -7,10 +7,18 @@ file in use (``momentry.toml``), ``results/`` when asked, and ``manifest.json``,
 written last: a folder without it is not a backup. A folder rather than a .tar.gz:
 the copy is written straight into it with no second pass to pack it, restore checks
 the database where it lies, and rsync or Time Machine copy only what changed.
+
+A backup is written into ``<folder>.partial`` and renamed into place once it is whole
+and on disk: a crash at any step leaves no folder by the backup's name, and a leftover
+.partial folder, which is never taken for a backup and is removed later ("what a crash
+left", below, says when).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl  # POSIX (macOS, Linux): the platforms this service runs on
+import itertools
 import json
 import logging
 import os
@@ -35,6 +43,7 @@ log = logging.getLogger(__name__)
 
 SQLITE_NAME, DUMP_NAME, MANIFEST = "momentry.db", "momentry.pgdump", "manifest.json"
 SETTINGS_NAME = "momentry.toml"
+PARTIAL = ".partial"  # a backup's folder until it is whole
 SQLITE_HEADER = b"SQLite format 3\x00"
 # Pages copied per backup step (4 MiB at SQLite's default page size).
 STEP_PAGES = 1024
@@ -87,14 +96,22 @@ def take(
 ) -> Backup:
     """Copy the database (consistently, while the service runs), the settings, and results."""
     started = time.monotonic()
-    folder = dest.expanduser().absolute() if dest else _new_folder(backups_dir(cfg.data_dir))
-    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-        raise BackupError(f"{folder} exists and is not an empty folder; give a new one")
+    parent = backups_dir(cfg.data_dir)
+    remove_leftovers(parent)  # first: the room they take counts for this backup
     # A scheduled backup also leaves the room the queue keeps free for results.
-    _check_room(cfg, folder, results, cfg.queue.min_free_disk_mb * MB if scheduled else 0)
-    work = folder.with_name(folder.name + ".partial")
-    shutil.rmtree(work, ignore_errors=True)  # what an interrupted backup left
-    work.mkdir(parents=True)
+    keep_free = cfg.queue.min_free_disk_mb * MB if scheduled else 0
+    if dest is None:
+        _check_room(cfg, parent / "new", results, keep_free)
+        folder, handle = _claim_new(parent)
+    else:
+        folder = dest.expanduser().absolute()
+        if folder.name.endswith(PARTIAL):
+            raise BackupError(f"{folder}: a name ending {PARTIAL} marks an unfinished backup")
+        if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+            raise BackupError(f"{folder} exists and is not an empty folder; give a new one")
+        _check_room(cfg, folder, results, keep_free)
+        handle = _claim_named(folder)
+    work = _partial(folder)
     try:
         sqlite_file = sqlite_path(cfg)
         if sqlite_file is None:
@@ -124,12 +141,16 @@ def take(
             "scheduled": scheduled,
         }
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        if folder.exists():
-            folder.rmdir()  # the empty folder the user named
-        work.rename(folder)
+        # On disk before the rename: after a power cut, a folder by the backup's name holds
+        # every file whole, not a manifest over files the disk never got.
+        _sync_tree(work)
+        work.rename(folder)  # also in place of the empty folder the user named, in one step
+        _sync(folder.parent)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
+    finally:
+        os.close(handle)  # lets go of the lock
     return backup
 
 
@@ -207,9 +228,21 @@ def prune(folder: Path, keep: int) -> list[Path]:
     ours = [(m, p) for p, m in _complete(folder) if m.get("scheduled")]
     ours.sort(key=lambda item: (item[0].get("created_at", 0), item[1].name))
     old = [path for _, path in ours[: max(0, len(ours) - keep)]]
-    for path in old:
-        shutil.rmtree(path, ignore_errors=True)
-    return old
+    return [path for path in old if _discard(path)]
+
+
+def _discard(path: Path) -> bool:
+    """Remove the backup at ``path``: first renamed to its .partial name, so that a crash
+    halfway leaves a leftover that goes later, never a backup short of its files."""
+    doomed = _partial(path)
+    _remove_leftover(doomed)  # a leftover by that name would stop the rename
+    try:
+        path.rename(doomed)
+    except OSError as exc:
+        log.warning("cannot remove the old backup %s: %s", path, exc)
+        return False
+    _remove_leftover(doomed)
+    return True
 
 
 def latest(data_dir: Path) -> Path | None:
@@ -219,8 +252,12 @@ def latest(data_dir: Path) -> Path | None:
 
 
 def _complete(folder: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """The backups in ``folder`` with their manifests; a .partial folder is none, even with
+    its manifest written (a crash before its rename, or while it was being removed)."""
     found = []
     for path in folder.glob("*/" + MANIFEST) if folder.is_dir() else []:
+        if path.parent.name.endswith(PARTIAL):
+            continue
         try:
             found.append((path.parent, json.loads(path.read_text(encoding="utf-8"))))
         except (OSError, ValueError):
@@ -228,13 +265,154 @@ def _complete(folder: Path) -> list[tuple[Path, dict[str, Any]]]:
     return found
 
 
-def _new_folder(parent: Path) -> Path:
+# -- what a crash left ----------------------------------------------------------------------------
+# Whether a backup still writes a .partial folder is told by a lock, never by the folder's
+# age: a backup holds flock() on its folder from just after making it until it is renamed
+# into place, and the kernel lets go when the process ends, however it ends (kill -9, a
+# power cut). So a .partial folder no process holds is a leftover, removed by the next
+# backup into the same folder and by the service's sweep; one held is a backup running
+# now, in this process or another (the service's scheduled one, `momentry-edge backup`).
+# No age, no clock: a backup of many results may take hours, and clocks jump. flock
+# conflicts between two descriptors of one process too, so the sweep and a scheduled
+# backup in the same service tell each other apart the same way. Where the filesystem
+# cannot lock (some network ones), a backup goes on unlocked and nothing is removed there.
+
+
+def _partial(folder: Path) -> Path:
+    return folder.with_name(folder.name + PARTIAL)
+
+
+def _claim(work: Path) -> int:
+    """Make the folder ``work`` and lock it; returns its descriptor, whose close lets go.
+
+    FileExistsError when the folder is there already. Between the mkdir and the lock, a
+    removal (which locks first) may take the folder: the check after the lock finds that.
+    """
+    work.parent.mkdir(parents=True, exist_ok=True)
+    work.mkdir()
+    try:
+        fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        raise BackupError(f"{work} was removed as the backup began; try again") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BackupError(f"{work} is being removed as the backup began; try again") from None
+        except OSError as exc:
+            log.warning("cannot lock %s (%s): if this backup is cut off, it stays", work, exc)
+        if not _same_file(fd, work):
+            raise BackupError(f"{work} was removed as the backup began; try again")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _claim_new(parent: Path) -> tuple[Path, int]:
+    """A new folder named for the time in ``parent``, and its claimed .partial folder."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    folder, n = parent / stamp, 1
-    while folder.exists() or folder.with_name(folder.name + ".partial").exists():
-        n += 1
-        folder = parent / f"{stamp}-{n}"
-    return folder
+    for n in itertools.count(1):
+        folder = parent / (stamp if n == 1 else f"{stamp}-{n}")
+        if folder.exists():
+            continue
+        try:
+            handle = _claim(_partial(folder))
+        except FileExistsError:
+            continue  # another backup started in the same second
+        if not folder.exists():
+            return folder, handle
+        _partial(folder).rmdir()  # one of the same name was placed just before: the next
+        os.close(handle)
+    raise AssertionError("unreachable")
+
+
+def _claim_named(folder: Path) -> int:
+    """The claimed .partial folder of the DEST a user gave."""
+    work = _partial(folder)
+    _remove_leftover(work)
+    try:
+        return _claim(work)
+    except FileExistsError:
+        raise BackupError(
+            f"a backup into {folder} is under way ({work} is held); wait for it or give "
+            "another DEST"
+        ) from None
+
+
+def remove_leftovers(folder: Path) -> list[Path]:
+    """Remove the .partial folders in ``folder`` that no backup holds; returns them."""
+    try:
+        found = sorted(folder.glob("*" + PARTIAL))
+    except OSError:
+        return []
+    return [path for path in found if _remove_leftover(path)]
+
+
+def _remove_leftover(path: Path) -> bool:
+    """Remove the folder ``path`` unless a process holds it locked; True when removed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return False  # gone, or not a folder (a file, a link): not ours
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # a backup is writing it
+        except OSError as exc:
+            log.warning("cannot tell whether a backup is writing %s (%s): kept", path, exc)
+            return False
+        if not _same_file(fd, path):
+            return False  # removed and made again meanwhile: that one is someone else's
+        shutil.rmtree(path, ignore_errors=True)
+    finally:
+        os.close(fd)
+    if path.exists():
+        log.warning("cannot remove %s, left by a backup that was cut off", path)
+        return False
+    log.info("removed %s, left by a backup that was cut off", path)
+    return True
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        there = path.lstat()
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _sync(path: str | Path) -> None:
+    """Flush a folder's entries (a rename in it) to disk; best effort, as not every
+    filesystem can."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _sync_file(path: str | Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        raise BackupError(f"cannot write {path} to disk: {exc}") from None
+    finally:
+        os.close(fd)
+
+
+def _sync_tree(root: Path) -> None:
+    """Flush every file under ``root`` (links are not followed), then each folder."""
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                _sync_file(path)
+        _sync(folder)
 
 
 def sqlite_path(cfg: Config) -> Path | None:
@@ -306,6 +484,11 @@ def restore(cfg: Config, source: Path) -> Restored:
     """
     source = source.expanduser().absolute()
     folder = source if source.is_dir() else source.parent
+    if folder.name.endswith(PARTIAL):
+        raise BackupError(
+            f"{folder} is an unfinished backup, cut off before it was whole (the next "
+            "backup removes it); restore a complete one"
+        )
     copy = _backup_file(source)
     refuse_if_running(cfg)
     target = sqlite_path(cfg)

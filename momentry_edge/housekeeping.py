@@ -1,5 +1,5 @@
 """The retention sweep: finished jobs, their results and rotated logs past retention, and
-the temp files a crash left behind."""
+the temp files and unfinished backups a crash left behind."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import re
 import time
 from pathlib import Path
 
-from . import db, models, outputs
+from . import backup, db, models, outputs
 from .db import Job, MediaFile
 
 log = logging.getLogger(__name__)
@@ -33,8 +33,9 @@ _NOTHING = {"jobs": 0, "results": 0, "logs": 0}
 def sweep(
     data_dir: Path, retention_seconds: float | None, now: float | None = None
 ) -> dict[str, int]:
-    """Remove what finished before ``now - retention_seconds`` (None: keep all) and the
-    temp files older than TEMP_FILE_AGE; returns counts.
+    """Remove what finished before ``now - retention_seconds`` (None: keep all), the temp
+    files older than TEMP_FILE_AGE and the unfinished backups no backup is writing (the
+    .partial folders in the backups folder: backup.py says how it tells); returns counts.
 
     A file's results go only once none of its jobs is active or newer than the
     cutoff, so nothing a user may still ask about disappears.
@@ -43,13 +44,14 @@ def sweep(
     # First, and without the database: this node's own folders, whatever the database does.
     temp_files = _remove_temp_files(outputs.results_root(data_dir), _RESULTS_TEMP, now)
     temp_files += _remove_temp_files(data_dir / "models", _MODELS_TEMP, now)
-    counts = {**_NOTHING, "temp_files": temp_files}
+    backups = len(backup.remove_leftovers(backup.backups_dir(data_dir)))
+    counts = {**_NOTHING, "temp_files": temp_files, "backups": backups}
     if retention_seconds is not None:
         counts |= _sweep_finished(data_dir, now - retention_seconds)
     if any(counts.values()):
         log.info(
             "retention sweep removed %(jobs)d jobs, %(results)d result folders, %(logs)d log"
-            " files, %(temp_files)d temp files",
+            " files, %(temp_files)d temp files, %(backups)d unfinished backups",
             counts,
         )
     return counts

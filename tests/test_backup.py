@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -16,11 +19,31 @@ from databases import scratch_postgres
 from disks import fill, small_filesystem
 from receiver import receiving
 
+from momentry_edge import backup
 
-def momentry(svc: ServiceProcess, *args: str, expect: int = 0) -> subprocess.CompletedProcess[str]:
+KILLED = -signal.SIGKILL
+CRASH_AT = Path(__file__).with_name("crash_at.py")
+
+
+def at_fault(
+    mode: str, events: list[str], under: object, nth: int = 1, file: object = ""
+) -> list[str]:
+    """A wrapper (tests/crash_at.py) that kills or pauses momentry-edge at its ``nth`` step
+    of ``events`` naming a path that contains ``under``."""
+    spec = {"mode": mode, "events": events, "under": str(under), "nth": nth, "file": str(file)}
+    return [sys.executable, str(CRASH_AT), json.dumps(spec)]
+
+
+def momentry(
+    svc: ServiceProcess, *args: str, expect: int = 0, wrapper: Sequence[str] = ()
+) -> subprocess.CompletedProcess[str]:
     """`momentry-edge --config <the service's> ARGS`, as the operator of that service runs it."""
     proc = subprocess.run(
-        [sys.executable, "-m", "momentry_edge.cli", "--config", str(svc.config_path), *args],
+        [
+            *wrapper,
+            sys.executable,
+            *("-m", "momentry_edge.cli", "--config", str(svc.config_path), *args),
+        ],
         env=svc.env,
         capture_output=True,
         text=True,
@@ -223,6 +246,135 @@ def test_a_backup_refuses_a_destination_with_less_room_than_it_needs(start_servi
         (small / "filler").unlink()  # room again: the same backup is taken
         momentry(svc, "backup", str(small / "backup"))
         assert (small / "backup" / "manifest.json").is_file()
+
+
+# -- a crash at any step ----------------------------------------------------------------------
+# tests/crash_at.py kills the command with SIGKILL at one exact step (no handler runs, as
+# in a power cut) or pauses it there; what it left is then what a crash leaves.
+
+
+@contextlib.contextmanager
+def paused(svc: ServiceProcess, events: list[str], under: str, *args: str) -> Iterator[None]:
+    """`momentry-edge ARGS` held at its first step of ``events`` naming ``under`` while the
+    block runs, then let go; it must then succeed."""
+    flag = svc.root / "pause"
+    wrapper = at_fault("pause", events, under, file=flag)
+    command = [*wrapper, sys.executable, "-m", "momentry_edge.cli"]
+    held = subprocess.Popen(
+        [*command, "--config", str(svc.config_path), *args],
+        env=svc.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: Path(f"{flag}.paused").exists() or held.poll() is not None)
+        assert held.poll() is None, held.communicate()
+        yield
+    finally:
+        Path(f"{flag}.go").touch()
+        _, err = held.communicate(timeout=60)
+    assert held.returncode == 0, err
+
+
+def database_name(database_url: str) -> str:
+    return "momentry.pgdump" if database_url else "momentry.db"
+
+
+@pytest.mark.parametrize("step", ["manifest", "rename"])
+def test_a_backup_cut_off_is_never_taken_for_one_and_the_next_backup_removes_it(
+    start_service, database_url, step
+):
+    if database_url and not _has("pg_dump"):
+        pytest.skip("pg_dump is not installed")
+    svc = start_service()
+    submit_steps(svc, 2)
+    first = Path(json.loads(momentry(svc, "backup", "--json").stdout)["path"])
+    folder = svc.data_dir / "backups"
+    # Killed as it opens its manifest to write it, or as it renames its folder into place.
+    event, under = {
+        "manifest": ("open", ".partial/manifest.json"),
+        "rename": ("os.rename", ".partial"),
+    }[step]
+
+    momentry(svc, "backup", wrapper=at_fault("kill", [event], under), expect=KILLED)
+
+    (left,) = folder.glob("*.partial")
+    assert (left / database_name(database_url)).stat().st_size > 0, "a whole database copy"
+    assert (left / "manifest.json").is_file() == (step == "rename")
+    assert backup.latest(svc.data_dir) == first, "the newest complete backup"
+    refused = momentry(svc, "restore", str(left), expect=2).stderr
+    assert "unfinished" in refused
+    refused = momentry(svc, "restore", str(left / database_name(database_url)), expect=2).stderr
+    assert "unfinished" in refused
+
+    second = Path(json.loads(momentry(svc, "backup", "--json").stdout)["path"])
+    assert sorted(folder.iterdir()) == sorted([first, second]), "the leftover is gone"
+    assert backup.latest(svc.data_dir) == second
+
+
+def test_a_scheduled_backup_cut_off_is_not_counted_among_those_kept(start_service, database_url):
+    if database_url and not _has("pg_dump"):
+        pytest.skip("pg_dump is not installed")
+    svc = start_service(service={"backup_interval": 2, "backup_keep": 2})
+    folder = svc.data_dir / "backups"
+    wait_for(lambda: "backup written to" in svc.log())
+    svc.stop()
+    kept = max(folder.iterdir())
+    # The next start is killed as its first scheduled backup renames its folder into place.
+    svc.wrapper = at_fault("kill", ["os.rename"], "/backups/")
+    svc.start()
+    assert svc.wait_exit() == KILLED
+    (left,) = folder.glob("*.partial")
+    assert (left / "manifest.json").is_file()
+    svc.wrapper = []
+    written = svc.log().count("backup written to")
+
+    svc.start()
+    wait_for(lambda: svc.log().count("backup written to") > written)  # and pruned
+    svc.stop()
+
+    complete = [p for p in folder.iterdir() if (p / "manifest.json").is_file()]
+    assert not left.exists()
+    assert len(complete) == 2, "the leftover took no place of the two kept"
+    assert kept in complete
+
+
+def test_a_crash_while_removing_an_old_backup_leaves_no_broken_one(start_service, database_url):
+    if database_url and not _has("pg_dump"):
+        pytest.skip("pg_dump is not installed")
+    name = database_name(database_url)
+    # Killed as it deletes the database copy of the first backup it prunes.
+    svc = start_service(
+        service={"backup_interval": 0.5, "backup_keep": 1},
+        wrapper=at_fault("kill", ["os.remove"], name),
+    )
+    assert svc.wait_exit() == KILLED
+    folder = svc.data_dir / "backups"
+
+    newest = backup.latest(svc.data_dir)
+    assert newest is not None and (newest / name).is_file()
+    for path in folder.iterdir():  # a backup whole, or a leftover named as one
+        assert path.name.endswith(".partial") or (path / name).is_file(), sorted(path.iterdir())
+    svc.wrapper = []
+    svc.start()
+    momentry(svc, "backup")
+    svc.stop()  # no scheduled backup under way now
+    for path in folder.iterdir():
+        assert (path / "manifest.json").is_file() and (path / name).is_file(), path
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_backup_into_a_folder_another_backup_is_writing_is_refused(start_service, tmp_path):
+    svc = start_service()
+    submit_steps(svc, 2)
+    dest = tmp_path / "backup"
+    with paused(svc, ["open"], "backup.partial/manifest.json", "backup", str(dest)):
+        refused = momentry(svc, "backup", str(dest), expect=2).stderr
+        assert "under way" in refused
+    with sqlite3.connect(dest / "momentry.db") as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    assert (dest / "manifest.json").is_file()
 
 
 def _has(tool: str) -> bool:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from conftest import wait_for
 
-from momentry_edge import db, housekeeping, jobs, models, outputs
+from momentry_edge import backup, db, housekeeping, jobs, models, outputs
 from momentry_edge.db import Job, JobStatus, MediaFile
 
 DAY = 86400.0
@@ -43,11 +43,11 @@ def test_sweep_keeps_recent_and_active_work(tmp_path, database_url):
     (data / "logs" / "momentry-edge.log.1").write_text("rotated\n")
 
     counts = housekeeping.sweep(data, retention_seconds=30 * DAY, now=time.time() + 29 * DAY)
-    nothing = {"jobs": 0, "results": 0, "logs": 0, "temp_files": 0}
+    nothing = {"jobs": 0, "results": 0, "logs": 0, "temp_files": 0, "backups": 0}
     assert counts == nothing, "nothing is past retention yet"
 
     counts = housekeeping.sweep(data, retention_seconds=30 * DAY, now=time.time() + 31 * DAY)
-    assert counts == {"jobs": 1, "results": 1, "logs": 1, "temp_files": 0}
+    assert counts == {"jobs": 1, "results": 1, "logs": 1, "temp_files": 0, "backups": 0}
     assert Job.get_or_none(Job.id == finished.id) is None
     assert Job.get_by_id(waiting.id).status == JobStatus.PENDING, "active jobs are never swept"
     assert not (data / "results" / done_file.file_uuid).exists()
@@ -109,7 +109,7 @@ def test_sweep_removes_old_temp_files_and_only_ours(tmp_path):
     (folder / ".x.json.0123456789ab").mkdir()  # a folder: not ours
 
     counts = housekeeping.sweep(data, retention_seconds=None)
-    assert counts == {"jobs": 0, "results": 0, "logs": 0, "temp_files": len(debris)}
+    assert counts == {"jobs": 0, "results": 0, "logs": 0, "temp_files": len(debris), "backups": 0}
     assert not [p for p in debris if p.exists() or p.is_symlink()]
     assert fresh.exists(), "a temp file younger than a day may still be placed"
     assert [p for p in kept if p.exists()] == kept
@@ -183,3 +183,24 @@ def test_a_service_start_removes_what_a_crash_left_also_keeping_all_results(
     wait_for(lambda: not debris.exists())
     assert document.exists() and notes.exists()
     assert "0 result folders, 0 log files, 1 temp files" in svc.log()
+
+
+def test_sweep_removes_unfinished_backups_no_backup_is_writing(tmp_path):
+    data = tmp_path / "data"
+    folder = backup.backups_dir(data)
+    left = aged(folder / "20260101T000000Z.partial" / "momentry.db").parent
+    aged(left / "manifest.json")  # cut off between its manifest and its rename
+    complete = aged(folder / "20260101T000100Z" / "manifest.json").parent
+    early = aged(folder / "mine.partial" / "momentry.db").parent  # cut off before its manifest
+    (folder / "not-a-folder.partial").write_text("x")
+    writing = backup._claim(folder / "20260102T000000Z.partial")  # a backup writing now
+    try:
+        counts = housekeeping.sweep(data, retention_seconds=None)
+        assert counts["backups"] == 2
+        assert not left.exists() and not early.exists()
+        assert (folder / "20260102T000000Z.partial").is_dir(), "a backup under way stays"
+        assert complete.is_dir() and (folder / "not-a-folder.partial").is_file()
+    finally:
+        os.close(writing)
+    assert housekeeping.sweep(data, retention_seconds=None)["backups"] == 1
+    assert sorted(p.name for p in folder.iterdir()) == [complete.name, "not-a-folder.partial"]

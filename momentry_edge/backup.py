@@ -241,6 +241,7 @@ def _discard(path: Path) -> bool:
     except OSError as exc:
         log.warning("cannot remove the old backup %s: %s", path, exc)
         return False
+    (doomed / MANIFEST).unlink(missing_ok=True)  # first, for listings by manifest alone
     _remove_leftover(doomed)
     return True
 

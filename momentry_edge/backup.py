@@ -9,8 +9,9 @@ the copy is written straight into it with no second pass to pack it, restore che
 the database where it lies, and rsync or Time Machine copy only what changed.
 
 A backup is written into ``<folder>.partial`` and renamed into place once it is whole
-and on disk: a crash at any step leaves no folder by the backup's name, and a leftover
-.partial folder, which is never taken for a backup and is removed later ("what a crash
+and on disk, and a restore copies into ``<name>.restoring`` first: a crash at any step
+leaves either what was there before or the finished result, and a leftover with one of
+these names, which is never taken for a backup and is removed later ("what a crash
 left", below, says when).
 """
 
@@ -26,7 +27,9 @@ import shlex
 import shutil
 import sqlite3
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +46,9 @@ log = logging.getLogger(__name__)
 
 SQLITE_NAME, DUMP_NAME, MANIFEST = "momentry.db", "momentry.pgdump", "manifest.json"
 SETTINGS_NAME = "momentry.toml"
-PARTIAL = ".partial"  # a backup's folder until it is whole
+# A backup's folder until it is whole, and a restore's copies until they are put in place.
+PARTIAL, RESTORING = ".partial", ".restoring"
+SIDECARS = ("-wal", "-shm", "-journal")  # SQLite's files beside a database
 SQLITE_HEADER = b"SQLite format 3\x00"
 # Pages copied per backup step (4 MiB at SQLite's default page size).
 STEP_PAGES = 1024
@@ -481,7 +486,9 @@ def restore(cfg: Config, source: Path) -> Restored:
     """Put a backup in place of the database, with the service stopped.
 
     The backup is checked before anything is touched; the database it replaces is
-    renamed, never deleted.
+    renamed, never deleted. Everything is copied beside its place first and put there by
+    renames, so a crash at any step leaves the database there was or the restored one,
+    and running the restore again finishes it.
     """
     source = source.expanduser().absolute()
     folder = source if source.is_dir() else source.parent
@@ -493,25 +500,33 @@ def restore(cfg: Config, source: Path) -> Restored:
     copy = _backup_file(source)
     refuse_if_running(cfg)
     target = sqlite_path(cfg)
+    if target is not None and copy.name.endswith(".pgdump"):
+        raise BackupError(f"{copy} is a PostgreSQL dump; this service uses SQLite ({target})")
+    if target is None and not copy.name.endswith(".pgdump"):
+        raise BackupError(f"{copy} is a SQLite database; this service uses PostgreSQL")
+    results = folder / "results" if source.is_dir() else None
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    if target is not None:
-        if copy.name.endswith(".pgdump"):
-            raise BackupError(f"{copy} is a PostgreSQL dump; this service uses SQLite ({target})")
-        aside = _restore_sqlite(copy, target, stamp)
-        jobs, where = _count_jobs(target), str(target)
-    else:
-        if not copy.name.endswith(".pgdump"):
-            raise BackupError(f"{copy} is a SQLite database; this service uses PostgreSQL")
-        aside, jobs = _restore_postgres(copy, cfg.service.database_url, stamp)
-        where = _safe_url(cfg.service.database_url)
-    results_aside = None
-    if source.is_dir() and (folder / "results").is_dir():
-        current = cfg.data_dir / "results"
-        if current.exists():
-            results_aside = str(
-                current.rename(current.with_name(f"results.before-restore-{stamp}"))
-            )
-        shutil.copytree(folder / "results", current, symlinks=True)
+    with _restore_lock(cfg.data_dir):
+        staged = [_stage_sqlite(copy, target)] if target is not None else []
+        try:
+            if target is None:
+                _check_dump(copy)
+            if results is not None and results.is_dir():
+                staged.append(_stage_results(results, cfg.data_dir))
+            # Nothing was changed up to here.
+            if target is not None:
+                aside = _swap_sqlite(staged[0], target, stamp)
+                jobs, where = _count_jobs(target), str(target)
+            else:
+                aside, jobs = _restore_postgres(copy, cfg.service.database_url, stamp)
+                where = _safe_url(cfg.service.database_url)
+        except BaseException:
+            for path in staged:
+                _remove_staged(path)
+            raise
+        results_aside = None
+        if staged and staged[-1].name == f"results{RESTORING}":
+            results_aside = _swap_results(staged[-1], cfg.data_dir, stamp)
     settings = folder / SETTINGS_NAME
     return Restored(
         database=where,
@@ -584,11 +599,64 @@ def _refuse_if_nodes(cfg: Config) -> None:
         raise BackupError(f"service nodes are working on this database: {nodes}; stop them first")
 
 
-def _restore_sqlite(copy: Path, target: Path, stamp: str) -> str | None:
-    staging = target.with_name(target.name + ".restoring")
-    _remove_sqlite(staging)
+@contextlib.contextmanager
+def _restore_lock(data_dir: Path) -> Iterator[None]:
+    """Held for a whole restore: a second one is refused, and the service's start leaves
+    the copies a restore is making alone (remove_restore_leftovers)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(data_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BackupError(f"another restore into {data_dir} is running; wait for it") from None
+        except OSError:
+            pass  # a filesystem that cannot lock: the start then removes no copy either
+        yield
+    finally:
+        os.close(fd)
+
+
+def remove_restore_leftovers(cfg: Config) -> list[Path]:
+    """Remove the copies a restore that was cut off left (the database copy, the results
+    copy), unless a restore holds the data dir now; returns what was removed."""
+    target = sqlite_path(cfg)
+    found = [cfg.data_dir / f"results{RESTORING}"]
+    if target is not None:
+        staging = target.with_name(target.name + RESTORING)
+        found += [Path(f"{staging}{suffix}") for suffix in ("", *SIDECARS)]
+    found = [path for path in found if path.exists() or path.is_symlink()]
+    if not found:
+        return []
+    fd = os.open(cfg.data_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return []  # a restore is running (or the filesystem cannot tell)
+    else:
+        for path in found:
+            _remove_staged(path)
+            log.info("removed %s, left by a restore that was cut off", path)
+        return found
+    finally:
+        os.close(fd)
+
+
+def _remove_staged(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        _remove_sqlite(path)
+
+
+def _stage_sqlite(copy: Path, target: Path) -> Path:
+    """The backup's database copied beside ``target`` and checked there."""
+    staging = target.with_name(target.name + RESTORING)
+    _remove_sqlite(staging)  # what an interrupted restore left
+    target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(copy, staging)
     try:
+        _sync_file(staging)
         conn = sqlite3.connect(staging)
         try:
             problems = _problems(conn, "integrity_check")
@@ -601,21 +669,93 @@ def _restore_sqlite(copy: Path, target: Path, stamp: str) -> str | None:
     if problems:
         _remove_sqlite(staging)
         raise BackupError(f"{copy} is not a usable backup ({problems}); nothing was changed")
+    return staging
+
+
+def _swap_sqlite(staging: Path, target: Path, stamp: str) -> str | None:
+    """Put the checked copy in place of ``target``; the database it replaces is kept aside."""
+    _fold_wal(target)
+    # The -wal (or -journal) file belongs to the old database: left in place it would be
+    # replayed into the restored one. Moved also when the database itself is not there
+    # (it may be what a crash left), and never over an earlier restore's.
+    sidecars = [suffix for suffix in SIDECARS if Path(f"{target}{suffix}").exists()]
+    if not target.exists() and not sidecars:
+        os.replace(staging, target)
+        _sync(target.parent)
+        return None
+    aside = _free_name(target.with_name(f"{target.name}.before-restore-{stamp}"), SIDECARS)
+    had_target, linked = target.exists(), False
+    if had_target:
+        try:
+            # A second name for the current file: it keeps its own until the copy takes it
+            # in one step, so no crash leaves the service without a database to open.
+            os.link(target, aside)
+            linked = True
+        except OSError:
+            pass  # a filesystem without hard links: renamed below instead
+    for suffix in sidecars:
+        os.rename(f"{target}{suffix}", f"{aside}{suffix}")
+    if had_target and not linked:
+        target.rename(aside)
+    os.replace(staging, target)
+    _sync(target.parent)
+    if not had_target:
+        found = ", ".join(f"{target.name}{suffix}" for suffix in sidecars)
+        log.warning("found %s without %s; kept aside as %s*", found, target.name, aside)
+        return None
+    return str(aside)
+
+
+def _fold_wal(target: Path) -> None:
+    """Write the WAL of the database being replaced into its main file, as SQLite does at
+    the next open, so that file is whole by itself and its WAL goes away with the close."""
+    if not (target.is_file() and Path(f"{target}-wal").exists()):
+        return
+    try:
+        conn = sqlite3.connect(target)
+        try:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError:
+        pass  # damaged: its WAL is kept aside with it, as it is
+
+
+def _free_name(path: Path, suffixes: tuple[str, ...] = ()) -> Path:
+    """``path``, or ``path-2``, ``path-3``...: the first that is not there, nor with any of
+    ``suffixes`` (a restore again in the same second never replaces an earlier aside)."""
+    for n in itertools.count(1):
+        name = path if n == 1 else path.with_name(f"{path.name}-{n}")
+        if not any(Path(f"{name}{suffix}").exists() for suffix in ("", *suffixes)):
+            return name
+    raise AssertionError("unreachable")
+
+
+def _stage_results(source: Path, data_dir: Path) -> Path:
+    staged = data_dir / f"results{RESTORING}"
+    shutil.rmtree(staged, ignore_errors=True)  # what an interrupted restore left
+    try:
+        shutil.copytree(source, staged, symlinks=True)
+        _sync_tree(staged)
+    except OSError as exc:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise BackupError(f"cannot copy {source} ({exc}); nothing was changed") from None
+    return staged
+
+
+def _swap_results(staged: Path, data_dir: Path, stamp: str) -> str | None:
+    current = data_dir / "results"
     aside = None
-    if target.exists():
-        aside = target.with_name(f"{target.name}.before-restore-{stamp}")
-        # The -wal file belongs to the old database: left in place it would be replayed
-        # into the restored one.
-        for suffix in ("", "-wal", "-shm"):
-            old = Path(f"{target}{suffix}")
-            if old.exists():
-                old.rename(f"{aside}{suffix}")
-    staging.rename(target)
+    if current.exists() or current.is_symlink():
+        aside = _free_name(data_dir / f"results.before-restore-{stamp}")
+        current.rename(aside)
+    staged.rename(current)
+    _sync(data_dir)
     return str(aside) if aside else None
 
 
 def _remove_sqlite(path: Path) -> None:
-    for suffix in ("", "-wal", "-shm", "-journal"):
+    for suffix in ("", *SIDECARS):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
@@ -627,31 +767,75 @@ def _count_jobs(path: Path) -> int | None:
         conn.close()
 
 
-def _restore_postgres(dump: Path, url: str, stamp: str) -> tuple[str | None, int | None]:
-    import psycopg  # only restore into PostgreSQL needs it directly
-
-    listed, env = _pg_command("pg_restore", url)
+def _check_dump(dump: Path) -> None:
+    listed, _ = _pg_command("pg_restore", "")
     check = subprocess.run([listed[0], "--list", str(dump)], capture_output=True, text=True)
     if check.returncode != 0:
         raise BackupError(f"{dump} is not a usable dump ({check.stderr.strip()}); nothing changed")
-    aside = f"momentry_before_restore_{stamp.lower()}"
+
+
+def _restore_postgres(dump: Path, url: str, stamp: str) -> tuple[str | None, int | None]:
+    """The dump in place of the ``public`` schema, which is kept under another name.
+
+    All in one transaction, run by psql: the rename, a new ``public``, the dump's
+    statements (pg_restore writes them out), and COMMIT, sent only once pg_restore has
+    written them all. Whatever stops it first (an error, a kill here, a power cut here or
+    on the server) ends the session without COMMIT, and the server rolls all of it back.
+    """
+    import psycopg  # only restore into PostgreSQL needs it directly
+
+    script_command, _ = _pg_command("pg_restore", "")
+    psql_command, env = _pg_command("psql", url)
     with psycopg.connect(url, autocommit=True) as conn:
         had_tables = conn.execute("SELECT to_regclass('public.job') IS NOT NULL").fetchone()[0]
-        if had_tables:
-            # The current tables are kept, schema and all, under another name.
-            with conn.transaction():
-                conn.execute(f"ALTER SCHEMA public RENAME TO {aside}")
-                conn.execute("CREATE SCHEMA public")
-        command = [*listed, "--no-owner", "--exit-on-error", "--single-transaction", str(dump)]
-        done = subprocess.run(command, env=env, capture_output=True, text=True)
-        if done.returncode != 0:
-            if had_tables:
-                with conn.transaction():
-                    conn.execute("DROP SCHEMA public CASCADE")
-                    conn.execute(f"ALTER SCHEMA {aside} RENAME TO public")
-            raise BackupError(f"pg_restore failed, nothing changed: {done.stderr.strip()}")
+        names = {row[0] for row in conn.execute("SELECT nspname FROM pg_namespace")}
+    aside = None
+    begin = "BEGIN;\n"
+    if had_tables:
+        base = f"momentry_before_restore_{stamp.lower()}"
+        aside = next(
+            name
+            for name in (base if n == 1 else f"{base}_{n}" for n in itertools.count(1))
+            if name not in names
+        )
+        begin += f"ALTER SCHEMA public RENAME TO {aside};\nCREATE SCHEMA public;\n"
+    with tempfile.TemporaryFile() as script_err, tempfile.TemporaryFile() as psql_err:
+        psql = subprocess.Popen(
+            [*psql_command, "--no-psqlrc", "--quiet", "--set=ON_ERROR_STOP=1", "--file=-"],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=psql_err,
+        )
+        script = subprocess.Popen(
+            [script_command[0], "--no-owner", "--file=-", str(dump)],
+            stdout=subprocess.PIPE,
+            stderr=script_err,
+        )
+        try:
+            psql.stdin.write(begin.encode())
+            shutil.copyfileobj(script.stdout, psql.stdin)
+            if script.wait() == 0:
+                psql.stdin.write(b"COMMIT;\n")
+        except BrokenPipeError:
+            pass  # psql stopped at an error: its message says which
+        finally:
+            with contextlib.suppress(BrokenPipeError):
+                psql.stdin.close()  # the end of the script: without COMMIT, a rollback
+            script.kill()  # it ended already, unless psql stopped first
+            script.wait()
+            script.stdout.close()
+            psql.wait()
+        if script.returncode or psql.returncode:
+            said = []
+            for stream in (script_err, psql_err):
+                stream.seek(0)
+                said.append(stream.read().decode(errors="replace").strip())
+            detail = "; ".join(filter(None, said)) or f"exit {script.returncode or psql.returncode}"
+            raise BackupError(f"pg_restore failed, nothing changed: {detail}")
+    with psycopg.connect(url, autocommit=True) as conn:
         jobs = conn.execute("SELECT count(*) FROM job").fetchone()[0]
-    return (f"schema {aside}" if had_tables else None), jobs
+    return (f"schema {aside}" if aside else None), jobs
 
 
 def _safe_url(url: str) -> str:
@@ -671,6 +855,8 @@ def connect_checked(cfg: Config) -> pw.Database:
     service), whether the check finds it or SQLite says so while migrating.
     """
     path = sqlite_path(cfg)
+    # What a restore that was cut off left; a restore running now holds the data dir.
+    remove_restore_leftovers(cfg)
     if path is not None:
         check(path, cfg)
     try:

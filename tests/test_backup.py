@@ -22,6 +22,7 @@ from receiver import receiving
 from momentry_edge import backup
 
 KILLED = -signal.SIGKILL
+SIDECARS = ("-wal", "-shm", "-journal")
 CRASH_AT = Path(__file__).with_name("crash_at.py")
 
 
@@ -376,6 +377,213 @@ def test_a_backup_into_a_folder_another_backup_is_writing_is_refused(start_servi
     with sqlite3.connect(dest / "momentry.db") as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     assert (dest / "manifest.json").is_file()
+
+
+# -- restore, killed at each step ---------------------------------------------------------------
+
+# Each step of a restore a crash can come between: what it writes, renames, links, removes.
+RESTORE_STEPS = [
+    "open",
+    "os.rename",
+    "os.link",
+    "os.remove",
+    "os.mkdir",
+    "shutil.copyfile",
+    "shutil.copytree",
+    "shutil.rmtree",
+    "sqlite3.connect",
+]
+
+
+def sqlite_task_ids(path: Path, scratch: Path) -> list[str] | None:
+    """The task ids in the SQLite database at ``path`` as the service would open it (with
+    whatever WAL lies beside it), on a copy; None when there is no database there."""
+    if not path.exists():
+        return None
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir()
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        if Path(f"{path}{suffix}").exists():
+            shutil.copyfile(f"{path}{suffix}", scratch / f"momentry.db{suffix}")
+    conn = sqlite3.connect(scratch / "momentry.db")
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)], path
+        return sorted(row[0] for row in conn.execute("SELECT task_id FROM job"))
+    finally:
+        conn.close()
+
+
+def tree(folder: Path) -> dict[str, bytes] | None:
+    if not folder.is_dir():
+        return None
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def completed_steps(svc: ServiceProcess, *names: str) -> list[str]:
+    """Jobs of ``steps`` on new videos named ``names``, once they completed."""
+    submitted = sorted(svc.submit(f"{name}.mp4", ["steps"])["task_id"] for name in names)
+    for task_id in submitted:
+        svc.wait_status(task_id, "completed")
+    return submitted
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_restore_killed_at_any_step_leaves_a_database_and_a_rerun_restores(
+    start_service, tmp_path
+):
+    svc = start_service()
+    restored = completed_steps(svc, "a", "b")
+    src = tmp_path / "backup"
+    momentry(svc, "backup", "--results", str(src))
+    current = sorted(restored + completed_steps(svc, "c"))
+    svc.kill()  # the WAL stays beside the database, as after a power cut
+    data, db_file, scratch = svc.data_dir, svc.data_dir / "momentry.db", tmp_path / "scratch"
+    assert Path(f"{db_file}-wal").stat().st_size > 0
+    current_results, backup_results = tree(data / "results"), tree(src / "results")
+    template = tmp_path / "template"
+    shutil.copytree(data, template, symlinks=True)
+
+    trace = tmp_path / "steps"
+    momentry(svc, "restore", str(src), wrapper=at_fault("trace", RESTORE_STEPS, data, file=trace))
+    steps = trace.read_text().splitlines()
+    assert len(steps) > 5, steps
+
+    for nth, step in enumerate(steps, 1):
+        shutil.rmtree(data)
+        shutil.copytree(template, data, symlinks=True)
+        killed = at_fault("kill", RESTORE_STEPS, data, nth)
+        momentry(svc, "restore", str(src), wrapper=killed, expect=KILLED)
+
+        said = f"killed at step {nth}, {step}"
+        assert sqlite_task_ids(db_file, scratch) in (current, restored), said
+        assert tree(data / "results") in (current_results, backup_results, None), said
+
+        momentry(svc, "restore", str(src))
+        assert sqlite_task_ids(db_file, scratch) == restored, said
+        assert tree(data / "results") == backup_results, said
+        assert not list(data.glob("*.restoring*")), said
+        asides = data.glob("momentry.db.before-restore-*")
+        asides = [p for p in asides if not p.name.endswith(SIDECARS)]
+        assert current in [sqlite_task_ids(p, scratch) for p in asides], said
+        assert current_results in [tree(p) for p in data.glob("results.before-restore-*")], said
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_wal_left_without_its_database_is_not_replayed_into_the_restored_one(
+    start_service, tmp_path
+):
+    svc = start_service()
+    restored = completed_steps(svc, "a")
+    src = tmp_path / "backup"
+    momentry(svc, "backup", str(src))
+    completed_steps(svc, "b", "c")
+    svc.kill()
+    db_file = svc.data_dir / "momentry.db"
+    wal = Path(f"{db_file}-wal").read_bytes()
+    assert wal
+    # As an earlier version's restore left it when cut off between moving the database
+    # aside and its WAL (or a user who moved only the database away).
+    db_file.rename(tmp_path / "moved.db")
+
+    momentry(svc, "restore", str(src))
+
+    assert sqlite_task_ids(db_file, tmp_path / "scratch") == restored
+    kept = list(svc.data_dir.glob("momentry.db.before-restore-*-wal"))
+    assert [p.read_bytes() for p in kept] == [wal], "kept aside, as it was"
+
+
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+def test_a_restore_into_postgresql_killed_at_any_step_changes_all_or_nothing(
+    start_service, database_url, tmp_path
+):
+    if not _has("pg_restore"):
+        pytest.skip("pg_restore is not installed")
+    import psycopg
+
+    svc = start_service()
+    restored = completed_steps(svc, "a", "b")
+    # Taken with the service stopped: a copy of a live node's heartbeat would hold each
+    # restore of it back until that heartbeat is old.
+    src, before = tmp_path / "backup", tmp_path / "before"
+    svc.stop()
+    momentry(svc, "backup", str(src))
+    svc.start()
+    current = sorted(restored + completed_steps(svc, "c"))
+    svc.stop()
+    momentry(svc, "backup", str(before))
+
+    def task_ids_in(schema: str) -> list[str] | None:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            if conn.execute("SELECT to_regclass(%s)", (f"{schema}.job",)).fetchone()[0] is None:
+                return None
+            rows = conn.execute(f"SELECT task_id FROM {schema}.job").fetchall()
+        return sorted(row[0] for row in rows)
+
+    def asides() -> list[str]:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'momentry_before_restore_%'"
+            ).fetchall()
+        return [row[0] for row in rows]
+
+    def reset() -> None:  # the database as it was before any restore
+        momentry(svc, "restore", str(before))
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            for schema in asides():
+                conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+    trace = tmp_path / "steps"
+    events = ["subprocess.Popen"]
+    momentry(svc, "restore", str(src), wrapper=at_fault("trace", events, "", file=trace))
+    steps = trace.read_text().splitlines()
+    assert steps, "the restore runs PostgreSQL's client tools"
+
+    for nth, step in enumerate(steps, 1):
+        reset()
+        momentry(svc, "restore", str(src), wrapper=at_fault("kill", events, "", nth), expect=KILLED)
+
+        said = f"killed at step {nth}, {step}"
+        assert task_ids_in("public") in (current, restored), said
+        momentry(svc, "restore", str(src))
+        assert task_ids_in("public") == restored, said
+        assert current in [task_ids_in(schema) for schema in asides()], said
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize(
+    "step", [("sqlite3.connect", "momentry.db.restoring"), ("open", "results.restoring/")]
+)
+def test_the_copies_a_killed_restore_left_go_when_the_service_starts(start_service, tmp_path, step):
+    svc = start_service()
+    restored = completed_steps(svc, "a")
+    src = tmp_path / "backup"
+    momentry(svc, "backup", "--results", str(src))
+    current = sorted(restored + completed_steps(svc, "c"))
+    svc.stop()
+    event, under = step
+    momentry(svc, "restore", str(src), wrapper=at_fault("kill", [event], under), expect=KILLED)
+    left = list(svc.data_dir.glob("*.restoring"))
+    assert left
+
+    svc.start()
+    assert task_ids(svc) == current, "nothing was restored"
+    assert not [p for p in left if p.exists()]
+    assert "left by a restore that was cut off" in svc.log()
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_second_restore_while_one_runs_is_refused(start_service, tmp_path):
+    svc = start_service()
+    restored = completed_steps(svc, "a")
+    src = tmp_path / "backup"
+    momentry(svc, "backup", str(src))
+    completed_steps(svc, "b")
+    svc.stop()
+    with paused(svc, ["sqlite3.connect"], "momentry.db.restoring", "restore", str(src)):
+        refused = momentry(svc, "restore", str(src), expect=2).stderr
+        assert "another restore" in refused
+    svc.start()
+    assert task_ids(svc) == restored
 
 
 def _has(tool: str) -> bool:

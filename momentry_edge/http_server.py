@@ -4,9 +4,7 @@ waitress reads requests on one asynchronous loop and hands a worker thread only 
 that has fully arrived, so a client trickling its headers costs a socket, not a thread.
 A thread is held only while a request runs, or for as long as an event stream stays open
 (at most api.MAX_EVENT_STREAMS of those; they get threads of their own on top of
-API_THREADS). Threads are started as requests need them and stopped again once idle, so
-an idle service holds none. Each response chunk is sent as soon as it is written, so
-event streams are live.
+API_THREADS). Each response chunk is sent as soon as it is written, so event streams are live.
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from typing import Any
 from waitress import wasyncore
 from waitress.channel import HTTPChannel
 from waitress.server import BaseWSGIServer, create_server
-from waitress.task import ErrorTask, ThreadedTaskDispatcher
+from waitress.task import ErrorTask
 
 from .api import MAX_BODY, MAX_EVENT_STREAMS
 
@@ -64,35 +62,6 @@ class _Channel(HTTPChannel):
         return super().received(data)
 
 
-class _ThreadsOnDemand(ThreadedTaskDispatcher):
-    """waitress's request threads, each started when a request finds every thread busy
-    (up to ``most``) instead of all of them at start-up; ``trim`` stops the idle ones."""
-
-    def __init__(self, most: int) -> None:
-        super().__init__()
-        self.most = most
-
-    def add_task(self, task: Any) -> None:
-        with self.lock:
-            running = len(self.threads) - self.stop_count
-            idle = running - self.active_count
-            if idle <= len(self.queue) and running < self.most:  # none left for this one
-                number = min(set(range(len(self.threads) + 1)) - self.threads)
-                self.threads.add(number)
-                self.active_count += 1  # as set_thread_count counts a thread it starts
-                self.start_new_thread(self.handler_thread, number)
-        super().add_task(task)
-
-    def trim(self) -> int:
-        """Stop the threads that wait for work; returns how many."""
-        with self.lock:
-            idle = len(self.threads) - self.stop_count - self.active_count
-            if idle > 0:
-                self.stop_count += idle  # the first threads to look see it and end
-                self.queue_cv.notify_all()
-            return max(idle, 0)
-
-
 def start_server(app: Any, host: str, port: int) -> tuple[BaseWSGIServer, int]:
     """Bind now (a port in use fails start-up loudly); returns the server and its port.
 
@@ -106,8 +75,7 @@ def start_server(app: Any, host: str, port: int) -> tuple[BaseWSGIServer, int]:
     server = create_server(
         app,
         sockets=[sock],
-        # create_server's own pool would start all of its threads at once.
-        _dispatcher=_ThreadsOnDemand(API_THREADS + MAX_EVENT_STREAMS),
+        threads=API_THREADS + MAX_EVENT_STREAMS,
         connection_limit=CONNECTION_LIMIT,
         channel_timeout=IDLE_TIMEOUT,
         max_request_body_size=MAX_BODY + 1,  # the API answers 413 itself, in JSON
@@ -115,11 +83,6 @@ def start_server(app: Any, host: str, port: int) -> tuple[BaseWSGIServer, int]:
     )
     server.channel_class = _Channel
     return server, sock.getsockname()[1]
-
-
-def trim_threads(server: BaseWSGIServer) -> int:
-    """Stop the request threads left idle (the service does it now and then)."""
-    return server.task_dispatcher.trim()
 
 
 def stop_server(server: BaseWSGIServer) -> None:

@@ -23,7 +23,7 @@ from .db import Job, JobStatus, MediaFile
 from .errors import Conflict, Invalid
 from .events import bus
 from .gate import Gate
-from .http_server import BaseWSGIServer, start_server, stop_server, trim_threads
+from .http_server import BaseWSGIServer, start_server, stop_server
 from .mirror import RedisMirror
 from .processors import Registry
 from .provision import Provisioner
@@ -248,11 +248,8 @@ class Service:
                 self.workers.document_failures(reaped)
             elif task == "poll":
                 self.workers.poll()
-            elif task == "health":
-                if self.config.queue.worker_enabled:
-                    self.workers.check_health()
-                if self.server is not None:
-                    trim_threads(self.server)  # request threads left idle since
+            elif task == "health" and self.config.queue.worker_enabled:
+                self.workers.check_health()
             elif task == "sweep":
                 # Also at the first tick, for what a crash left; retention_days 0 keeps all
                 # results, not the temp files.

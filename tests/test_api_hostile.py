@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
 
 import httpx
-import psutil
 from conftest import wait_for
 from test_api_errors import assert_error
 
@@ -105,24 +104,6 @@ def test_slow_clients_and_open_event_streams_do_not_starve_the_api(start_service
             return reply.status_code == 200
 
     wait_for(stream_accepted, timeout=60, interval=1)
-
-
-def test_request_threads_start_as_clients_need_them_and_stop_once_idle(start_service):
-    svc = start_service()
-    process = psutil.Process(svc.proc.pid)
-    idle = process.num_threads()
-    with ExitStack() as stack:
-        for _ in range(MAX_EVENT_STREAMS):
-            stream = EventStream(svc)
-            stack.callback(stream.close)
-            stream.read_until(b": connected")
-        # Each open stream holds a thread of its own, started for it: none waited idle before.
-        assert process.num_threads() >= idle + MAX_EVENT_STREAMS
-        assert httpx.get(f"{svc.url}/healthz", timeout=10).json()["status"] == "ok"
-    # Their readers gone, the streams end at their next keep-alive and the service stops
-    # the threads left idle (a housekeeping step every few seconds).
-    wait_for(lambda: process.num_threads() <= idle + 1, timeout=60, interval=0.5)
-    assert httpx.get(f"{svc.url}/api/v1/queue/status", timeout=10).status_code == 200
 
 
 # Digits outside ASCII ("²".isdigit() is true), NUL bytes (PostgreSQL text cannot hold them).

@@ -224,21 +224,20 @@ class Workers:
 
     def _add_thread(self) -> None:
         """A drain found every worker thread busy: start one more, up to
-        queue.worker_threads, while the limit lets one more job run here (by the state the
-        latest claim read, or read now after a change of it: see on_event)."""
+        queue.worker_threads, while the limit lets one more job run here by the state the
+        latest claim read (none after a change of it, see on_event: then one more anyway,
+        and the claim keeps to the limit). No database here: this runs in whichever thread
+        woke the workers, perhaps inside its transaction."""
         if not self.started or self.stopping.is_set():
+            return
+        state = self._claimed_state
+        with self._hand_lock:
+            draining = self._drainers
+        if state is not None and draining >= self.effective_limit(state):
             return
         with self._pool_lock:
             threads = len(self.consumer.worker_threads)
             if threads >= self.config.queue.worker_threads:
-                return
-            with self._hand_lock:
-                draining = self._drainers
-            try:
-                room = draining < self.effective_limit(self._claimed_state)
-            except db.OUTAGE_ERRORS:
-                room = True  # the claim itself keeps to the limit
-            if not room:
                 return
             worker = self.consumer._create_worker()
             thread = self.consumer._create_process(worker, f"Worker-{threads + 1}")

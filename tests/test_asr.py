@@ -335,6 +335,31 @@ def test_long_clip_is_one_model_call_checkpointed_between_windows(
     )
 
 
+def test_by_default_no_more_whisper_windows_than_faster_whisper_on_its_own(
+    longer_clip, models_dir, tmp_path, monkeypatch
+):
+    from faster_whisper import WhisperModel
+
+    windows: list[int] = []  # one encoder pass a window
+    encode = WhisperModel.encode
+
+    def counted(self, features):
+        windows.append(1)
+        return encode(self, features)
+
+    monkeypatch.setattr(WhisperModel, "encode", counted)
+    p = processor(models_dir)
+    ours = run(p, longer_clip, tmp_path, Reports())
+    ours_windows = len(windows)
+
+    segments, _ = p._engine.model.transcribe(str(longer_clip), beam_size=5, vad_filter=True)
+    direct = " ".join(s.text.strip() for s in segments)
+
+    assert ours_windows <= len(windows) - ours_windows
+    for text in (ours["text"], direct):
+        assert word_error_rate(" ".join(SENTENCES * 2), text) <= 0.1, text
+
+
 @pytest.mark.parametrize("after", [1, 4], ids=["after the first window", "mid-way"])
 def test_stopped_run_resumes_from_its_checkpoint_to_the_same_result(
     long_clip, models_dir, tmp_path, long_run, after

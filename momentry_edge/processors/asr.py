@@ -4,8 +4,9 @@ One pipeline, two backends. The run decodes the audio once (PyAV, 16 kHz mono),
 finds speech with Silero VAD, cuts the silences out as faster-whisper's own VAD
 filter does, and packs the speech into chunks of at most ``chunk_seconds`` that
 begin and end at silences. faster-whisper (CTranslate2 int8, the CPU backend)
-transcribes all the chunks in one call, window after window as Whisper does, no
-window reaching past its chunk, so no sentence is cut at a window's edge;
+transcribes all the speech in one call, window after window as Whisper does; with
+``chunk_seconds`` below Whisper's 30 s window no window reaches past its chunk
+(more checkpoints, at a cost in speed);
 mlx-whisper (Apple silicon; also on MLX's CPU backend on Linux x86_64 when
 configured by name, slower, so that the Apple path is tested) is given one chunk
 per call. Times are mapped back to the file's timeline here, so the result is
@@ -67,6 +68,7 @@ log = logging.getLogger(__name__)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 SAMPLE_RATE = audio.SAMPLE_RATE
+WINDOW_SECONDS = 30.0  # Whisper's window
 
 Outcome = dict[str, Any] | BaseException
 
@@ -95,7 +97,7 @@ class Options:
     model: str = "whisper-base"
     language: str | None = None  # None: detect from the first chunk of speech
     vad: bool = True
-    chunk_seconds: float = 30.0  # speech packed into one Whisper window (at most)
+    chunk_seconds: float = WINDOW_SECONDS  # speech packed into one Whisper window (at most)
     beam_size: int = 5  # faster-whisper; mlx-whisper decodes greedily
     compute_type: str = "int8"
     cpu_threads: int = 0  # 0: CTranslate2's default
@@ -115,7 +117,7 @@ class Options:
             raise ValueError("beam_size and cpu_threads must be whole numbers")
         if type(opts.chunk_seconds) not in (int, float):
             raise ValueError("chunk_seconds must be a number")
-        if not 1 <= opts.chunk_seconds <= 30:
+        if not 1 <= opts.chunk_seconds <= WINDOW_SECONDS:
             raise ValueError("chunk_seconds must be between 1 and 30 (Whisper's window)")
         if opts.beam_size < 1 or opts.cpu_threads < 0:
             raise ValueError("beam_size must be >= 1 and cpu_threads >= 0")
@@ -574,10 +576,16 @@ class _Transcription:
         chunks = plan_chunks(spans, opts.chunk_seconds)
         clips: list[tuple[float, float]] = []
         if getattr(engine, "streams", False):
-            # All the speech in one unit, with the chunks as its clips: Whisper's windows
-            # then end at silences, not mid-sentence.
+            # All the speech in one unit. By default in Whisper's own windows, as
+            # faster-whisper's VAD filter has them. Shorter chunks become the call's clips,
+            # so windows end at their silences; that costs windows beyond the checkpoints
+            # gained: Whisper seldom closes a short window's last segment, which is then
+            # decoded again (twice the windows with 30 s clips).
             self.units = [Chunk(tuple(spans))] if spans else []
-            clips = _clips(chunks)
+            if opts.chunk_seconds < WINDOW_SECONDS:
+                clips = _clips(chunks)
+            elif spans:
+                clips = _clips(self.units)
         else:
             self.units = chunks
         units = self.units

@@ -38,7 +38,7 @@ from urllib.parse import unquote, urlparse, urlunparse
 import peewee as pw
 import psutil
 
-from . import __version__, db
+from . import __version__, db, durable
 from .config import Config
 from .events import bus
 
@@ -394,17 +394,13 @@ def _sync(path: str | Path) -> None:
     """Flush a folder's entries (a rename in it) to disk; best effort, as not every
     filesystem can."""
     with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        durable.flush_folder(path)
 
 
 def _sync_file(path: str | Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        durable.flush(fd)
     except OSError as exc:
         raise BackupError(f"cannot write {path} to disk: {exc}") from None
     finally:

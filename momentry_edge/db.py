@@ -419,8 +419,12 @@ def sqlite(path: Path, busy_timeout: float = 15.0) -> pw.SqliteDatabase:
         str(path),
         pragmas={
             "journal_mode": "wal",
-            # FULL: a job the API acknowledged survives a power cut.
+            # FULL: a job the API acknowledged survives a power cut. On macOS only with
+            # F_FULLFSYNC, as fsync there leaves the data in the drive's cache (see
+            # durable.py); other systems ignore these two.
             "synchronous": "full",
+            "fullfsync": 1,
+            "checkpoint_fullfsync": 1,
             "foreign_keys": 1,
             # Writers wait for each other instead of failing with "database is locked".
             "busy_timeout": int(busy_timeout * 1000),

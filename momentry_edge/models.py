@@ -28,6 +28,8 @@ from typing import Any, Protocol
 
 import httpx
 
+from . import durable
+
 # models/catalog.toml, through a link inside the package so that wheels carry it too.
 CATALOG = Path(__file__).parent / "catalog.toml"
 RECORD = ".momentry-model.json"  # what pull/verify checked, inside each model's folder
@@ -547,7 +549,7 @@ def _fetch_file(
                         out.write(block)
                         progress.advance(len(block))
                     out.flush()
-                    os.fsync(out.fileno())
+                    durable.flush(out.fileno())
             except OSError as e:
                 if e.errno != errno.ENOSPC:
                     raise

@@ -29,7 +29,7 @@ from json.encoder import encode_basestring as _string
 from pathlib import Path
 from typing import Any
 
-from . import db
+from . import db, durable
 from .clock import iso
 from .db import Job, MediaFile, ProcessorRun
 
@@ -77,12 +77,13 @@ def make_dir(folder: Path) -> Path:
         except FileExistsError:  # made meanwhile by another writer
             return folder
     os.chmod(folder, DIR_MODE)  # mkdir's mode would be narrowed by the umask
+    durable.flush_folder(folder.parent)  # the new entry, before anything is placed in it
     return folder
 
 
 def write_atomic(path: Path, text: str) -> Path:
     """Write via a temp file in the same folder and rename, so readers never see half a
-    file; the file is flushed to disk before the rename."""
+    file; the file is flushed to disk before the rename, its folder after it."""
     staged = _stage(path, text)
     try:
         return staged.place()
@@ -105,6 +106,8 @@ class Staged:
         if not self._placed:
             os.replace(self._tmp, self.path)
             self._placed = True
+            # Before the caller records it (a run's completion commits after this).
+            durable.flush_folder(self.path.parent)
             if self._after is not None:
                 self._after()
         return self.path
@@ -127,7 +130,7 @@ def _stage(path: Path, text: str, after: Callable[[], None] | None = None) -> St
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
-            os.fsync(fd)
+            durable.flush(fd)
         finally:
             os.close(fd)
     except BaseException:
@@ -456,5 +459,6 @@ def _link_outputs(source: Path, processor: str, out_dir: Path) -> Path:
         tmp.unlink(missing_ok=True)
         tmp.symlink_to(os.path.relpath(item, out_dir))
         os.replace(tmp, target)  # atomic, like every other output
+    durable.flush_folder(out_dir)
     _drop_asides(out_dir, processor)
     return document_path(out_dir, processor)

@@ -4,14 +4,18 @@ result, a later success replaces the failure, and the group can read them."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import stat
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from momentry_edge import outputs
+from momentry_edge import db, durable, outputs
 from momentry_edge.clock import iso
 from momentry_edge.db import Job, MediaFile
+
+PRAGMAS = ("synchronous", "fullfsync", "checkpoint_fullfsync")
 
 
 def mode(path: Path) -> int:
@@ -138,3 +142,57 @@ def test_times_read_as_datetime_renders_them():
     moments += [rng.uniform(0, 4.1e9) for _ in range(2000)]
     assert [iso(ts) for ts in moments] == [by_datetime(ts) for ts in moments]
     assert iso(1764563000.9999996) == "2025-12-01T04:23:21.000Z"  # rounded up a second
+
+
+# -- on disk before it is recorded --------------------------------------------------------------
+
+_steps: list[tuple[str, str]] | None = None  # recorded while a test sets it
+
+
+def _record_step(event: str, args: tuple) -> None:
+    if _steps is None:
+        return
+    if event == "os.rename":  # os.replace too
+        _steps.append(("rename", os.fsdecode(args[1])))
+    elif event == "os.mkdir":
+        _steps.append(("mkdir", os.fsdecode(args[0])))
+    elif event == "open" and args[1] is None and not args[2] & (os.O_WRONLY | os.O_RDWR):
+        _steps.append(("flush folder", os.fsdecode(args[0])))  # os.open of a folder to read
+
+
+sys.addaudithook(_record_step)
+
+
+def test_a_document_and_every_new_folder_are_flushed_into_their_folders(tmp_path):
+    # On a power cut a rename or a new folder lives only once its folder is on disk, and a
+    # run's completion is committed right after its document is placed.
+    global _steps
+    record = MediaFile(file_uuid="e" * 32, fingerprint="12:ab")
+    folder = tmp_path / "results" / record.file_uuid
+    _steps = []
+    try:
+        job = Job(task_id="task_1", file=record)
+        path = outputs.write_result(folder, job, "asr", outputs.COMPLETED, {"text": ""})
+    finally:
+        steps, _steps = _steps, None
+
+    assert steps == [
+        ("mkdir", str(folder)),  # not there: its parent first
+        ("mkdir", str(folder.parent)),
+        ("flush folder", str(tmp_path)),
+        ("mkdir", str(folder)),
+        ("flush folder", str(folder.parent)),
+        ("rename", str(path)),
+        ("flush folder", str(folder)),
+    ]
+
+
+def test_a_folder_its_file_system_cannot_flush_is_left_as_it_is():
+    durable.flush_folder("/proc")  # procfs: fsync gives EINVAL
+
+
+def test_the_queue_database_flushes_through_the_drive_cache(tmp_path):
+    database = db.sqlite(tmp_path / "queue.db")
+    database.connect()
+    pragmas = [database.execute_sql(f"PRAGMA {p}").fetchone()[0] for p in PRAGMAS]
+    assert pragmas == [2, 1, 1]  # FULL; F_FULLFSYNC where the system has it (macOS)

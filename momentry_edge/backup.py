@@ -398,13 +398,10 @@ def _sync(path: str | Path) -> None:
 
 
 def _sync_file(path: str | Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
     try:
-        durable.flush(fd)
+        durable.flush_file(path)
     except OSError as exc:
         raise BackupError(f"cannot write {path} to disk: {exc}") from None
-    finally:
-        os.close(fd)
 
 
 def _sync_tree(root: Path) -> None:

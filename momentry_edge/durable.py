@@ -27,6 +27,15 @@ def flush(fd: int) -> None:
     os.fsync(fd)
 
 
+def flush_file(path: Path | str) -> None:
+    """Flush a closed file's data to the drive."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        flush(fd)
+    finally:
+        os.close(fd)
+
+
 def flush_folder(folder: Path | str) -> None:
     """Flush a folder's entries (a rename or a new file in it). A file system that
     cannot flush a folder (EINVAL) keeps its entries as it does; other errors raise."""

@@ -11,9 +11,12 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
+
 from momentry_edge import db, durable, outputs
 from momentry_edge.clock import iso
 from momentry_edge.db import Job, MediaFile
+from momentry_edge.processors.keyframes import Keyframes
 
 PRAGMAS = ("synchronous", "fullfsync", "checkpoint_fullfsync")
 
@@ -157,7 +160,7 @@ def _record_step(event: str, args: tuple) -> None:
     elif event == "os.mkdir":
         _steps.append(("mkdir", os.fsdecode(args[0])))
     elif event == "open" and args[1] is None and not args[2] & (os.O_WRONLY | os.O_RDWR):
-        _steps.append(("flush folder", os.fsdecode(args[0])))  # os.open of a folder to read
+        _steps.append(("flush", os.fsdecode(args[0])))  # os.open to read: only to flush
 
 
 sys.addaudithook(_record_step)
@@ -179,11 +182,35 @@ def test_a_document_and_every_new_folder_are_flushed_into_their_folders(tmp_path
     assert steps == [
         ("mkdir", str(folder)),  # not there: its parent first
         ("mkdir", str(folder.parent)),
-        ("flush folder", str(tmp_path)),
+        ("flush", str(tmp_path)),
         ("mkdir", str(folder)),
-        ("flush folder", str(folder.parent)),
+        ("flush", str(folder.parent)),
         ("rename", str(path)),
-        ("flush folder", str(folder)),
+        ("flush", str(folder)),
+    ]
+
+
+def test_scene_thumbnails_are_flushed_before_cut_json_names_them(tmp_path):
+    global _steps
+    thumbnails = Keyframes(tmp_path, 64, fresh=True)
+    thumbnails.open_scene(0)
+    thumbnails.offer(0, np.zeros((48, 64, 3), np.uint8))
+    thumbnails.close(1)
+    _steps = []
+    try:
+        (name,) = thumbnails.publish([0])
+    finally:
+        steps, _steps = _steps, None
+
+    staged = tmp_path / f".{outputs.THUMBNAILS}.new"
+    work = str(tmp_path / f".{outputs.THUMBNAILS}.work")  # read by its removal at the end
+    flushed = [step for step in steps if step[0] != "mkdir" and step[1] != work]
+    assert flushed == [
+        ("flush", str(tmp_path)),  # the staged folder's entry
+        ("flush", str(staged / Path(name).name)),
+        ("flush", str(staged)),
+        ("rename", str(tmp_path / outputs.THUMBNAILS)),
+        ("flush", str(tmp_path)),
     ]
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from .. import durable
 from ..outputs import FILE_MODE, THUMBNAILS, make_dir
 
 KEEP = 64
@@ -97,12 +98,16 @@ class Keyframes:
                 paths.append(None)
                 continue
             shutil.copy(source, staged / name)  # with its mode
+            durable.flush_file(staged / name)
             paths.append(f"{THUMBNAILS}/{name}")
+        # On disk before cut.json names them (it is committed after this).
+        durable.flush_folder(staged)
         old = self.final.with_name(f".{THUMBNAILS}.old")
         shutil.rmtree(old, ignore_errors=True)
         if self.final.is_symlink() or self.final.exists():
             os.replace(self.final, old)  # a set linked from a duplicate, or an earlier run's
         os.replace(staged, self.final)
+        durable.flush_folder(self.final.parent)
         if old.is_symlink():
             old.unlink()
         shutil.rmtree(old, ignore_errors=True)

@@ -2,8 +2,11 @@
 
 httpx's timeouts bound each connect, send and read on its own, so a server that
 answers a byte at a time (each within the read timeout) could hold the sending
-thread forever. Here the whole exchange, up to the status line and headers, gets
-``deadline`` seconds: then its socket is shut down, which wakes the blocked read.
+thread forever, and none of them bounds the host name's lookup, which the system
+resolver may take far longer over. Here the whole exchange, from the lookup up to
+the status line and headers, gets ``deadline`` seconds: it runs on a thread of its
+own, and at the deadline the caller gets TooSlow while the exchange's socket is
+shut down, which wakes a blocked read; a lookup that answers late connects no more.
 The reply's body is never read: the status is the answer, and a huge or endless
 body must neither hold the thread nor fill its memory.
 """
@@ -37,28 +40,44 @@ def post(http: httpx.Client, url: str, deadline: float, **request: Any) -> int:
     whatever httpx raises."""
     sockets: list[socket.socket] = []
     cut = threading.Event()
+    lock = threading.Lock()  # a socket is kept, or shut, never neither
+    outcome: list[int | BaseException] = []
 
     def trace(event: str, info: dict[str, Any]) -> None:
         if event in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
             sock = info["return_value"].get_extra_info("socket")
-            if sock is not None:
-                sockets.append(sock)
+            with lock:
+                if sock is not None:
+                    sockets.append(sock)
+                if cut.is_set():
+                    _shut(sockets)
+        if cut.is_set():  # past the deadline: nothing more is sent (a late lookup's connect)
+            raise TooSlow("the deadline passed")
 
-    def shut() -> None:
-        cut.set()
-        for sock in sockets:
-            with contextlib.suppress(OSError):  # closed already: the POST has ended
-                sock.shutdown(socket.SHUT_RDWR)
+    def exchange() -> None:
+        try:
+            with http.stream("POST", url, extensions={"trace": trace}, **request) as reply:
+                outcome.append(reply.status_code)
+        except BaseException as exc:
+            outcome.append(exc)
 
-    timer = threading.Timer(deadline, shut)
-    timer.daemon = True
-    timer.start()
-    try:
-        with http.stream("POST", url, extensions={"trace": trace}, **request) as reply:
-            return reply.status_code
-    except Exception:
-        if cut.is_set():
-            raise TooSlow(f"no whole answer within {deadline:g} s") from None
-        raise
-    finally:
-        timer.cancel()
+    thread = threading.Thread(target=exchange, name="outbound-post", daemon=True)
+    thread.start()
+    thread.join(deadline)
+    with lock:
+        if not outcome:  # still looking up the host, connecting, or waiting for the answer
+            cut.set()
+            _shut(sockets)
+    # The thread ends by itself: at once on a shut socket, after a lookup once the
+    # resolver answers or gives up.
+    if cut.is_set():
+        raise TooSlow(f"no whole answer within {deadline:g} s")
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
+
+
+def _shut(sockets: list[socket.socket]) -> None:
+    for sock in sockets:
+        with contextlib.suppress(OSError):  # closed already: the POST has ended
+            sock.shutdown(socket.SHUT_RDWR)

@@ -4,7 +4,9 @@ waitress reads requests on one asynchronous loop and hands a worker thread only 
 that has fully arrived, so a client trickling its headers costs a socket, not a thread.
 A thread is held only while a request runs, or for as long as an event stream stays open
 (at most api.MAX_EVENT_STREAMS of those; they get threads of their own on top of
-API_THREADS). Each response chunk is sent as soon as it is written, so event streams are live.
+API_THREADS). Threads start as requests need them and end after IDLE_THREAD_SECONDS
+without one, so an idle service holds none. Each response chunk is sent as soon as it is
+written, so event streams are live.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 from waitress import wasyncore
 from waitress.channel import HTTPChannel
 from waitress.server import BaseWSGIServer, create_server
-from waitress.task import ErrorTask
+from waitress.task import ErrorTask, ThreadedTaskDispatcher
 
 from .api import MAX_BODY, MAX_EVENT_STREAMS
 
@@ -27,6 +29,7 @@ API_THREADS = 16  # threads for ordinary requests, never taken by event streams
 CONNECTION_LIMIT = 1000  # open connections at once; more wait in the listen backlog
 REQUEST_DEADLINE = 30.0  # seconds a client has to send one whole request (headers + body)
 IDLE_TIMEOUT = 60  # seconds a connection may stay silent between requests
+IDLE_THREAD_SECONDS = 10.0  # a request thread without a request this long ends
 
 
 class _JsonErrorTask(ErrorTask):
@@ -62,6 +65,60 @@ class _Channel(HTTPChannel):
         return super().received(data)
 
 
+class _ThreadsOnDemand(ThreadedTaskDispatcher):
+    """waitress's pool of request threads, each started when a request finds none waiting
+    (up to ``most``), each ending after IDLE_THREAD_SECONDS without a request.
+
+    An idle thread ends by its own timed wait, under the pool's lock, never by the pool's
+    stop count: that count ends whichever threads look next, busy ones included, which
+    could leave a request queued with no thread to take it."""
+
+    def __init__(self, most: int) -> None:
+        super().__init__()
+        self.most = most
+        self.waiting = 0  # threads waiting for a request
+
+    def set_thread_count(self, count: int) -> None:
+        """Only to stop (shutdown sets 0): threads are started by add_task."""
+        if count == 0:
+            super().set_thread_count(0)
+
+    def add_task(self, task: Any) -> None:
+        with self.lock:
+            self.queue.append(task)
+            self.queue_cv.notify()
+            if len(self.queue) > self.waiting and len(self.threads) < self.most:
+                number = min(set(range(len(self.threads) + 1)) - self.threads)
+                self.threads.add(number)
+                self.active_count += 1  # as the base class counts a thread it starts
+                self.start_new_thread(self.handler_thread, number)
+
+    def handler_thread(self, thread_no: int) -> None:
+        while True:
+            with self.lock:
+                while not self.queue and self.stop_count == 0:
+                    self.active_count -= 1
+                    self.waiting += 1
+                    woken = self.queue_cv.wait(IDLE_THREAD_SECONDS)
+                    self.waiting -= 1
+                    self.active_count += 1
+                    if not woken and not self.queue and self.stop_count == 0:
+                        self.active_count -= 1
+                        self.threads.discard(thread_no)
+                        return
+                if self.stop_count > 0:  # the server is stopping
+                    self.active_count -= 1
+                    self.stop_count -= 1
+                    self.threads.discard(thread_no)
+                    self.thread_exit_cv.notify()
+                    return
+                task = self.queue.popleft()
+            try:
+                task.service()
+            except BaseException:
+                self.logger.exception("Exception when servicing %r", task)
+
+
 def start_server(app: Any, host: str, port: int) -> tuple[BaseWSGIServer, int]:
     """Bind now (a port in use fails start-up loudly); returns the server and its port.
 
@@ -76,6 +133,8 @@ def start_server(app: Any, host: str, port: int) -> tuple[BaseWSGIServer, int]:
         app,
         sockets=[sock],
         threads=API_THREADS + MAX_EVENT_STREAMS,
+        # create_server's own pool would start all of its threads at once.
+        _dispatcher=_ThreadsOnDemand(API_THREADS + MAX_EVENT_STREAMS),
         connection_limit=CONNECTION_LIMIT,
         channel_timeout=IDLE_TIMEOUT,
         max_request_body_size=MAX_BODY + 1,  # the API answers 413 itself, in JSON

@@ -6,15 +6,19 @@ None of them freezes the API or gets anything but a JSON 4xx for its mistake.
 from __future__ import annotations
 
 import json
+import random
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
 
 import httpx
+import psutil
 from conftest import wait_for
 from test_api_errors import assert_error
 
+from momentry_edge import http_server
 from momentry_edge.api import MAX_EVENT_STREAMS
 
 SLOW_SOCKETS = 48
@@ -218,3 +222,57 @@ def test_without_the_token_every_api_path_is_401(start_service):
         assert_error(reply, 404, "not_found")
         assert anonymous.get("/api/v1/queue/status", headers=authorized).status_code == 200
     assert anonymous.get("/healthz").status_code == 200  # probes need no token
+
+
+def test_request_threads_start_as_clients_need_them_and_end_once_idle(start_service):
+    svc = start_service()
+    process = psutil.Process(svc.proc.pid)
+    idle = process.num_threads()
+    with ExitStack() as stack:
+        for _ in range(MAX_EVENT_STREAMS):
+            stream = EventStream(svc)
+            stack.callback(stream.close)
+            stream.read_until(b": connected")
+        # Each open stream holds a thread of its own, started for it: none waited idle before.
+        assert process.num_threads() >= idle + MAX_EVENT_STREAMS
+        assert httpx.get(f"{svc.url}/healthz", timeout=10).json()["status"] == "ok"
+    # Their readers gone, the streams end at their next keep-alive, and their threads once
+    # idle for IDLE_THREAD_SECONDS.
+    wait_for(lambda: process.num_threads() <= idle, timeout=90, interval=0.5)
+    assert httpx.get(f"{svc.url}/api/v1/queue/status", timeout=10).status_code == 200
+
+
+class _Request:
+    def __init__(self) -> None:
+        self.served = threading.Event()
+
+    def service(self) -> None:
+        time.sleep(random.uniform(0, 0.002))
+        self.served.set()
+
+    def cancel(self) -> None:
+        pass
+
+
+def test_every_request_is_served_while_request_threads_come_and_go(monkeypatch):
+    # Threads ending idle at the moment requests arrive: each request is still taken at
+    # once by a thread waiting, or one started for it.
+    monkeypatch.setattr(http_server, "IDLE_THREAD_SECONDS", 0.005)
+    pool = http_server._ThreadsOnDemand(most=8)
+    late: list[_Request] = []
+
+    def client() -> None:
+        for _ in range(300):
+            request = _Request()
+            pool.add_task(request)
+            if not request.served.wait(5):
+                late.append(request)
+            time.sleep(random.choice((0, 0.004, 0.005, 0.006)))
+
+    clients = [threading.Thread(target=client) for _ in range(4)]
+    for thread in clients:
+        thread.start()
+    for thread in clients:
+        thread.join()
+    assert late == []
+    assert pool.shutdown(timeout=5) and not pool.threads

@@ -48,6 +48,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -254,8 +255,9 @@ def through_service(
         with PeakRss(proc.pid) as rss:
             wall, job = scan(client, root / "drop", video)
         cpu = sum(ps.cpu_times()[:2]) - cpu
-        counts = {}
-        for name in job["processors"]:
+        counts, spans = {}, {}
+        for name, run in job["processors"].items():
+            spans[name] = _seconds(run["completed_at"]) - _seconds(run["started_at"])
             reply = client.get(f"/api/v1/files/{job['file_uuid']}/results/{name}")
             counts[name] = count(name, reply.json()["result"])
             if results is not None:
@@ -268,7 +270,12 @@ def through_service(
             "peak_rss": rss.peak,
             "vm_hwm": vm_hwm(proc.pid),
             "counts": counts,
+            "spans": spans,
         }
+
+
+def _seconds(stamp: str) -> float:
+    return datetime.fromisoformat(stamp).timestamp()
 
 
 def count(name: str, result: dict[str, Any]) -> int:
@@ -488,7 +495,9 @@ def report(about: str, service: dict[str, Any], parts: dict[str, Part], loads: s
     wall = service["wall"]
     if not parts:  # --service-only
         counts = ", ".join(f"{name} {n}" for name, n in service["counts"].items())
+        spans = ", ".join(f"{name} {s:.1f}" for name, s in service["spans"].items())
         print(f"service wall, register -> done: {wall:.1f} s; n: {counts}")
+        print(f"service s (each run's start to its end): {spans}")
     else:
         _table(service, parts)
     print(
@@ -500,17 +509,24 @@ def report(about: str, service: dict[str, Any], parts: dict[str, Part], loads: s
         f"(process and children, sampled every {SAMPLE_EVERY:g} s); "
         f"VmHWM {service['vm_hwm'] / 2**20:.0f} MiB"
     )
-    print("n: speech segments (asr), frames decoded (cut), frames analysed (the others)")
+    print(
+        "n: speech segments (asr), frames decoded (cut), frames analysed (the others);"
+        " service s: the run's start to its end in the service, side by side with the others"
+    )
 
 
 def _table(service: dict[str, Any], parts: dict[str, Part]) -> None:
     print(
         f"{'part':<6}{'load s':>8}{'run s':>8}{'total s':>9}{'run CPU s':>11}"
-        f"{'direct n':>10}{'service n':>11}"
+        f"{'direct n':>10}{'service n':>11}{'service s':>11}"
     )
     for name, (load, run, cpu, done) in parts.items():
         n = service["counts"].get(name, "-")
-        print(f"{name:<6}{load:>8.2f}{run:>8.1f}{load + run:>9.1f}{cpu:>11.1f}{done:>10}{n:>11}")
+        span = service["spans"].get(name, math.nan)
+        print(
+            f"{name:<6}{load:>8.2f}{run:>8.1f}{load + run:>9.1f}{cpu:>11.1f}{done:>10}{n:>11}"
+            f"{span:>11.1f}"
+        )
     load_sum = sum(p[0] for p in parts.values())
     run_sum = sum(p[1] for p in parts.values())
     cpu_sum = sum(p[2] for p in parts.values())

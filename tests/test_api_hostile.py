@@ -15,6 +15,7 @@ from contextlib import ExitStack, contextmanager, suppress
 
 import httpx
 import psutil
+import pytest
 from conftest import wait_for
 from test_api_errors import assert_error
 
@@ -224,6 +225,7 @@ def test_without_the_token_every_api_path_is_401(start_service):
     assert anonymous.get("/healthz").status_code == 200  # probes need no token
 
 
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # threads, not storage
 def test_request_threads_start_as_clients_need_them_and_end_once_idle(start_service):
     svc = start_service()
     process = psutil.Process(svc.proc.pid)

@@ -84,7 +84,7 @@ def make_dir(folder: Path) -> Path:
 def write_atomic(path: Path, text: str) -> Path:
     """Write via a temp file in the same folder and rename, so readers never see half a
     file; the file is flushed to disk before the rename, its folder after it."""
-    staged = _stage(path, text)
+    staged = stage(path, text)
     try:
         return staged.place()
     finally:
@@ -100,10 +100,13 @@ class Staged:
         self.path = path
         self._after = after  # what placing it replaces besides (documents set aside)
         self._placed = False
+        self.companions: list[Staged] = []  # placed just before it (a run's extra files)
 
     def place(self) -> Path:
         """Put the file at ``path``; again, when already placed, does nothing."""
         if not self._placed:
+            for companion in self.companions:
+                companion.place()
             os.replace(self._tmp, self.path)
             self._placed = True
             # Before the caller records it (a run's completion commits after this).
@@ -113,12 +116,14 @@ class Staged:
         return self.path
 
     def discard(self) -> None:
+        for companion in self.companions:
+            companion.discard()
         if not self._placed:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._tmp)
 
 
-def _stage(path: Path, text: str, after: Callable[[], None] | None = None) -> Staged:
+def stage(path: Path, text: str, after: Callable[[], None] | None = None) -> Staged:
     """``text`` written to a temp file beside ``path``, to be placed there (Staged).
     Written with the os calls themselves: a few documents a job, where Python's file
     objects cost more than the writing."""
@@ -241,12 +246,12 @@ def stage_result(
     if status != COMPLETED and _holds_complete_result(path):
         other = aside_path(folder, processor, PARTIAL if status == FAILED else FAILED)
         # The newer of the two set aside tells.
-        return _stage(
+        return stage(
             aside_path(folder, processor, status), text, lambda: other.unlink(missing_ok=True)
         )
     if status == COMPLETED:
-        return _stage(path, text, lambda: _drop_asides(folder, processor))
-    return _stage(path, text)
+        return stage(path, text, lambda: _drop_asides(folder, processor))
+    return stage(path, text)
 
 
 def _holds_complete_result(path: Path) -> bool:

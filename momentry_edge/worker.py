@@ -680,6 +680,7 @@ class Workers:
             checkpoint=run.last_checkpoint,
             attempt=run.attempts + 1,
             _report=tracker.report,
+            _extras=tracker.extras,
         )
 
     def _settle(
@@ -693,6 +694,22 @@ class Workers:
         guard: ingest.FileGuard | None,
     ) -> Stop | None:
         """Record how a run ended: its result, or the exception it ended with."""
+        try:
+            return self._record(job, run, processor, tracker, outcome, out_dir, guard)
+        finally:  # the run's extra files, unless they went with its completed document
+            for extra in tracker.extras:
+                extra.discard()
+
+    def _record(
+        self,
+        job: Job,
+        run: ProcessorRun,
+        processor: Processor | None,
+        tracker: _Reporter,
+        outcome: Any,
+        out_dir: Path,
+        guard: ingest.FileGuard | None,
+    ) -> Stop | None:
         last = tracker.ledger.settled(run)
         problem = guard.problem() if guard is not None else None
 
@@ -766,6 +783,7 @@ class Workers:
                 fail(error, True)
                 self._check_disk()
                 return None
+            document.companions, tracker.extras = tracker.extras, []
             done = jobs.Completion(run.id, str(document.path), tracker.take_start(), document)
             if last and tracker.halt.reason is None:
                 # The job's last run: recorded with the job's finish, in one commit. A crash
@@ -1005,6 +1023,7 @@ class _Reporter:
         self.ledger = ledger  # shared by the job's parts
         self.start: _Start | None = None  # once the run has begun (Workers._begin)
         self.checkpoint: dict[str, Any] | None = run.last_checkpoint
+        self.extras: list[outputs.Staged] = []  # files the run wrote beside its document
         self._last_write = 0.0
         self._quiet_until = 0.0  # after a failed write, no writes until then
         self._unsaved = False  # a checkpoint given during that pause is still to be saved

@@ -91,7 +91,7 @@ def test_a_worker_stalled_past_its_lease_records_nothing_of_the_job_it_lost(
             "a",
             service={"node_id": "node-a", "plugins": plugins, "database_url": url},
             queue={"lease_seconds": 2},
-            **{"processors.quiet": {"hold_while_exists": str(hold)}},
+            **{"processors.quiet": {"hold_while_exists": str(hold), "note": True}},
         )
         task = a.submit("stalled.mp4", ["quiet"])["task_id"]
         wait_for(lambda: a.job(task)["processors"]["quiet"]["status"] == "running")
@@ -103,7 +103,7 @@ def test_a_worker_stalled_past_its_lease_records_nothing_of_the_job_it_lost(
             {
                 "service": {"node_id": "node-b", "plugins": plugins, "data_dir": str(a.data_dir)},
                 "queue": {"lease_seconds": 2},
-                "processors.quiet": {"hold_while_exists": str(tmp_path / "never")},
+                "processors.quiet": {"hold_while_exists": str(tmp_path / "never"), "note": True},
             },
         )
         b.data_dir = a.data_dir
@@ -116,6 +116,8 @@ def test_a_worker_stalled_past_its_lease_records_nothing_of_the_job_it_lost(
         out = a.data_dir / "results" / job["file_uuid"] / "quiet.json"
         document = out.read_text()
         assert json.loads(document)["result"] == {"attempt": 2}
+        note = out.with_name("quiet.txt")
+        assert note.read_text() == "attempt 2\n"
 
         # The stalled service resumes, its run ends, and it stops.
         hold.unlink()
@@ -123,8 +125,9 @@ def test_a_worker_stalled_past_its_lease_records_nothing_of_the_job_it_lost(
             cut(False)
         os.kill(a.proc.pid, signal.SIGCONT)
         assert a.stop() == 0
-        # The job, its run and its document are b's: a recorded and replaced nothing.
+        # The job, its run, its document and the file beside it are b's: a recorded and
+        # replaced nothing, and left nothing behind.
         assert b.job(task) == job
-        assert out.read_text() == document
-        assert not [p.name for p in out.parent.iterdir() if p.name != "quiet.json"]
+        assert out.read_text() == document and note.read_text() == "attempt 2\n"
+        assert sorted(p.name for p in out.parent.iterdir()) == ["quiet.json", "quiet.txt"]
         assert f"job {task}: lease lost" in a.log()

@@ -74,7 +74,8 @@ class Flaky(Processor):
 
 class Quiet(Processor):
     """Runs while the file named by ``hold_while_exists`` exists and never reports: a run
-    that says nothing until it ends."""
+    that says nothing until it ends. With ``note``, it then writes ``quiet.txt`` beside
+    its document (as asr its subtitles), naming its attempt."""
 
     name = "quiet"
 
@@ -82,6 +83,8 @@ class Quiet(Processor):
         marker = Path(self.settings["hold_while_exists"])
         while marker.exists():
             time.sleep(0.02)
+        if self.settings.get("note"):
+            ctx.write_text("quiet.txt", f"attempt {ctx.attempt}\n")
         return {"attempt": ctx.attempt}
 
 

@@ -10,12 +10,14 @@ ran out of time. The worker writes the output file.
 from __future__ import annotations
 
 import enum
+import errno
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..outputs import write_atomic
+from ..outputs import Staged, stage, write_atomic
 
 PROCESSOR_NAMES = ("asr", "asrx", "cut", "yolo", "ocr", "face", "pose")
 
@@ -65,6 +67,9 @@ class RunContext:
     checkpoint: dict[str, Any] | None  # the last one saved by an earlier attempt, if any
     attempt: int  # 1 for the first run of this processor in this job
     _report: Callable[[int, int, dict[str, Any] | None], None] = field(repr=False)
+    # Given by the worker: extra files wait there to be placed with the run's document,
+    # under its lease; without it (a processor run on its own) they are written at once.
+    _extras: list[Staged] | None = field(default=None, repr=False)
 
     def report(self, current: int, total: int, checkpoint: dict[str, Any] | None = None) -> None:
         """Record progress (and a checkpoint to resume from); raises ``Stop`` when told to stop.
@@ -76,8 +81,16 @@ class RunContext:
         self._report(current, total, checkpoint)
 
     def write_text(self, name: str, text: str) -> Path:
-        """Write an extra output file (e.g. ``asr.srt``) atomically beside the JSON."""
-        return write_atomic(self.output_dir / name, text)
+        """Write an extra output file (e.g. ``asr.srt``) atomically beside the JSON; in a
+        job it is placed with the run's document, and not at all if the run does not
+        complete there."""
+        path = self.output_dir / name
+        if self._extras is None:
+            return write_atomic(path, text)
+        if path.is_dir():  # fails the run now, not the placing with its record
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        self._extras.append(stage(path, text))
+        return path
 
 
 class Processor:

@@ -637,6 +637,9 @@ class Workers:
                         transient=True,
                         started=tracker.take_start(),
                     )
+                finally:  # the run's extra files, unless they went with its document
+                    for extra in tracker.extras:
+                        extra.discard()
             if stop is not None:
                 raise stop
 
@@ -694,22 +697,6 @@ class Workers:
         guard: ingest.FileGuard | None,
     ) -> Stop | None:
         """Record how a run ended: its result, or the exception it ended with."""
-        try:
-            return self._record(job, run, processor, tracker, outcome, out_dir, guard)
-        finally:  # the run's extra files, unless they went with its completed document
-            for extra in tracker.extras:
-                extra.discard()
-
-    def _record(
-        self,
-        job: Job,
-        run: ProcessorRun,
-        processor: Processor | None,
-        tracker: _Reporter,
-        outcome: Any,
-        out_dir: Path,
-        guard: ingest.FileGuard | None,
-    ) -> Stop | None:
         last = tracker.ledger.settled(run)
         problem = guard.problem() if guard is not None else None
 

@@ -94,7 +94,9 @@ def test_a_job_needing_a_processor_only_node_b_has_runs_on_b(start_service):
     assert "flaky" not in nodes["node-a"]["processors"]
     assert "flaky" in nodes["node-b"]["processors"]
 
-    only_b = [b.submit(f"b{i}.mp4", ["noop", "flaky"])["task_id"] for i in range(4)]
+    # Node b's jobs take 0.5 s each (steps), so the others wait long enough in line for
+    # node a to take them: noop jobs alone, b could run them all before a heard of them.
+    only_b = [b.submit(f"b{i}.mp4", ["steps", "flaky"])["task_id"] for i in range(4)]
     anyone = [b.submit(f"x{i}.mp4", ["noop"])["task_id"] for i in range(4)]
     for task in only_b:
         job = b.wait_status(task, "completed")

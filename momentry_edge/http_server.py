@@ -15,6 +15,7 @@ import contextlib
 import json
 import resource
 import socket
+import threading
 import time
 from typing import Any
 
@@ -144,11 +145,22 @@ def start_server(app: Any, host: str, port: int) -> tuple[BaseWSGIServer, int]:
     return server, sock.getsockname()[1]
 
 
-def stop_server(server: BaseWSGIServer) -> None:
-    """Stop accepting, let running requests finish (up to 5 s), then close every connection."""
-    server.close()
-    server.task_dispatcher.shutdown(timeout=5)
-    wasyncore.close_all(server._map)
+def stop_server(server: BaseWSGIServer, loop: threading.Thread | None = None) -> None:
+    """Stop accepting, let running requests finish (up to 5 s), then close every connection.
+
+    ``loop``: the thread running ``server.run()``. Nothing is closed while it may still be
+    selecting on it (that select would fail with EBADF): the sockets leave its map first,
+    the trigger wakes it, and its loop ends on the empty map before they are closed."""
+    server.del_channel()  # no more accepting; the socket stays open until the loop ends
+    server.pull_trigger()
+    server.task_dispatcher.shutdown(timeout=5)  # the loop still sends their answers
+    connections = dict(server._map)
+    server._map.clear()
+    server.pull_trigger()
+    if loop is not None:
+        loop.join(timeout=2)
+    server.close()  # the listening socket and the trigger
+    wasyncore.close_all(connections)  # EBADF (the trigger, closed already) is ignored
 
 
 def _allow_open_files(wanted: int) -> None:

@@ -72,6 +72,7 @@ class Service:
         )
         self.watcher = Watcher(self.intake, config.ingest.settle_seconds)
         self.server: BaseWSGIServer | None = None
+        self._http: threading.Thread | None = None  # the server's loop
         self.notifier: cluster.Notifier | None = None
         self.callbacks = CallbackSender(self._callback_payload)
         # Optional outside copies and notices; each runs on its own thread, fed by the bus.
@@ -273,7 +274,7 @@ class Service:
         self.watcher.stop()
         # 1. Stop taking requests.
         if self.server is not None:
-            stop_server(self.server)
+            stop_server(self.server, self._http)
         self.provision.stop()  # a pull in progress stops; the next start resumes it
         # 2. Running processors stop at their next report and go back to the line.
         if self.workers.started:
@@ -305,9 +306,9 @@ class Service:
         host, port = self.config.service.host, self.config.service.port
         self.server, bound = start_server(make_app(self), host, port)
         self.url = f"http://{_url_host(host)}:{bound}"
-        thread = threading.Thread(target=self.server.run, name="http", daemon=True)
-        thread.start()
-        self._threads.append(thread)
+        self._http = threading.Thread(target=self.server.run, name="http", daemon=True)
+        self._http.start()
+        self._threads.append(self._http)
 
     def _write_run_file(self) -> None:
         info = {

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import random
 import re
 import secrets
 import threading
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,12 +31,19 @@ from .db import Job, JobStatus, MediaFile, Node, ProcessorRun, QueueState, RunSt
 from .errors import Conflict, Invalid, NotFound
 from .events import bus
 
+log = logging.getLogger(__name__)
+
 # Threads of one process claim one at a time; the database serialises processes.
 _claim_lock = threading.Lock()
 # How long a finish waits for another thread's claim to end, so as to claim the next job
 # in its own commit: a claim takes milliseconds, unless it is waiting out a busy
 # database or a broken connection, which the finish must not wait for.
 CLAIM_WAIT = 0.1
+# Claims whose commit failed on a broken connection, by owner: their start times. The
+# server may have committed before the connection broke, the job then held by a claim
+# no worker has; the next claim looks for it first (under _claim_lock) and takes it up,
+# rather than leave it idle until its lease runs out and the reaper counts a crash.
+_unconfirmed: dict[str, list[float]] = {}
 
 
 class LeaseLost(Exception):
@@ -605,14 +613,34 @@ def claim(
     """
     request = ClaimRequest(owner, node, limit, lease_seconds, can_run, cluster_can_run)
     now = _now(now)
-    with _claim_lock, db.write_transaction(Job._meta.database):
+    with _claim_lock, _claiming(request.owner, now):
         job, promoted = _claim(request, now)
     _announce_claim(job, promoted, node)
     return job
 
 
+@contextlib.contextmanager
+def _claiming(owner: str, now: float) -> Iterator[None]:
+    """Under _claim_lock: the write transaction of a claim at ``now``, noted unconfirmed
+    when its commit fails on a broken connection (see _unconfirmed)."""
+    unconfirmed = _unconfirmed.setdefault(owner, [])
+    before = list(unconfirmed)
+    committing = False
+    try:
+        with db.write_transaction(Job._meta.database):
+            yield
+            committing = True
+    except BaseException as exc:
+        unconfirmed[:] = before  # those the claim looked for are settled only by its commit
+        if committing and isinstance(exc, db.OUTAGE_ERRORS):
+            unconfirmed.append(now)
+        raise
+
+
 def _claim(request: ClaimRequest, now: float) -> tuple[Job | None, int]:
     """Inside a write transaction: the job claimed, if any, and how many retries fell due."""
+    if adopted := _adopt_unconfirmed(request, now):
+        return adopted, 0
     promoted = db.execute(
         "UPDATE job SET status = ?, next_attempt_at = NULL"
         " WHERE status = ? AND next_attempt_at <= ?",
@@ -657,6 +685,28 @@ def _claim(request: ClaimRequest, now: float) -> tuple[Job | None, int]:
     # The worker reads the file at once: in hand, not loaded lazily later.
     job.file = db.fetch(MediaFile, "SELECT * FROM media_file WHERE id = ?", job.file_id)[0]
     return job, promoted
+
+
+def _adopt_unconfirmed(request: ClaimRequest, now: float) -> Job | None:
+    """A job an unconfirmed claim of this owner took after all, its lease renewed. The
+    connections those claims went on are gone: the server has settled each of them."""
+    unconfirmed = _unconfirmed.get(request.owner, [])
+    while unconfirmed:
+        held = db.fetch(
+            Job,
+            "UPDATE job SET lease_until = ?"
+            " WHERE status = ? AND lease_owner = ? AND started_at = ? RETURNING *",
+            now + request.lease_seconds,
+            JobStatus.PROCESSING,
+            request.owner,
+            unconfirmed.pop(0),
+        )
+        if held:
+            (job,) = held
+            log.warning("job %s: claimed by a commit whose answer was lost", job.task_id)
+            job.file = db.fetch(MediaFile, "SELECT * FROM media_file WHERE id = ?", job.file_id)[0]
+            return job
+    return None
 
 
 def _announce_claim(job: Job | None, promoted: int, node: str) -> None:
@@ -729,12 +779,19 @@ class Started:
     model: str | None
 
 
-# What a start sets, appended to the SET list of the run's next write.
-_START_SET = ", attempts = attempts + 1, started_at = ?, backend = ?, model = ?"
+# What a start sets, appended to the SET list of the run's next write. An attempt is
+# counted once a start: a write whose commit landed though its answer was lost, carried
+# again by the next write, finds its start already there.
+_START_SET = (
+    ", attempts = attempts + CASE WHEN started_at = ? THEN 0 ELSE 1 END,"
+    " started_at = ?, backend = ?, model = ?"
+)
 
 
 def _start_params(started: Started | None) -> list[Any]:
-    return [] if started is None else [started.at, started.backend, started.model]
+    if started is None:
+        return []
+    return [started.at, started.at, started.backend, started.model]
 
 
 @dataclass(frozen=True)
@@ -790,18 +847,15 @@ def start_run(
     model: str | None,
     at: float | None = None,
 ) -> None:
-    """Mark the run running (``at``: when it began, if before now)."""
-    now = clock.now()
+    """Mark the run running (``at``: when it began, if before now; the same ``at`` again
+    counts no second attempt)."""
     _write_run(
         claim,
-        "UPDATE processor_run SET status = ?, attempts = attempts + 1, started_at = ?,"
-        " completed_at = NULL, error = NULL, backend = ?, model = ?, updated_at = ?"
-        " WHERE id = ?",
+        f"UPDATE processor_run SET status = ?, completed_at = NULL, error = NULL,"
+        f" updated_at = ?{_START_SET} WHERE id = ?",
         RunStatus.RUNNING,
-        _now(at),
-        backend,
-        model,
-        now,
+        clock.now(),
+        *_start_params(Started(_now(at), backend, model)),
         getattr(run, "id", run),
     )
 
@@ -1112,7 +1166,6 @@ def _announce_recovered(task_id: str, status: str) -> None:
         bus.publish("job.recovered", task_id=task_id)
 
 
-@db.retried
 def finish(
     job: Job,
     owner: str,
@@ -1126,14 +1179,19 @@ def finish(
     in the same commit, as ``complete_run`` would. LeaseLost, with nothing written, when
     the job is no longer this claim's.
     """
-    now = _now(now)
+    return _finish_alone(job, owner, policy, _now(now), completed)
+
+
+@db.retried
+def _finish_alone(
+    job: Job, owner: str, policy: RetryPolicy, now: float, completed: Sequence[Completion]
+) -> str:
     with db.write_transaction(Job._meta.database):
         status, job = _finish(job, owner, policy, now, completed)
     _announce_finish(job, status)
     return status
 
 
-@db.retried
 def finish_and_claim(
     job: Job,
     owner: str,
@@ -1147,6 +1205,18 @@ def finish_and_claim(
     lease runs out, the reaper recovers it). No next job when another thread of this
     process is still claiming after CLAIM_WAIT (the caller then claims on its own).
     LeaseLost, with nothing written, when the job is no longer this claim's."""
+    return _finish_and_claim(job, owner, policy, request, completed, clock.now())
+
+
+@db.retried
+def _finish_and_claim(
+    job: Job,
+    owner: str,
+    policy: RetryPolicy,
+    request: ClaimRequest,
+    completed: Sequence[Completion],
+    finished_at: float,
+) -> tuple[str, Job | None]:
     database = Job._meta.database
     following, promoted = None, 0
     # The claim lock before the write lock, as in claim. Waiting for it rather than
@@ -1156,14 +1226,14 @@ def finish_and_claim(
     now = clock.now()
     if claiming:
         try:
-            with db.write_transaction(database):
-                status, job = _finish(job, owner, policy, now, completed)
+            with _claiming(request.owner, now):
+                status, job = _finish(job, owner, policy, finished_at, completed)
                 following, promoted = _claim(request, now)
         finally:
             _claim_lock.release()
     else:  # finished alone; the worker claims its next job after
         with db.write_transaction(database):
-            status, job = _finish(job, owner, policy, now, completed)
+            status, job = _finish(job, owner, policy, finished_at, completed)
     _announce_finish(job, status)
     _announce_claim(following, promoted, request.node)
     return status, following
@@ -1173,9 +1243,15 @@ def _finish(
     job: Job, owner: str, policy: RetryPolicy, now: float, completed: Sequence[Completion]
 ) -> tuple[str, Job]:
     """Inside a write transaction: (status, the job's row); LeaseLost, before anything is
-    written, when the reaper or a user took the job meanwhile."""
+    written, when the reaper or a user took the job meanwhile.
+
+    ``now`` is the same on each try of one finish: a try that finds the job ended at
+    that very time is after one whose commit landed though its answer was lost.
+    """
     claimed, job = job, get(job.id, lock=True)
     if not _still_held(job, claimed, owner):
+        if job.status in db.FINAL_STATES and job.completed_at == now:
+            return job.status, job
         raise LeaseLost(f"job {job.task_id} is no longer held by {owner}")
     for done in completed:  # held, and the row locked: no other worker can take it now
         _complete(done, None)

@@ -1,6 +1,7 @@
 """A loopback TCP proxy in front of the test PostgreSQL server that can end a connection
-just after a transaction has begun on it, as a server restart or failover landing at
-that moment would. The service reaches the server only through it."""
+just after a transaction has begun on it, or just after the server committed one but
+before its answer got back, as a server restart or failover landing at that moment
+would. The service reaches the server only through it."""
 
 from __future__ import annotations
 
@@ -24,11 +25,19 @@ class CuttingProxy:
         self.url = url._replace(netloc=f"{url.username or 'postgres'}@127.0.0.1:{port}").geturl()
         self.cut_after_begin = threading.Event()
         self.cuts = 0
+        self._lose_commit_after: bytes | None = None
+        self.commit_answers_lost = 0
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def close(self) -> None:
         self._listener.close()
+
+    def lose_commit_answer(self, statement: bytes) -> None:
+        """Once: the next transaction that runs a query containing ``statement`` (or the
+        query alone, outside a transaction) is committed by the server, and the
+        connection ends before the client hears so."""
+        self._lose_commit_after = statement
 
     def _accept(self) -> None:
         with contextlib.suppress(OSError):
@@ -38,33 +47,73 @@ class CuttingProxy:
                 for sock in (client, server):  # one small message after another, unbatched
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 begun = threading.Event()  # the client's last query began a transaction
+                trapped = threading.Event()  # its transaction's commit is to go unanswered
                 threading.Thread(
-                    target=self._upstream, args=(client, server, begun), daemon=True
+                    target=self._upstream, args=(client, server, begun, trapped), daemon=True
                 ).start()
                 threading.Thread(
-                    target=self._downstream, args=(server, client, begun), daemon=True
+                    target=self._downstream, args=(server, client, begun, trapped), daemon=True
                 ).start()
 
     def _upstream(
-        self, client: socket.socket, server: socket.socket, begun: threading.Event
+        self,
+        client: socket.socket,
+        server: socket.socket,
+        begun: threading.Event,
+        trapped: threading.Event,
     ) -> None:
+        prepared: dict[bytes, bytes] = {}  # the client's parsed statements, by name
         with contextlib.suppress(OSError):
             (length,) = struct.unpack("!I", _read(client, 4))
             server.sendall(struct.pack("!I", length) + _read(client, length - 4))  # startup
             for kind, body in _messages(client):
-                if kind in (b"Q", b"P"):  # a query, simple or parsed
-                    query = body.split(b"\0", 2)[1 if kind == b"P" else 0]
-                    if query.lstrip().upper().startswith(b"BEGIN"):
+                query = None
+                if kind == b"Q":  # a simple query
+                    query = body.split(b"\0", 1)[0]
+                elif kind == b"P":  # a parsed one, perhaps named to be run again
+                    name, statement, _ = body.split(b"\0", 2)
+                    prepared[name] = statement
+                elif kind == b"B":  # a parsed one run
+                    query = prepared.get(body.split(b"\0", 2)[1])
+                if query is not None:
+                    command = query.lstrip().upper()
+                    if command.startswith(b"BEGIN"):
                         begun.set()
+                    elif command.startswith(b"ROLLBACK"):
+                        trapped.clear()
+                    with self._lock:
+                        if self._lose_commit_after and self._lose_commit_after in query:
+                            self._lose_commit_after = None
+                            trapped.set()
                 server.sendall(kind + struct.pack("!I", len(body) + 4) + body)
         _end(client, server)
 
     def _downstream(
-        self, server: socket.socket, client: socket.socket, begun: threading.Event
+        self,
+        server: socket.socket,
+        client: socket.socket,
+        begun: threading.Event,
+        trapped: threading.Event,
     ) -> None:
+        held: list[bytes] = []  # the answers of a trapped transaction, up to its end
         with contextlib.suppress(OSError):
             for kind, body in _messages(server):
-                client.sendall(kind + struct.pack("!I", len(body) + 4) + body)
+                message = kind + struct.pack("!I", len(body) + 4) + body
+                if trapped.is_set():
+                    held.append(message)
+                    if kind != b"Z":  # ReadyForQuery: the answer is whole
+                        continue
+                    failed = any(m[:1] == b"E" for m in held)  # an ErrorResponse
+                    if body == b"I" and not failed:  # committed, by COMMIT or autocommit
+                        with self._lock:
+                            self.commit_answers_lost += 1
+                        break
+                    if failed:
+                        trapped.clear()
+                    client.sendall(b"".join(held))
+                    held.clear()
+                    continue
+                client.sendall(message)
                 # ReadyForQuery "in a transaction" right after a BEGIN: end it here.
                 if kind == b"Z" and body == b"T" and begun.is_set():
                     begun.clear()

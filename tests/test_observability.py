@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
-import httpx
 from conftest import wait_for
+from eventstream import EventReader
 from prometheus_client.parser import text_string_to_metric_families
 
 STATUSES = ("pending", "processing", "retrying", "completed", "partial", "failed", "cancelled")
@@ -79,29 +76,6 @@ def test_metrics_match_the_api(start_service) -> None:
     files = {dict(labels)["state"]: value for labels, value in metrics["momentry_files"].items()}
     listed = svc.get("/api/v1/files", params={"state": "present", "limit": 1})["total"]
     assert files["present"] == listed == 8
-
-
-class EventReader(threading.Thread):
-    """Reads /api/v1/events in the background, as a front end would, until ``until(event)``."""
-
-    def __init__(self, url: str, until: Callable[[dict[str, Any]], bool]) -> None:
-        super().__init__(daemon=True)
-        self.url = url
-        self.until = until
-        self.events: list[dict[str, Any]] = []
-        self.content_type = ""
-        self.connected = threading.Event()
-
-    def run(self) -> None:
-        with httpx.stream("GET", f"{self.url}/api/v1/events", timeout=30) as reply:
-            self.content_type = reply.headers["content-type"]
-            for line in reply.iter_lines():
-                if line.startswith(": connected"):
-                    self.connected.set()
-                elif line.startswith("data: "):
-                    self.events.append(json.loads(line[len("data: ") :]))
-                    if self.until(self.events[-1]):
-                        return
 
 
 def test_event_stream_follows_a_job_while_the_server_answers_others(start_service) -> None:

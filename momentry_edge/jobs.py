@@ -476,15 +476,22 @@ def _add_runs(job: Job, names: list[str], first_position: int, now: float) -> No
         )
 
 
-@db.retried
 def cancel(job: Job, reason: str = "cancelled by user") -> str:
-    """Cancel a waiting job now, or ask a running one to stop at its next report."""
+    """Cancel a waiting job now, or ask a running one to stop at its next report; the
+    job's status before."""
+    return _cancel(job, reason, clock.now())
+
+
+@db.retried
+def _cancel(job: Job, reason: str, now: float) -> str:
     with db.write_transaction(Job._meta.database):
         job = get(job.id, lock=True)
         if job.status in (JobStatus.PENDING, JobStatus.RETRYING):
-            _finalise(job, JobStatus.CANCELLED, reason, clock.now())
+            _finalise(job, JobStatus.CANCELLED, reason, now)
         elif job.status == JobStatus.PROCESSING:
             Job.update(cancel_requested=True).where(Job.id == job.id).execute()
+        elif job.status == JobStatus.CANCELLED and job.completed_at == now:
+            pass  # by this cancel's earlier try, committed though its answer was lost
         else:
             raise Conflict(f"job {job.task_id} is already {job.status}")
     if job.status == JobStatus.PROCESSING:

@@ -383,6 +383,27 @@ def test_postgres_a_finish_whose_commit_answer_was_lost_is_announced(start_servi
 
 
 @on_postgres
+def test_postgres_a_cancel_whose_commit_answer_was_lost_is_answered_done(
+    start_service, database_url
+):
+    # The cancel is committed, its answer lost: its next try finds the job cancelled by
+    # itself and answers so, not 409 "already cancelled" for a request it carried out.
+    proxy = CuttingProxy(database_url)
+    try:
+        svc = start_service(service={"database_url": proxy.url}, env=PLAIN_ENV)
+        svc.call("POST", "/api/v1/queue/pause")
+        task = svc.submit("cancelled.mp4", ["noop"])["task_id"]
+        proxy.lose_commit_answer(b"UPDATE job SET status = $1, completed_at = $2")
+        reply = svc.client.delete(f"/api/v1/queue/task/{task}")
+        assert proxy.commit_answers_lost == 1
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["status"] == "cancelled"
+        assert svc.job(task)["status"] == "cancelled"
+    finally:
+        proxy.close()
+
+
+@on_postgres
 def test_postgres_a_start_whose_commit_answer_was_lost_counts_one_attempt(
     start_service, database_url
 ):

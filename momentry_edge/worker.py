@@ -151,11 +151,14 @@ class Workers:
         # than the database's): past lease_seconds, another node may have taken the job.
         self._renewed: dict[int, float] = {}
         self._hand_lock = threading.Lock()
+        # Jobs in hand that have shown they are more than a moment's work (under_way).
+        self._under_way: set[int] = set()
         # Worker threads in _drain: each claims again when its job ends, so only while
         # fewer than the limit are draining does a free place need another thread woken.
         self._drainers = 0
+        self._woken_meanwhile = False  # a wake-up left to the drains under way (_drain)
         self._claimed_state: QueueState | None = None  # as the latest claim read it
-        self._starter = _Starter()
+        self._starter = _Starter(self.under_way)
         self.huey = Huey("momentry-edge", storage_class=BlockingMemoryStorage, results=False)
         self._drain_task = self.huey.task(name="drain")(self._drain)
         # One worker thread to begin with; more start as drains need them (_add_thread),
@@ -244,6 +247,18 @@ class Workers:
             self.consumer.worker_threads.append((worker, thread))
             thread.start()
 
+    def under_way(self, job_id: int) -> None:
+        """The job in hand is more than a moment's work: its first progress report, or
+        START_DELAY without one. Only now may another job start beside it (see _drain),
+        if the limit lets one more run here."""
+        with self._hand_lock:
+            if job_id not in self._in_hand or job_id in self._under_way:
+                return
+            self._under_way.add(job_id)
+        state = self._claimed_state  # no database here: a processor's thread reports
+        if not self.stopping.is_set() and (state is None or self._room(state)):
+            self.kick()
+
     def in_hand(self) -> set[int]:
         """Ids of the jobs this process's worker threads are running now."""
         with self._hand_lock:
@@ -285,6 +300,14 @@ class Workers:
 
     def _drain(self) -> None:
         with self._hand_lock:
+            # Beside a drain that is claiming, or running a job that may be over at once,
+            # a second would only trade the GIL with it: jobs that short drain as fast one
+            # at a time, on a third less CPU. That drain claims again when its job ends
+            # (again if its claim found nothing while this wake-up came); if the job runs
+            # on, under_way wakes another.
+            if self._drainers > len(self._under_way):
+                self._woken_meanwhile = True
+                return
             self._drainers += 1
         try:
             self._drain_line()
@@ -296,6 +319,8 @@ class Workers:
         job: Job | None = None
         while not self.stopping.is_set():
             if job is None:
+                with self._hand_lock:
+                    self._woken_meanwhile = False
                 try:
                     job = self._claim()
                 except Exception:
@@ -307,6 +332,9 @@ class Workers:
                     self.kick(delay=retry)
                     return
                 if job is None:
+                    with self._hand_lock:
+                        if self._woken_meanwhile:
+                            continue  # a job queued as this claim read may have been missed
                     db.release_connection()
                     return
             job = self.run_job(job)  # the next one, when its finish claimed one
@@ -363,13 +391,7 @@ class Workers:
             self._in_hand[job.id] = self._budget()
             self._renewed[job.id] = time.monotonic()  # claimed just now
         try:
-            # Another worker may take the next job while this one runs; at the limit none
-            # is woken: the next claim comes when a job ends. A change of the queue's state
-            # meanwhile wakes the workers itself (queue.resumed, ...).
-            state = self._claimed_state or jobs.queue_state(self.node)
-            if self._room(state):
-                self.kick()
-            self._run_job(job, following, state)
+            self._run_job(job, following)
         except jobs.LeaseLost:
             # Another worker may run it now: nothing of this run was written into the job.
             log.warning("job %s: lease lost, another worker has it", job.task_id)
@@ -379,6 +401,7 @@ class Workers:
             with self._hand_lock:
                 self._in_hand.pop(job.id, None)
                 self._renewed.pop(job.id, None)
+                self._under_way.discard(job.id)
             logs.current_task.reset(context)
             db.release_connection()
         return following[0] if following else None
@@ -407,7 +430,7 @@ class Workers:
                 log.warning("job %s: failed documents not written: %s", job.task_id, again)
         return status  # back in line: job.recovered wakes a worker for it
 
-    def _run_job(self, job: Job, following: list[Job], state: QueueState) -> str:
+    def _run_job(self, job: Job, following: list[Job]) -> str:
         """Run ``job``; a worker that goes on draining claims the next one in the commit
         that finishes this one, and puts it in ``following``."""
         log.info("job %s started: %s", job.task_id, ", ".join(job.processors))
@@ -423,9 +446,6 @@ class Workers:
         parts, frame_threads, threads = self._threads(batches)
         with self._hand_lock:
             self._in_hand[job.id] = threads
-        # Threads it does not need may go to another job, if the limit lets one more run.
-        if threads < self._budget() and self._room(state):
-            self.kick()
         halt = _Halt()
         ledger = _Ledger(runs)
         part = functools.partial(
@@ -672,6 +692,7 @@ class Workers:
             # It has taken the process down before: marked running at once, so that a crash
             # loop names the run it happens in (jobs._recover).
             start.write()
+            self.under_way(job.id)
         else:
             self._starter.add(start)
         tracker.start = start
@@ -1014,8 +1035,12 @@ class _Reporter:
         self._last_write = 0.0
         self._quiet_until = 0.0  # after a failed write, no writes until then
         self._unsaved = False  # a checkpoint given during that pause is still to be saved
+        self._reported = False  # the run's first report tells the workers (under_way)
 
     def report(self, current: int, total: int, checkpoint: dict[str, Any] | None = None) -> None:
+        if not self._reported:
+            self._reported = True
+            self.workers.under_way(self.job.id)
         if checkpoint is not None:
             self.checkpoint = checkpoint
             self._unsaved = True
@@ -1150,9 +1175,11 @@ class _Start:
 
 class _Starter:
     """A thread that writes the starts (_Start) of runs that went START_DELAY without a
-    write of their own, oldest first; started with the first start it is given."""
+    write of their own, oldest first, and tells ``late`` their jobs; started with the
+    first start it is given."""
 
-    def __init__(self) -> None:
+    def __init__(self, late: Callable[[int], None]) -> None:
+        self._late = late
         self._ready = threading.Condition()
         self._starts: deque[_Start] = deque()  # in order of due time: one delay for all
         self._thread: threading.Thread | None = None
@@ -1190,6 +1217,7 @@ class _Starter:
                     self._ready.wait(wait)
                     continue
                 start = self._starts.popleft()
+            self._late(start.claim.job_id)
             try:
                 start.write()
             except jobs.LeaseLost:

@@ -169,6 +169,56 @@ def test_a_run_that_does_not_report_shows_running_and_is_counted_once(start_serv
     assert result["result"] == {"attempt": 1}
 
 
+def overlapping(svc: ServiceProcess, task_ids: list[str]) -> int:
+    """How many of the jobs ran while an earlier-started one was still running."""
+    spans = sorted(
+        (datetime.fromisoformat(j["started_at"]), datetime.fromisoformat(j["completed_at"]))
+        for j in map(svc.job, task_ids)
+    )
+    busy_until, count = None, 0
+    for begin, end in spans:
+        if busy_until is not None and begin < busy_until:
+            count += 1
+        busy_until = end if busy_until is None else max(busy_until, end)
+    return count
+
+
+def test_jobs_over_at_once_run_one_after_another_and_one_that_runs_on_gets_one_beside_it(
+    start_service, tmp_path
+):
+    # Two may run at once. Jobs that end at once drain on one thread (a second beside
+    # them would only cost CPU); a job that runs on, reporting or not, soon has a second
+    # job beside it.
+    hold = tmp_path / "quiet.hold"
+    svc = start_service(
+        queue={"max_concurrent": 2},
+        service={"plugins": [f"workloads:{name}" for name in ("Noop", "Steps", "Quiet")]},
+        **{
+            "processors.quiet": {"hold_while_exists": str(hold)},
+            "processors.steps": {"steps": 600, "step_seconds": 0.1},
+        },
+    )
+    svc.call("POST", "/api/v1/queue/pause")
+    instant = [svc.submit(f"instant {i}.mp4", ["noop"])["task_id"] for i in range(12)]
+    svc.call("POST", "/api/v1/queue/resume")
+    for task in instant:
+        svc.wait_status(task, "completed")
+    # A job slowed past a moment by a busy machine may rightly get one beside it; the
+    # code before ran nearly every one of these beside another.
+    assert overlapping(svc, instant) < len(instant) // 2
+
+    for first in ("steps", "quiet"):  # one that reports, one that never does
+        hold.touch()
+        task = svc.submit(f"long {first}.mp4", [first])["task_id"]
+        svc.wait_status(task, "processing")
+        beside = svc.submit(f"beside {first}.mp4", ["noop"])["task_id"]
+        svc.wait_status(beside, "completed")
+        assert svc.job(task)["status"] == "processing", "the long job was still running"
+        hold.unlink()
+        svc.call("DELETE", f"/api/v1/queue/task/{task}")
+        svc.wait_status(task, "completed", "cancelled")
+
+
 def test_transient_failures_back_off_then_dead_list_then_retry_reruns_only_failed(start_service):
     # Each retrying state lasts its whole backoff step (1, 2, 4 s and a jitter), long
     # enough to be seen by polling on a loaded machine; a 0.3 s step could pass unseen.

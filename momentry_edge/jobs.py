@@ -689,9 +689,13 @@ def _claim(request: ClaimRequest, now: float) -> tuple[Job | None, int]:
         False,
         job_id,
     )
-    # The worker reads the file at once: in hand, not loaded lazily later.
+    return _with_file(job), promoted
+
+
+def _with_file(job: Job) -> Job:
+    """The worker reads the file at once: in hand, not loaded lazily later."""
     job.file = db.fetch(MediaFile, "SELECT * FROM media_file WHERE id = ?", job.file_id)[0]
-    return job, promoted
+    return job
 
 
 def _adopt_unconfirmed(request: ClaimRequest, now: float) -> Job | None:
@@ -711,8 +715,7 @@ def _adopt_unconfirmed(request: ClaimRequest, now: float) -> Job | None:
         if held:
             (job,) = held
             log.warning("job %s: claimed by a commit whose answer was lost", job.task_id)
-            job.file = db.fetch(MediaFile, "SELECT * FROM media_file WHERE id = ?", job.file_id)[0]
-            return job
+            return _with_file(job)
     return None
 
 

@@ -10,7 +10,7 @@ import contextlib
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -296,135 +296,122 @@ def test_postgres_connections_cut_while_a_backlog_drains_lose_and_double_nothing
     wait_for(lambda: answered(svc, "/api/v1/queue/status")["active_count"] == 0)
 
 
-@on_postgres
-def test_postgres_connections_cut_as_transactions_begin_leave_every_request_answered(
-    start_service, database_url
-):
+@pytest.fixture
+def proxied(
+    start_service: Callable[..., ServiceProcess], database_url: str
+) -> Iterator[tuple[CuttingProxy, Callable[..., ServiceProcess]]]:
+    """A CuttingProxy in front of the test database, and ``start_service`` for services
+    that reach the database only through it."""
     proxy = CuttingProxy(database_url)
-    try:
-        svc = start_service(service={"database_url": proxy.url}, env=PLAIN_ENV)
-        # A restart or failover landing just after a transaction has begun, again and
-        # again: the queue status (one snapshot read) meanwhile is 503, asked to retry.
-        proxy.cut_after_begin.set()
-        for _ in range(40):
-            reply = svc.client.get("/api/v1/queue/status")
-            assert reply.status_code in (200, 503), reply.text
-        proxy.cut_after_begin.clear()
-        assert proxy.cuts >= 40
-        # The database whole again: every request is answered, none kept failing on a
-        # connection the cuts ended or waiting for one, and a job runs.
-        for _ in range(40):
-            reply = svc.client.get("/api/v1/queue/status")
-            assert reply.status_code == 200, reply.text
-        task = svc.submit("after.mp4", ["noop"])["task_id"]
-        svc.wait_status(task, "completed")
-    finally:
-        proxy.close()
+
+    def start(service: dict[str, Any] | None = None, **settings: Any) -> ServiceProcess:
+        through = {**(service or {}), "database_url": proxy.url}
+        return start_service(service=through, env=PLAIN_ENV, **settings)
+
+    yield proxy, start
+    proxy.close()
+
+
+@on_postgres
+def test_postgres_connections_cut_as_transactions_begin_leave_every_request_answered(proxied):
+    proxy, start = proxied
+    svc = start()
+    # A restart or failover landing just after a transaction has begun, again and
+    # again: the queue status (one snapshot read) meanwhile is 503, asked to retry.
+    proxy.cut_after_begin.set()
+    for _ in range(40):
+        reply = svc.client.get("/api/v1/queue/status")
+        assert reply.status_code in (200, 503), reply.text
+    proxy.cut_after_begin.clear()
+    assert proxy.cuts >= 40
+    # The database whole again: every request is answered, none kept failing on a
+    # connection the cuts ended or waiting for one, and a job runs.
+    for _ in range(40):
+        reply = svc.client.get("/api/v1/queue/status")
+        assert reply.status_code == 200, reply.text
+    task = svc.submit("after.mp4", ["noop"])["task_id"]
+    svc.wait_status(task, "completed")
 
 
 @on_postgres
 @pytest.mark.parametrize("taken_by", ["claim", "finish_and_claim"])
-def test_postgres_a_job_claimed_by_a_commit_whose_answer_was_lost_runs_at_once(
-    start_service, database_url, taken_by
-):
+def test_postgres_a_job_claimed_by_a_commit_whose_answer_was_lost_runs_at_once(proxied, taken_by):
     # The server commits a claim, then the connection ends before the service hears so:
     # the claim's worker saw it fail, yet the job is held. The next claim takes it up,
     # rather than leave it idle until its lease runs out and count a crash.
-    proxy = CuttingProxy(database_url)
+    proxy, start = proxied
     claim_statement = b"UPDATE job SET status = $1, lease_owner = $2, node = $3"
-    try:
-        svc = start_service(
-            service={"database_url": proxy.url},
-            queue={"max_concurrent": 1, "lease_seconds": 5},
-            env=PLAIN_ENV,
-            **{"processors.steps": {"steps": 4, "step_seconds": 0.3}},
-        )
-        svc.call("POST", "/api/v1/queue/pause")
-        tasks = [svc.submit(f"c{i}.mp4", ["steps"])["task_id"] for i in range(2)]
-        if taken_by == "claim":
-            proxy.lose_commit_answer(claim_statement)  # the first job's own claim
-        svc.call("POST", "/api/v1/queue/resume")
-        if taken_by == "finish_and_claim":
-            # The second job is claimed in the first one's finish.
-            svc.wait_status(tasks[0], "processing")
-            proxy.lose_commit_answer(claim_statement)
-        for task in tasks:
-            job = svc.wait_status(task, "completed", timeout=60)
-            assert (job["crash_count"], job["retry_count"]) == (0, 0), job
-            assert steps_done(svc, task) == 4  # run once
-        assert proxy.commit_answers_lost == 1
-        assert logged(svc, "claimed by a commit whose answer was lost")
-    finally:
-        proxy.close()
+    svc = start(
+        queue={"max_concurrent": 1, "lease_seconds": 5},
+        **{"processors.steps": {"steps": 4, "step_seconds": 0.3}},
+    )
+    svc.call("POST", "/api/v1/queue/pause")
+    tasks = [svc.submit(f"c{i}.mp4", ["steps"])["task_id"] for i in range(2)]
+    if taken_by == "claim":
+        proxy.lose_commit_answer(claim_statement)  # the first job's own claim
+    svc.call("POST", "/api/v1/queue/resume")
+    if taken_by == "finish_and_claim":
+        # The second job is claimed in the first one's finish.
+        svc.wait_status(tasks[0], "processing")
+        proxy.lose_commit_answer(claim_statement)
+    for task in tasks:
+        job = svc.wait_status(task, "completed", timeout=60)
+        assert (job["crash_count"], job["retry_count"]) == (0, 0), job
+        assert steps_done(svc, task) == 4  # run once
+    assert proxy.commit_answers_lost == 1
+    assert logged(svc, "claimed by a commit whose answer was lost")
 
 
 @on_postgres
-def test_postgres_a_finish_whose_commit_answer_was_lost_is_announced(start_service, database_url):
+def test_postgres_a_finish_whose_commit_answer_was_lost_is_announced(proxied):
     # The job's ending is committed, its answer lost: the finish's next try finds the job
     # ended by itself and says so (the event stream, Redis and alerts hear of it), rather
     # than take it for a job another worker took.
-    proxy = CuttingProxy(database_url)
-    try:
-        svc = start_service(service={"database_url": proxy.url}, env=PLAIN_ENV)
-        reader = EventReader(svc.url, until=lambda event: event["type"] == "job.finished")
-        reader.start()
-        assert reader.connected.wait(10)
-        proxy.lose_commit_answer(b"UPDATE job SET status = $1, completed_at = $2")
-        task = svc.submit("end.mp4", ["noop"])["task_id"]
-        job = svc.wait_status(task, "completed", timeout=60)
-        assert proxy.commit_answers_lost == 1
-        reader.join(timeout=30)
-        finished = [e for e in reader.events if e["type"] == "job.finished"]
-        assert [(e["task_id"], e["status"]) for e in finished] == [(task, "completed")]
-        assert (job["crash_count"], job["retry_count"]) == (0, 0), job
-        assert not logged(svc, "lease lost")
-    finally:
-        proxy.close()
+    proxy, start = proxied
+    svc = start()
+    reader = EventReader(svc.url, until=lambda event: event["type"] == "job.finished")
+    reader.start()
+    assert reader.connected.wait(10)
+    proxy.lose_commit_answer(b"UPDATE job SET status = $1, completed_at = $2")
+    task = svc.submit("end.mp4", ["noop"])["task_id"]
+    job = svc.wait_status(task, "completed", timeout=60)
+    assert proxy.commit_answers_lost == 1
+    reader.join(timeout=30)
+    finished = [e for e in reader.events if e["type"] == "job.finished"]
+    assert [(e["task_id"], e["status"]) for e in finished] == [(task, "completed")]
+    assert (job["crash_count"], job["retry_count"]) == (0, 0), job
+    assert not logged(svc, "lease lost")
 
 
 @on_postgres
-def test_postgres_a_cancel_whose_commit_answer_was_lost_is_answered_done(
-    start_service, database_url
-):
+def test_postgres_a_cancel_whose_commit_answer_was_lost_is_answered_done(proxied):
     # The cancel is committed, its answer lost: its next try finds the job cancelled by
     # itself and answers so, not 409 "already cancelled" for a request it carried out.
-    proxy = CuttingProxy(database_url)
-    try:
-        svc = start_service(service={"database_url": proxy.url}, env=PLAIN_ENV)
-        svc.call("POST", "/api/v1/queue/pause")
-        task = svc.submit("cancelled.mp4", ["noop"])["task_id"]
-        proxy.lose_commit_answer(b"UPDATE job SET status = $1, completed_at = $2")
-        reply = svc.client.delete(f"/api/v1/queue/task/{task}")
-        assert proxy.commit_answers_lost == 1
-        assert reply.status_code == 200, reply.text
-        assert reply.json()["status"] == "cancelled"
-        assert svc.job(task)["status"] == "cancelled"
-    finally:
-        proxy.close()
+    proxy, start = proxied
+    svc = start()
+    svc.call("POST", "/api/v1/queue/pause")
+    task = svc.submit("cancelled.mp4", ["noop"])["task_id"]
+    proxy.lose_commit_answer(b"UPDATE job SET status = $1, completed_at = $2")
+    reply = svc.client.delete(f"/api/v1/queue/task/{task}")
+    assert proxy.commit_answers_lost == 1
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["status"] == "cancelled"
+    assert svc.job(task)["status"] == "cancelled"
 
 
 @on_postgres
-def test_postgres_a_start_whose_commit_answer_was_lost_counts_one_attempt(
-    start_service, database_url
-):
+def test_postgres_a_start_whose_commit_answer_was_lost_counts_one_attempt(proxied):
     # The write that carries a run's start is committed, its answer lost: the next write
     # carries the start again, and the run still shows its one attempt.
-    proxy = CuttingProxy(database_url)
-    try:
-        svc = start_service(
-            service={"database_url": proxy.url},
-            env=PLAIN_ENV,
-            **{"processors.steps": {"steps": 4, "step_seconds": 0.3}},
-        )
-        proxy.lose_commit_answer(b"attempts = attempts + ")
-        task = svc.submit("start.mp4", ["steps"])["task_id"]
-        job = svc.wait_status(task, "completed", timeout=60)
-        assert proxy.commit_answers_lost == 1
-        assert job["processors"]["steps"]["attempts"] == 1, job
-        assert (job["crash_count"], job["retry_count"]) == (0, 0), job
-        assert steps_done(svc, task) == 4
-    finally:
-        proxy.close()
+    proxy, start = proxied
+    svc = start(**{"processors.steps": {"steps": 4, "step_seconds": 0.3}})
+    proxy.lose_commit_answer(b"attempts = attempts + ")
+    task = svc.submit("start.mp4", ["steps"])["task_id"]
+    job = svc.wait_status(task, "completed", timeout=60)
+    assert proxy.commit_answers_lost == 1
+    assert job["processors"]["steps"]["attempts"] == 1, job
+    assert (job["crash_count"], job["retry_count"]) == (0, 0), job
+    assert steps_done(svc, task) == 4
 
 
 PLUGINS = [

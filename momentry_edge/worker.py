@@ -309,13 +309,23 @@ class Workers:
                 self._woken_meanwhile = True
                 return
             self._drainers += 1
+        counted_out = False
         try:
-            self._drain_line()
+            counted_out = self._drain_line()
         finally:
-            with self._hand_lock:
-                self._drainers -= 1
+            if not counted_out:
+                with self._hand_lock:
+                    self._drainers -= 1
 
-    def _drain_line(self) -> None:
+    def _crowded(self, own: int) -> bool:
+        """Whether another drain is claiming, or running a job not yet under way (``own``,
+        this drain's job, left out)."""
+        with self._hand_lock:
+            return self._drainers - 1 > len(self._under_way - {own})
+
+    def _drain_line(self) -> bool:
+        """Claim and run jobs until none is left to claim here; True when it stepped back
+        for another drain (_leave_to_others), counted out already."""
         job: Job | None = None
         while not self.stopping.is_set():
             if job is None:
@@ -330,19 +340,33 @@ class Workers:
                     log.exception("claiming the next job failed; trying again in %g s", retry)
                     db.release_connection()
                     self.kick(delay=retry)
-                    return
+                    return False
                 if job is None:
                     with self._hand_lock:
                         if self._woken_meanwhile:
                             continue  # a job queued as this claim read may have been missed
                     db.release_connection()
-                    return
+                    return False
             job = self.run_job(job)  # the next one, when its finish claimed one
+            if job is None and self._leave_to_others():
+                db.release_connection()
+                return True
         if job is not None:  # claimed as the service began to stop: back to its place
             try:
                 jobs.requeue(job, self.owner)
             except Exception as exc:  # its lease runs out and the reaper recovers it
                 log.warning("job %s not given back at shutdown: %s", job.task_id, exc)
+        return False
+
+    def _leave_to_others(self) -> bool:
+        """Step back if another drain is claiming or running a job not yet under way: it
+        goes on with the line (see _drain). Counted out under the same lock, so that of
+        two drains that end together one goes on."""
+        with self._hand_lock:
+            if self._drainers - 1 > len(self._under_way):
+                self._drainers -= 1
+                return True
+            return False
 
     def _claim(self) -> Job | None:
         request = self._claim_request()
@@ -497,7 +521,9 @@ class Workers:
             status = jobs.requeue(job, self.owner)
             log.info("job %s at shutdown: %s", job.task_id, status)
             return status
-        if self.stopping.is_set():
+        if self.stopping.is_set() or self._crowded(job.id):
+            # Two drains of jobs that end at once (the second woken as one ran on a while,
+            # or both at once by a burst): this one steps back.
             status = jobs.finish(job, self.owner, self.policy, completed=ledger.completions)
         else:
             status, claimed = jobs.finish_and_claim(

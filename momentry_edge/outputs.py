@@ -95,10 +95,14 @@ class Staged:
     """A file written out (flushed to disk) beside ``path``, under a name of its own, until
     ``place`` renames it to ``path``; ``discard`` removes it if it was not placed."""
 
-    def __init__(self, tmp: str, path: Path, after: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, tmp: str, path: Path, after: Callable[[], None] | None = None, *, fresh: bool = False
+    ) -> None:
         self._tmp = tmp
         self.path = path
-        self._after = after  # what placing it replaces besides (documents set aside)
+        # What placing it replaces besides (documents set aside): nothing, in a folder that
+        # was made for it (fresh).
+        self._after = None if fresh else after
         self._placed = False
         self.companions: list[Staged] = []  # placed just before it (a run's extra files)
 
@@ -128,7 +132,7 @@ def stage(path: Path, text: str, after: Callable[[], None] | None = None) -> Sta
     Written with the os calls themselves: a few documents a job, where Python's file
     objects cost more than the writing."""
     data = text.encode("utf-8")
-    fd, tmp = _temp_file(path)
+    fd, tmp, fresh = _temp_file(path)
     try:
         try:
             os.fchmod(fd, FILE_MODE)  # os.open's mode would be narrowed by the umask
@@ -142,20 +146,20 @@ def stage(path: Path, text: str, after: Callable[[], None] | None = None) -> Sta
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    return Staged(tmp, path, after)
+    return Staged(tmp, path, after, fresh=fresh)
 
 
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 
 
-def _temp_file(path: Path) -> tuple[int, str]:
-    """A new file beside ``path`` (``.<name>.<random>``), open for writing; the folder
-    is made (make_dir) if it is not there."""
+def _temp_file(path: Path) -> tuple[int, str, bool]:
+    """A new file beside ``path`` (``.<name>.<random>``), open for writing, and whether its
+    folder was made for it (make_dir) as it was not there."""
     made = False
     while True:
         tmp = f"{path.parent}{os.sep}.{path.name}.{random.getrandbits(48):012x}"
         try:
-            return os.open(tmp, _TEMP_FLAGS, FILE_MODE), tmp
+            return os.open(tmp, _TEMP_FLAGS, FILE_MODE), tmp, made
         except FileExistsError:
             continue  # another writer's name: draw again
         except FileNotFoundError:

@@ -64,7 +64,7 @@ OLD = time.time() - 2 * DAY  # older than housekeeping.TEMP_FILE_AGE
 
 def leftover(path: Path, when: float = OLD) -> Path:
     """A temp file of ``path`` as outputs.py writes it (``.<name>.<hex>``), never placed."""
-    fd, tmp = outputs._temp_file(path)
+    fd, tmp, _ = outputs._temp_file(path)
     os.write(fd, b"{}\n")
     os.close(fd)
     os.utime(tmp, (when, when))

@@ -340,18 +340,22 @@ def _ends_early(
         return False  # not seekable: cannot tell cheaply, so accept
     start = (container.start_time or 0) / av.time_base
     end = 0.0
-    decoded = False
+    decoded = keyed = False
     try:
         for packet in container.demux():
             if not decoded and packet.stream is video:
+                keyed = keyed or packet.is_keyframe
                 decoded = bool(packet.decode())  # the final empty packet flushes the decoder
             if packet.pts is not None and packet.time_base is not None:
                 stop = float((packet.pts + (packet.duration or 0)) * packet.time_base) - start
                 end = max(end, stop)
     except _AV_ERRORS:
         pass  # reading failed part way: judge by what was read
+    # A seek that lands between keyframes (MPEG-TS is sought by bytes) reads no keyframe
+    # before the end: nothing can decode from there, which says nothing of the file.
+    undecodable = keyed and not decoded
     # Some slack: headers may state a little more than the streams hold.
-    return not decoded or end < duration - max(1.0, 0.02 * duration)
+    return undecodable or end < duration - max(1.0, 0.02 * duration)
 
 
 def _looks_like_media(path: Path) -> bool:

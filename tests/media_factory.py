@@ -41,13 +41,15 @@ def make_video(
     speech_start: float = 0.0,
     faststart: bool = False,
     picture: Callable[[int], np.ndarray] | None = None,
+    keyframe_every: int | None = None,
 ) -> Path:
     """Write a clip of ``segments * segment_seconds`` seconds and return its path.
 
     Audio is a quiet 440 Hz tone, or ``speech_wav`` placed at ``speech_start``
     seconds over silence (AAC, or Opus for ``.webm``). ``faststart`` puts the mp4
     index first, as web-optimised files have it. ``picture(i)``, if given, is frame
-    ``i`` (HxWx3 RGB of ``size``) in place of the colours and bar.
+    ``i`` (HxWx3 RGB of ``size``) in place of the colours and bar. ``keyframe_every``
+    frames at most (the encoder's default: 250 for libx264).
     """
     path = Path(path)
     width, height = size
@@ -70,6 +72,8 @@ def make_video(
         video.pix_fmt = "yuv420p"
         if codec == "libx264":
             video.options = {"preset": "superfast"}  # keeps B-frames, like real files
+        if keyframe_every is not None:
+            video.gop_size = keyframe_every
         sound = None
         if audio:
             sound = out.add_stream(

@@ -86,6 +86,21 @@ def test_probe_says_why_a_file_is_unusable(tmp_path, make, reason):
     assert not isinstance(caught.value, MediaNotFoundError)
 
 
+def test_a_whole_transport_stream_with_keyframes_far_apart_is_accepted(tmp_path):
+    # Its last keyframe more than a second before the end, where the check of the end
+    # starts reading (a transport stream is sought by bytes, not to a keyframe).
+    path = make_video(
+        tmp_path / "camera.mts",
+        segments=1,
+        segment_seconds=20,
+        fps=30,
+        size=(320, 240),
+        audio=False,
+        keyframe_every=60,
+    )
+    assert probe(path).duration == pytest.approx(20, abs=0.1)
+
+
 def test_probe_missing_file(tmp_path):
     with pytest.raises(MediaNotFoundError) as caught:
         probe(tmp_path / "gone.mp4")

@@ -345,8 +345,23 @@ def _source_kind(value: str) -> str:
     return value
 
 
+def _job_ref(value: str) -> str:
+    if not value.strip():
+        raise argparse.ArgumentTypeError("expected a task id, job id or file uuid, got ''")
+    return value
+
+
 def _service_url(value: str) -> str:
     if not value.startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(f"expected http://host:port, got {value!r}")
+    import httpx  # here: `run` needs none of it to start
+
+    try:
+        url = httpx.URL(value)
+        url.port  # noqa: B018 - a port that is not a number raises only when read
+    except (httpx.InvalidURL, ValueError) as exc:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a valid URL: {exc}") from None
+    if not url.host:
         raise argparse.ArgumentTypeError(f"expected http://host:port, got {value!r}")
     return value
 
@@ -422,9 +437,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--status", type=_csv, help="comma-separated, e.g. failed,partial")
     sub.add_argument("--limit", type=_positive_int, default=50)
     sub = add("retry", cmd_retry, "re-queue a failed, partial or cancelled job")
-    sub.add_argument("job", metavar="JOB", help="task id, job id or file uuid")
+    sub.add_argument("job", metavar="JOB", type=_job_ref, help="task id, job id or file uuid")
     sub = add("cancel", cmd_cancel, "cancel a pending, retrying or running job")
-    sub.add_argument("job", metavar="JOB", help="task id, job id or file uuid")
+    sub.add_argument("job", metavar="JOB", type=_job_ref, help="task id, job id or file uuid")
     sub = add("concurrency", cmd_concurrency, "set how many jobs run at once")
     sub.add_argument("max_concurrent", metavar="N", nargs="?", type=_positive_int)
     sub.add_argument(

@@ -150,6 +150,10 @@ def test_without_a_service(cli) -> None:
     # Usage errors are caught before any request is made.
     assert "expected http://" in cli("status", "--url", "localhost:8765", expect=2).stderr
     assert "give N" in cli("concurrency", "--url", url, expect=2).stderr
+    for bad in ("http://[::1", "http://host:port"):
+        failed = cli("status", "--url", bad, expect=2)
+        assert "is not a valid URL" in failed.stderr and "Traceback" not in failed.stderr
+    assert "expected a task id" in cli("cancel", "", "--url", url, expect=2).stderr
 
 
 def test_rescan_registers_what_no_event_announced(start_service, cli) -> None:

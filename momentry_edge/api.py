@@ -7,7 +7,6 @@ them, and bottle's own 404/405, into API.md's error shape in one place.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 import logging
 import queue
@@ -17,18 +16,19 @@ import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import bottle
 import httpx
 from bottle import request, response
 
-from . import __version__, db, hooks, jobs, outputs, views
+from . import __version__, db, hooks, jobs, outbound, outputs, views
 from .config import Config
 from .db import FileState, Job, JobStatus, MediaFile
 from .errors import ClientError, Invalid, NotFound
 from .events import bus
 from .metrics import render_metrics
-from .openapi import openapi_document
+from .openapi import DEEP_SCAN_KEYS, openapi_document
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +99,21 @@ def make_app(service: Core) -> bottle.Bottle:
                 _error(401, "unauthorized", "missing or wrong bearer token"),
                 401,
                 {"Content-Type": "application/json", "WWW-Authenticate": "Bearer"},
+            )
+
+    @app.hook("before_request")
+    def same_origin() -> None:
+        # Any web page open in a browser on this machine could send a form or a fetch here
+        # (to pause or clear the queue, with no token set). Browsers name the page's
+        # origin on such a request; other clients (the CLI, curl, SFTPGo) send none.
+        origin = request.get_header("Origin")
+        if request.method in ("GET", "HEAD", "OPTIONS") or origin is None:
+            return
+        if urlsplit(origin).netloc.lower() != request.get_header("Host", "").lower():
+            raise bottle.HTTPResponse(
+                _error(403, "forbidden", f"refused: sent by the web page at {origin[:200]!r}"),
+                403,
+                {"Content-Type": "application/json"},
             )
 
     def json_api(callback: Callable[..., Any]) -> Callable[..., Any]:
@@ -172,6 +187,9 @@ def make_app(service: Core) -> bottle.Bottle:
     @app.post("/api/v1/file/<file_uuid>/deep-scan")
     def deep_scan(file_uuid: str) -> dict:
         body = _body()
+        if unknown := sorted(set(body) - DEEP_SCAN_KEYS):
+            # A misspelt key (say "priorty") would otherwise be queued as if not asked.
+            raise Invalid(f"unknown key {unknown[0]!r}; known: {', '.join(sorted(DEEP_SCAN_KEYS))}")
         record = _file(file_uuid)
         if record.state != FileState.PRESENT:
             raise Invalid(f"file {file_uuid} is {record.state}: {record.reason or 'not on disk'}")
@@ -203,7 +221,7 @@ def make_app(service: Core) -> bottle.Bottle:
 
     @app.post("/api/v1/queue/prioritize/<file_uuid>")
     def prioritize(file_uuid: str) -> dict:
-        job = jobs.prioritize(jobs.find_job(_file(file_uuid).file_uuid))
+        job = jobs.prioritize(jobs.waiting_job(_file(file_uuid).file_uuid))
         return {"success": True, "task_id": job.task_id, "position": jobs.position(job)}
 
     @app.put("/api/v1/queue/task/<task_id>/priority")
@@ -490,11 +508,7 @@ def _not_at(own: str, options: dict[str, Any]) -> dict[str, Any]:
     target, me = httpx.URL(url), httpx.URL(own)
     port = target.port or (443 if target.scheme == "https" else 80)
     host = target.host.lower().rstrip(".")
-    try:
-        address = ipaddress.ip_address(host)
-        local = address.is_loopback or address.is_unspecified
-    except ValueError:
-        local = host in ("localhost", socket.gethostname().lower())
+    local = outbound.own_address(host) or host in ("localhost", socket.gethostname().lower())
     if port == me.port and (local or host == me.host.lower()):
         raise Invalid(
             f"callback_url {url[:200]!r} is this service's own API: the job's summary "
@@ -515,6 +529,10 @@ def _timestamp(key: str, value: Any) -> float:
         ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
+    try:
+        moment.astimezone(UTC)  # a time that cannot be shown in UTC (past the year 9999)
+    except OverflowError:
+        raise Invalid(f"{key} is out of range: {value[:100]!r}") from None
     return moment.timestamp()
 
 
@@ -556,19 +574,32 @@ def _file(file_uuid: str) -> MediaFile:
 
 
 def _csv_query(name: str, allowed: set[str]) -> list[str]:
-    values = [v for v in request.query.get(name, "").split(",") if v]
+    # Repeated (?status=a&status=b) as well as comma-separated: each value counts.
+    values = [v for given in request.query.getall(name) for v in given.split(",") if v]
     bad = [v for v in values if v not in allowed]
     if bad:
         raise Invalid(f"unknown {name} {bad[0]!r}; one of {', '.join(sorted(allowed))}")
     return values
 
 
+PAGING = (("limit", 50), ("offset", 0))
+
+
+def _whole(query: bottle.FormsDict, key: str, default: int) -> int:
+    """A query's whole number: digits only (int() would take "1_0" and " 5"), at most once."""
+    given = query.getall(key)
+    if not given:
+        return default
+    if len(given) > 1 or not re.fullmatch(r"[0-9]{1,30}", given[0]):
+        raise ValueError(key)
+    return int(given[0])
+
+
 def _paging() -> tuple[int, int]:
     try:
-        limit = int(request.query.get("limit", 50))
-        offset = int(request.query.get("offset", 0))
+        limit, offset = (_whole(request.query, key, default) for key, default in PAGING)
     except ValueError:
-        raise Invalid("limit and offset must be whole numbers") from None
+        raise Invalid("limit and offset must be whole numbers, each given once") from None
     if not 1 <= limit <= 1000 or not 0 <= offset <= MAX_OFFSET:
         raise Invalid(f"limit must be 1..1000 and offset 0..{MAX_OFFSET}")
     return limit, offset

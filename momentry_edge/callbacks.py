@@ -33,6 +33,7 @@ class CallbackSender(Background):
         first_delay: float = 1.0,
         timeout: float = 10.0,
         idle_check: float = 30.0,  # how often to look for callbacks other nodes left
+        own_port: Callable[[], int | None] = lambda: None,  # the API's, once it listens
     ) -> None:
         # Not the whole POST timeout: a delivery cut short at stop stays owed and is sent
         # again once its hold runs out, by this node after a restart or by another.
@@ -43,6 +44,7 @@ class CallbackSender(Background):
         self._timeout = timeout
         self._hold = timeout * 3  # a POST takes at most timeout (outbound.post)
         self._idle_check = idle_check
+        self._own_port = own_port
         self._poked = False
 
     def on_event(self, event: Event) -> None:
@@ -124,7 +126,14 @@ class CallbackSender(Background):
         """One delivery; None when it was taken, else what went wrong. Whatever goes wrong
         (even a URL httpx cannot use) counts as a failed attempt, so the limit holds."""
         try:
-            status = outbound.post(client, url, self._timeout, json=payload)
+            status = outbound.post(client, url, self._timeout, self._not_self, json=payload)
         except Exception as exc:
             return f"{type(exc).__name__}: {exc}"[:500]
         return None if 200 <= status < 300 else f"HTTP {status}"
+
+    def _not_self(self, address: str, port: int) -> str | None:
+        """This service's own API, whatever name led there: the summary would act on the
+        queue (pause it, clear it), not tell anyone (the API refuses the plain spellings)."""
+        if port == self._own_port() and outbound.own_address(address):
+            return f"{address} port {port} is this service's own API"
+        return None

@@ -8,6 +8,7 @@ gone subscriber drops events, it never blocks a publisher.
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import threading
 import time
@@ -16,6 +17,8 @@ from contextlib import contextmanager
 from typing import Any
 
 Event = dict[str, Any]
+
+log = logging.getLogger(__name__)
 
 
 class EventBus:
@@ -58,7 +61,12 @@ class EventBus:
             with contextlib.suppress(queue.Full):
                 q.put_nowait(event)
         for listener in listeners:
-            listener(event)
+            # The change an event tells of is committed: a listener's failure must not turn
+            # its request into an error, nor keep the event from the listeners after it.
+            try:
+                listener(event)
+            except Exception:
+                log.exception("event %s: a listener failed", event["type"])
 
     @property
     def subscriber_count(self) -> int:

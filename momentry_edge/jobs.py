@@ -27,7 +27,7 @@ import peewee as pw
 
 from . import clock, db, outputs
 from .clock import iso
-from .db import Job, JobStatus, MediaFile, Node, ProcessorRun, QueueState, RunStatus
+from .db import FileState, Job, JobStatus, MediaFile, Node, ProcessorRun, QueueState, RunStatus
 from .errors import Conflict, Invalid, NotFound
 from .events import bus
 
@@ -260,12 +260,7 @@ def submit(
     with db.write_transaction(database):
         if db.is_postgres(database):  # one submit per file at a time (SQLite: the write lock)
             MediaFile.select(MediaFile.id).where(MediaFile.id == file.id).for_update().execute()
-        active = db.fetch(
-            Job,
-            "SELECT * FROM job WHERE file_id = ? AND status IN (?, ?, ?) ORDER BY id",
-            file.id,
-            *db.ACTIVE_STATES,
-        )
+        active = _active_jobs(file.id)
         covering = [job for job in active if set(wanted) <= set(job.processors)]
         sharing = covering[:1] or [job for job in active if set(wanted) & set(job.processors)]
         for job in sharing:
@@ -308,6 +303,18 @@ def submit(
         "job.queued", task_id=job.task_id, file_uuid=file.file_uuid, not_before=job.not_before
     )
     return job, True
+
+
+def _active_jobs(file_id: int) -> list[Job]:
+    """The file's jobs that are to run or running, oldest first; not one being cancelled
+    (its processors stop at their next report: it serves no new request)."""
+    return db.fetch(
+        Job,
+        "SELECT * FROM job WHERE file_id = ? AND status IN (?, ?, ?) AND NOT cancel_requested"
+        " ORDER BY id",
+        file_id,
+        *db.ACTIVE_STATES,
+    )
 
 
 def submit_new(
@@ -544,6 +551,8 @@ def set_priority(job: Job, priority: int) -> Job:
         job = get(job.id, lock=True)
         if job.status in db.FINAL_STATES:
             raise Conflict(f"job {job.task_id} is already {job.status}")
+        if job.cancel_requested:
+            raise Conflict(f"job {job.task_id} is being cancelled")
         Job.update(priority=priority).where(Job.id == job.id).execute()
     bus.publish("job.priority", task_id=job.task_id, priority=db.PRIORITY_NAMES[priority])
     return Job.get_by_id(job.id)
@@ -558,6 +567,7 @@ def retry(job: Job, now: float | None = None) -> Job:
             raise Conflict(
                 f"job {job.task_id} is {job.status}; only failed, partial or cancelled jobs retry"
             )
+        _check_retry(job)
         ProcessorRun.update(status=RunStatus.PENDING, attempts=0, error=None, updated_at=now).where(
             ProcessorRun.job == job.id, ProcessorRun.status.not_in(db.RUN_DONE)
         ).execute()
@@ -576,6 +586,41 @@ def retry(job: Job, now: float | None = None) -> Job:
         ).where(Job.id == job.id).execute()
     bus.publish("job.queued", task_id=job.task_id, retry=True)
     return Job.get_by_id(job.id)
+
+
+def _check_retry(job: Job) -> None:
+    """Inside retry's transaction: refuse a retry whose file is gone, or that would run a
+    processor another active job of the file runs (one file's work is never queued twice)."""
+    (file,) = db.fetch(MediaFile, "SELECT * FROM media_file WHERE id = ?", job.file_id)
+    if file.state != FileState.PRESENT:
+        raise Invalid(f"file {file.file_uuid} is {file.state}: {file.reason or 'not on disk'}")
+    again = {
+        run.processor
+        for run in db.fetch(ProcessorRun, "SELECT * FROM processor_run WHERE job_id = ?", job.id)
+        if run.status not in db.RUN_DONE
+    }
+    for other in _active_jobs(job.file_id):
+        if shared := again & set(other.processors):
+            raise Conflict(
+                f"job {other.task_id} ({other.status}) runs {', '.join(sorted(shared))} for"
+                f" this file already; cancel it first, or ask a deep scan of what is missing"
+            )
+
+
+def waiting_job(file_uuid: str) -> Job:
+    """The file's job waiting in line (the first, if several), else its newest job (which
+    prioritize then refuses with its status)."""
+    waiting = (
+        Job.select()
+        .join(MediaFile)
+        .where(
+            MediaFile.file_uuid == file_uuid,
+            Job.status.in_((JobStatus.PENDING, JobStatus.RETRYING)),
+        )
+        .order_by(Job.priority.desc(), Job.seq, Job.id)
+        .first()
+    )
+    return waiting or find_job(file_uuid)
 
 
 # -- the worker's side ----------------------------------------------------------------------

@@ -89,9 +89,12 @@ _SCAN = {  # the deep-scan options a request body may carry
         "description": "ISO 8601; the job waits in line until then (no zone: UTC)",
     },
 }
+DEEP_SCAN_KEYS = frozenset(_SCAN)  # any other key in a deep-scan body is refused
+
 _ERROR_CODES = (
     "bad_request",
     "unauthorized",
+    "forbidden",
     "not_found",
     "method_not_allowed",
     "conflict",
@@ -264,7 +267,7 @@ SCHEMAS: dict[str, Schema] = {
         },
         "*",
     ),
-    "DeepScanRequest": _obj(_SCAN),
+    "DeepScanRequest": _obj(_SCAN) | {"additionalProperties": False},
     "PriorityRequest": _obj({"priority": _ref("Priority")}, "*"),
     "ConcurrencyRequest": _obj(  # either key, or both
         {"max_concurrent": {"type": "integer", "minimum": 1}, "dynamic_concurrency": BOOL}

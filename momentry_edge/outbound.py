@@ -14,8 +14,10 @@ body must neither hold the thread nor fill its memory.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -23,6 +25,34 @@ import httpx
 
 class TooSlow(Exception):
     """The server took longer than the deadline to answer."""
+
+
+class Refused(Exception):
+    """The connection went where this POST must not go (see ``post``'s ``refuse``)."""
+
+
+def own_address(host: str) -> bool:
+    """Whether ``host``, an IP address in any spelling the resolver takes (127.1,
+    2130706433, ::ffff:127.0.0.1), is this machine's own; False for a name."""
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        try:
+            address = ipaddress.IPv4Address(socket.inet_aton(host))
+        except OSError:
+            return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+        address = address.ipv4_mapped
+    if address.is_loopback or address.is_unspecified:
+        return True
+    # One of this machine's interfaces: only an own address can be bound.
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.bind((str(address), 0))
+        except OSError:
+            return False
+    return True
 
 
 def client(timeout: float) -> httpx.Client:
@@ -35,9 +65,16 @@ def client(timeout: float) -> httpx.Client:
     )
 
 
-def post(http: httpx.Client, url: str, deadline: float, **request: Any) -> int:
+def post(
+    http: httpx.Client,
+    url: str,
+    deadline: float,
+    refuse: Callable[[str, int], str | None] | None = None,
+    **request: Any,
+) -> int:
     """POST and return the reply's status; TooSlow past ``deadline`` seconds, else
-    whatever httpx raises."""
+    whatever httpx raises. ``refuse``, given the address and port connected to, says why
+    nothing is to be sent there (Refused), whatever name led there."""
     sockets: list[socket.socket] = []
     cut = threading.Event()
     lock = threading.Lock()  # a socket is kept, or shut, never neither
@@ -51,6 +88,10 @@ def post(http: httpx.Client, url: str, deadline: float, **request: Any) -> int:
                     sockets.append(sock)
                 if cut.is_set():
                     _shut(sockets)
+            if event == "connection.connect_tcp.complete" and refuse and sock is not None:
+                peer = sock.getpeername()
+                if reason := refuse(peer[0], peer[1]):
+                    raise Refused(reason)
         if cut.is_set():  # past the deadline: nothing more is sent (a late lookup's connect)
             raise TooSlow("the deadline passed")
 

@@ -74,12 +74,13 @@ class Service:
         self.server: BaseWSGIServer | None = None
         self._http: threading.Thread | None = None  # the server's loop
         self.notifier: cluster.Notifier | None = None
-        self.callbacks = CallbackSender(self._callback_payload)
+        self.callbacks = CallbackSender(self._callback_payload, own_port=lambda: self.port)
         # Optional outside copies and notices; each runs on its own thread, fed by the bus.
         self.mirror = _redis_mirror(config.service.redis_url)
         self.alerts = AlertSender(config.alerts.url, self.node) if config.alerts.url else None
         self.node_watch = cluster.NodeWatch(self.node, config.queue.lease_seconds)
         self.url = ""
+        self.port: int | None = None  # the API's, once it listens
         self._threads: list[threading.Thread] = []
 
     # -- what the API calls (api.Core) ----------------------------------------------------------
@@ -305,7 +306,7 @@ class Service:
     def _start_http(self) -> None:
         host, port = self.config.service.host, self.config.service.port
         self.server, bound = start_server(make_app(self), host, port)
-        self.url = f"http://{_url_host(host)}:{bound}"
+        self.url, self.port = f"http://{_url_host(host)}:{bound}", bound
         self._http = threading.Thread(target=self.server.run, name="http", daemon=True)
         self._http.start()
         self._threads.append(self._http)

@@ -200,7 +200,9 @@ class Workers:
     def kick(self, delay: float | None = None) -> None:
         """Wake idle workers (after ``delay`` seconds) to look for claimable jobs."""
         if delay is not None:
-            self._drain_task.schedule(delay=max(delay, 0))
+            # At most a day: poll looks every poll interval anyway, and a start time
+            # centuries ahead would overflow Huey's datetime.
+            self._drain_task.schedule(delay=min(max(delay, 0), 86400))
         elif self.huey.pending_count() < self.config.queue.worker_threads:
             self._drain_task()  # with every thread busy, the storage asks _add_thread
         else:  # drains wait already, e.g. for a limit raised meanwhile: a thread for them

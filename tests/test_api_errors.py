@@ -67,6 +67,12 @@ def test_client_mistakes_get_json_errors(start_service):
     assert_error(c.get("/api/v1/jobs?status=weird"), 400, "bad_request", "weird")
     assert_error(c.get("/api/v1/jobs?limit=-1"), 400, "bad_request", "limit")
     assert_error(c.get("/api/v1/files?limit=abc"), 400, "bad_request", "limit")
+    # Repeated or odd query values are not passed over in silence.
+    assert_error(c.get("/api/v1/jobs?status=weird&status=completed"), 400, "bad_request", "weird")
+    for paging in ("limit=1_0", "limit=5&limit=10", "offset=+1"):
+        assert_error(c.get(f"/api/v1/jobs?{paging}"), 400, "bad_request", "whole numbers")
+    both = c.get("/api/v1/jobs?status=cancelled&status=completed").json()
+    assert [job["task_id"] for job in both["jobs"]] == [task]  # each value counts
 
     # State conflicts.
     assert_error(c.post(f"/api/v1/jobs/{task}/retry"), 409, "conflict", "completed")

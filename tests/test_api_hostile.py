@@ -225,6 +225,23 @@ def test_without_the_token_every_api_path_is_401(start_service):
     assert anonymous.get("/healthz").status_code == 200  # probes need no token
 
 
+def test_a_web_page_of_another_origin_cannot_change_the_queue(start_service):
+    svc = start_service()
+    host = svc.url.removeprefix("http://")
+    # What a page's form sends: text/plain or form-encoded, no preflight, its origin named.
+    for origin in ("http://evil.example", "null", f"http://{host}.evil.example"):
+        headers = {"Origin": origin, "Content-Type": "text/plain"}
+        for path in ("/api/v1/queue/pause", "/api/v1/queue/clear"):
+            reply = svc.client.post(path, content="x", headers=headers)
+            assert_error(reply, 403, "forbidden")
+            assert origin in reply.json()["error"]["message"]
+    assert svc.status()["paused"] is False
+    # Reading is not refused, nor a page served from the service's own origin.
+    assert svc.client.get("/api/v1/queue/status", headers={"Origin": "http://x"}).is_success
+    same = svc.client.post("/api/v1/queue/pause", headers={"Origin": svc.url})
+    assert same.status_code == 200 and svc.status()["paused"] is True
+
+
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # threads, not storage
 def test_request_threads_start_as_clients_need_them_and_end_once_idle(start_service):
     svc = start_service()

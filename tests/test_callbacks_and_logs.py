@@ -169,6 +169,10 @@ def test_a_callback_url_at_the_service_itself_is_refused(start_service, receiver
         f"{svc.url}/api/v1/queue/pause",  # would pause the queue when the job ends
         f"http://localhost:{port}/api/v1/queue/clear",
         f"http://[::1]:{port}/api/v1/queue/pause",
+        # Other spellings of the loopback address that the resolver takes.
+        f"http://127.1:{port}/api/v1/queue/pause",
+        f"http://2130706433:{port}/api/v1/queue/clear",
+        f"http://[::ffff:127.0.0.1]:{port}/api/v1/queue/pause",
     ):
         body = {"path": "self.mp4", "processors": ["noop"], "callback_url": url}
         error = svc.call("POST", "/api/v1/files/register", expect=400, json=body)["error"]

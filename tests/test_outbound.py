@@ -49,3 +49,34 @@ def test_a_host_name_slower_to_look_up_than_the_deadline_is_too_slow_and_never_p
         # The same server by a name that looks up at once.
         assert outbound.post(http, rx.url + "/hook", 5, json={"task_id": "task_2"}) == 200
         assert [p.json() for p in rx.posts] == [{"task_id": "task_2"}]
+
+
+def test_a_post_refused_by_where_it_connected_sends_nothing():
+    with receiving() as rx, outbound.client(timeout=5) as http:
+        port = int(rx.url.rsplit(":", 1)[1])
+        url = rx.url.replace("127.0.0.1", "localhost") + "/hook"  # a name, not the address
+
+        def refuse(address: str, at: int) -> str | None:
+            return f"{address} port {at} is not to be posted to" if at == port else None
+
+        with pytest.raises(outbound.Refused, match=f"127.0.0.1 port {port} is not to be posted"):
+            outbound.post(http, url, 5, refuse, json={"task_id": "task_1"})
+        assert rx.posts == []
+        assert outbound.post(http, url, 5, lambda *_: None, json={"task_id": "task_2"}) == 200
+        assert [p.json() for p in rx.posts] == [{"task_id": "task_2"}]
+
+
+@pytest.mark.parametrize(
+    ("host", "own"),
+    [
+        ("127.1", True),
+        ("2130706433", True),
+        ("::ffff:127.0.0.1", True),
+        ("[::1]", True),
+        ("0.0.0.0", True),
+        ("192.0.2.1", False),  # TEST-NET: no machine's own
+        ("example.test", False),  # a name is not looked up
+    ],
+)
+def test_own_address_knows_this_machine_in_any_spelling(host, own):
+    assert outbound.own_address(host) is own

@@ -246,3 +246,67 @@ def test_not_before_holds_a_job_in_line(start_service):
         assert svc.job(held["task_id"])["status"] == "pending"
     done = svc.wait_status(held["task_id"], "completed", timeout=60)
     assert _parse(done["started_at"]) >= start
+
+
+def test_a_start_time_past_what_can_be_shown_is_refused_and_a_far_one_waits(start_service):
+    svc = start_service()
+    too_late = "9999-12-31T23:59:59-14:00"  # 10000-01-01 in UTC
+    reply = svc.submit("late.mp4", ["noop"], expect=400, not_before=too_late)
+    assert "not_before is out of range" in reply["error"]["message"]
+    assert svc.get("/api/v1/jobs")["total"] == 0  # refused: nothing was queued
+
+    far = svc.submit("late.mp4", ["noop"], not_before="9998-01-01T00:00:00Z")
+    assert svc.job(far["task_id"])["status"] == "pending"
+    assert [e["task_id"] for e in svc.status()["queue"]] == [far["task_id"]]
+    now = svc.submit("now.mp4", ["noop"])["task_id"]  # the workers still run the line
+    svc.wait_status(now, "completed")
+    assert svc.job(far["task_id"])["status"] == "pending"
+
+
+def test_a_scan_asked_while_the_files_job_is_cancelled_gets_a_job_of_its_own(start_service):
+    # A report a second: the cancel lands at the next, after the requests below.
+    svc = start_service(**{"processors.steps": {"steps": 60, "step_seconds": 1.0}})
+    first = svc.submit("cancelled.mp4", ["steps"])
+    wait_for(lambda: svc.job(first["task_id"])["processors"]["steps"].get("current", 0) > 0)
+    svc.call("POST", f"/api/v1/jobs/{first['task_id']}/cancel")
+    priority = f"/api/v1/queue/task/{first['task_id']}/priority"
+    refused = svc.call("PUT", priority, expect=409, json={"priority": "high"})
+    assert "being cancelled" in refused["error"]["message"]
+
+    scan = f"/api/v1/file/{first['file_uuid']}/deep-scan"
+    second = svc.call("POST", scan, expect=202, json={"processors": ["steps"]})
+    assert second["deduplicated"] is False and second["task_id"] != first["task_id"]
+    assert svc.wait_status(first["task_id"], "cancelled")["status"] == "cancelled"
+    svc.wait_status(second["task_id"], "processing")  # it runs: then no minute of steps
+    svc.call("DELETE", f"/api/v1/queue/task/{second['task_id']}")
+    assert svc.wait_status(second["task_id"], "cancelled")["status"] == "cancelled"
+
+
+def test_a_retry_that_would_queue_a_files_processor_twice_or_whose_file_is_gone_is_refused(
+    start_service,
+):
+    svc = start_service()
+    svc.call("POST", "/api/v1/queue/pause")
+    first = svc.submit("twice.mp4", ["noop", "steps"])
+    svc.call("DELETE", f"/api/v1/queue/task/{first['task_id']}")
+    scan = f"/api/v1/file/{first['file_uuid']}/deep-scan"
+    second = svc.call("POST", scan, expect=202, json={"processors": ["noop"]})
+
+    refused = svc.call("POST", f"/api/v1/jobs/{first['task_id']}/retry", expect=409)
+    assert f"job {second['task_id']} (pending) runs noop" in refused["error"]["message"]
+    assert svc.job(first["task_id"])["status"] == "cancelled"
+
+    # prioritize by file finds the file's job in line, not its newest (cancelled) one.
+    svc.call("DELETE", f"/api/v1/queue/task/{second['task_id']}")
+    third = svc.call("POST", scan, expect=202, json={"processors": ["steps"], "max_retries": 0})
+    svc.call("DELETE", f"/api/v1/queue/task/{third['task_id']}")
+    svc.call("POST", f"/api/v1/jobs/{first['task_id']}/retry")  # nothing else runs noop now
+    moved = svc.call("POST", f"/api/v1/queue/prioritize/{first['file_uuid']}")
+    assert moved["task_id"] == first["task_id"] and moved["position"] == 1
+
+    svc.call("DELETE", f"/api/v1/queue/task/{first['task_id']}")
+    (svc.drop / "twice.mp4").unlink()
+    wait_for(lambda: _file(svc, "twice.mp4")["state"] == "missing")
+    refused = svc.call("POST", f"/api/v1/jobs/{first['task_id']}/retry", expect=400)
+    assert "is missing" in refused["error"]["message"]
+    assert svc.job(first["task_id"])["status"] == "cancelled"

@@ -49,12 +49,17 @@ class Readable(logging.Formatter):
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        # One line: messages quote file names, and a name with a line break in it must not
+        # start a line of its own that reads as another message.
+        return printable(super().formatMessage(record))
+
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
         task_id = _task_id(record)
         if task_id and task_id not in record.getMessage():
             text = f"{text} [{task_id}]"
-        # Messages quote file names; stderr is often a terminal. Tracebacks keep their lines.
+        # stderr is often a terminal. Tracebacks (after the message) keep their lines.
         return printable(text, multiline=True)
 
 

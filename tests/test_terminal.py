@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 from momentry_edge.logs import Readable
 from momentry_edge.terminal import printable, scrub
@@ -33,3 +34,20 @@ def test_the_service_log_on_stderr_escapes_names() -> None:
     )
     line = Readable().format(record)
     assert "\x1b" not in line and "rejected \\x1b[2J.mp4" in line
+
+
+def test_a_name_with_a_line_break_cannot_forge_a_log_line() -> None:
+    name = "evil\n2026-12-02 17:00:00,000 ERROR momentry_edge.worker: FAKE.mp4"
+    record = logging.LogRecord(
+        "momentry_edge.ingest", logging.WARNING, __file__, 1, "rejected %s", (name,), None
+    )
+    lines = Readable().format(record).splitlines()
+    assert len(lines) == 1 and lines[0].endswith(
+        "rejected evil\\x0a2026-12-02 17:00:00,000 ERROR momentry_edge.worker: FAKE.mp4"
+    )
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        record.exc_info = sys.exc_info()
+    shown = Readable().format(record).splitlines()  # the traceback keeps its lines
+    assert shown[0] == lines[0] and shown[1] == "Traceback (most recent call last):"

@@ -49,7 +49,7 @@ class Readable(logging.Formatter):
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+    def formatMessage(self, record: logging.LogRecord) -> str:
         # One line: messages quote file names, and a name with a line break in it must not
         # start a line of its own that reads as another message.
         return printable(super().formatMessage(record))

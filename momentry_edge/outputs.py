@@ -457,17 +457,44 @@ def _regular_stat(path: Path) -> os.stat_result | None:
 
 
 def _link_outputs(source: Path, processor: str, out_dir: Path) -> Path:
-    """Symlink ``<processor>.json`` (and .srt, .vtt, cut.thumbnails) of the original into
-    ``out_dir``; what was set aside there before is superseded."""
+    """Hard-link ``<processor>.json`` (and .srt, .vtt, cut.thumbnails) of the original into
+    ``out_dir``; what was set aside there before is superseded. Hard links, not symlinks:
+    the original's next run replaces its files with new ones (or retention removes
+    them), and these keep what they are, the results of this content."""
     make_dir(out_dir)
     for item in source.parent.glob(f"{processor}.*"):
         if item.name.endswith((f".{PARTIAL}.json", f".{FAILED}.json")):
             continue
         target = out_dir / item.name
         tmp = out_dir / f".{item.name}.{os.getpid()}.link"
-        tmp.unlink(missing_ok=True)
-        tmp.symlink_to(os.path.relpath(item, out_dir))
-        os.replace(tmp, target)  # atomic, like every other output
+        _remove(tmp)
+        if item.is_dir():
+            shutil.copytree(item, tmp, copy_function=_link_or_copy)
+            durable.flush_folder(tmp)
+            old = out_dir / f".{item.name}.{os.getpid()}.old"
+            _remove(old)
+            if target.is_symlink() or target.exists():
+                os.replace(target, old)  # a folder is not replaced by a rename onto it
+            os.replace(tmp, target)
+            _remove(old)
+        else:
+            _link_or_copy(item, tmp)
+            os.replace(tmp, target)  # atomic, like every other output
     durable.flush_folder(out_dir)
     _drop_asides(out_dir, processor)
     return document_path(out_dir, processor)
+
+
+def _link_or_copy(source: Path | str, target: Path | str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # a file system without hard links (some external drives)
+        shutil.copy2(source, target)
+        durable.flush_file(target)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)

@@ -658,6 +658,20 @@ def test_same_content_under_another_name_skips_as_duplicate_and_links_results(
     linked = svc.get(f"/api/v1/files/{copy['file_uuid']}/results/cut")
     assert linked == svc.get(f"/api/v1/files/{original['file_uuid']}/results/cut")
     assert linked["status"] == "completed" and linked["result"]["scenes"]
+    thumbnail = f"/api/v1/files/{copy['file_uuid']}/thumbnails/0"
+    picture = svc.client.get(thumbnail).content
+    assert picture.startswith(b"\xff\xd8")  # a JPEG
+
+    # The original replaced by other content and scanned again: the copy keeps the
+    # results of its own content.
+    copy_in(videos[150], svc.drop / "original.mp4")
+    wait_for(lambda: len(jobs_of(svc, original["file_uuid"])) == 2)
+    rescanned = jobs_of(svc, original["file_uuid"])[-1]
+    svc.wait_status(rescanned["task_id"], "completed")
+    now = svc.get(f"/api/v1/files/{original['file_uuid']}/results/cut")
+    assert now["fingerprint"] != linked["fingerprint"]
+    assert svc.get(f"/api/v1/files/{copy['file_uuid']}/results/cut") == linked
+    assert svc.client.get(thumbnail).content == picture
 
     # force: run it anyway.
     forced = svc.call(

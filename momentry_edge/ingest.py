@@ -950,6 +950,7 @@ class FileGuard:
         self.path = Path(record.path)
         self.fingerprint = record.fingerprint
         self.replaced = False
+        self._replaced_why = ""  # once replaced: when it was noticed, in words
         try:
             st: os.stat_result | None = self.path.lstat()
         except OSError:
@@ -966,6 +967,10 @@ class FileGuard:
             if self._content_changed(st, moved or record.inode not in (None, now["inode"])):
                 self._seen = None
                 self.replaced = True
+                self._replaced_why = (
+                    "the file changed after it was registered (replaced or still being "
+                    "written); its new content is registered once it has settled"
+                )
 
     def problem(self) -> str | None:
         """None while the file is the one the job was queued for, else why not."""
@@ -975,10 +980,7 @@ class FileGuard:
                 "regular file; it is not followed"
             )
         if self.replaced:
-            return (
-                "the file changed after it was registered (replaced or still being "
-                "written); its new content is registered once it has settled"
-            )
+            return self._replaced_why
         if self._seen is None:
             return None
         st = _lstat(self.path)
@@ -993,10 +995,11 @@ class FileGuard:
             )
             if self._content_changed(st, moved):
                 self.replaced = True
-                return (
+                self._replaced_why = (
                     "the file was replaced or changed during processing; its new "
                     "content is registered as a new job once it has settled"
                 )
+                return self._replaced_why
             self._seen = st  # touched, same content
         return None
 

@@ -710,7 +710,7 @@ def test_a_file_deleted_or_replaced_during_processing_fails_its_job_and_nothing_
     assert "deleted" in doomed["processors"]["steps"]["error"]
     assert doomed["processors"]["steps"]["attempts"] == 1, "not retried: it cannot get better"
     replaced = svc.wait_status(replaced["task_id"], "failed")
-    assert "replaced" in replaced["processors"]["steps"]["error"]
+    assert "replaced or changed during processing" in replaced["processors"]["steps"]["error"]
 
     # The new content is the new upload: it gets its own job, which runs.
     record = files(svc)["replaced.mp4"]

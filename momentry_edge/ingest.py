@@ -889,7 +889,24 @@ def needs_probe(record: MediaFile) -> bool:
     return record.state == FileState.PRESENT and record.video_codec is None
 
 
-def unusable(record: MediaFile, now: float | None = None) -> str | None:
+class StillArriving(Exception):
+    """A file that does not probe yet, written to moments ago (a writer that closes it
+    after each part, as a resumed upload does): its job waits until ``until``."""
+
+    def __init__(self, reason: str, until: float) -> None:
+        super().__init__(reason)
+        self.reason, self.until = reason, until
+
+
+def check_arriving(record: MediaFile, quiet: float, reason: str, now: float | None = None) -> None:
+    """StillArriving if the file was written to less than ``quiet`` seconds ago."""
+    written = _lstat(Path(record.path))
+    now = time.time() if now is None else now
+    if written is not None and abs(now - written.st_mtime) < quiet:  # abs: shares' clocks
+        raise StillArriving(reason, written.st_mtime + quiet)
+
+
+def unusable(record: MediaFile, now: float | None = None, quiet: float = 0.0) -> str | None:
     """At a job's start: why its file cannot be processed, else None.
 
     A ``rejected`` file gives its reason. One recorded without its probe (see the
@@ -898,14 +915,16 @@ def unusable(record: MediaFile, now: float | None = None) -> str | None:
     there is left alone (the job's processors meet it, and FileGuard says so); one that
     cannot be read for a cause that may pass is rejected as transient, so the rescan,
     the watcher and the hook look at it again. The record is only changed while it
-    still holds the content that was probed.
+    still holds the content that was probed. One whose content does not probe and that
+    was written to less than ``quiet`` seconds ago may be still arriving: StillArriving,
+    and the record is left as it is.
     """
     if record.state == FileState.REJECTED:
         return record.reason
-    return probe_pending(record, now)
+    return probe_pending(record, now, quiet)
 
 
-def probe_pending(record: MediaFile, now: float | None = None) -> str | None:
+def probe_pending(record: MediaFile, now: float | None = None, quiet: float = 0.0) -> str | None:
     """Probe a file recorded without its probe; see ``unusable``."""
     if not needs_probe(record):
         return None
@@ -915,6 +934,8 @@ def probe_pending(record: MediaFile, now: float | None = None) -> str | None:
     except MediaNotFoundError:
         return None
     except MediaError as exc:
+        if not exc.transient:
+            check_arriving(record, quiet, exc.reason, now)
         fields = {"state": FileState.REJECTED, "reason": exc.reason, "transient": exc.transient}
         if MediaFile.update(fields, updated_at=now).where(_unchanged(record)).execute():
             bus.publish(

@@ -1123,14 +1123,17 @@ def release_run(
 
 
 @db.retried
-def requeue(job: Job, owner: str) -> str:
-    """Give a running job back to the line at its old place (graceful shutdown), or end
-    it cancelled if a cancel was asked meanwhile."""
+def requeue(job: Job, owner: str, not_before: float | None = None) -> str:
+    """Give a running job back to the line at its old place (graceful shutdown), to
+    start no sooner than ``not_before`` if given, or end it cancelled if a cancel was
+    asked meanwhile."""
     with db.write_transaction(Job._meta.database):
         claimed, job = job, get(job.id, lock=True)
         if not _still_held(job, claimed, owner):
             return job.status
         status = _release(job, clock.now())
+        if status == JobStatus.PENDING and not_before is not None:
+            Job.update(not_before=not_before).where(Job.id == job.id).execute()
     if status == JobStatus.CANCELLED:
         bus.publish("job.finished", task_id=job.task_id, status=status)
     else:

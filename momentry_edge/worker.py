@@ -466,8 +466,14 @@ class Workers:
         # the writes below fail with "database is locked".
         runs = jobs.pending_runs(job.id)
         guard = ingest.FileGuard(job.file)  # the file deleted or replaced while we work
-        if guard.problem() is None and (reason := ingest.unusable(job.file)):
-            return self._reject(job, runs, reason)
+        quiet = self.config.ingest.settle_seconds
+        try:
+            if guard.replaced:  # since it was registered: perhaps still being written to
+                ingest.check_arriving(job.file, quiet, "it changed after it was registered")
+            elif guard.problem() is None and (reason := ingest.unusable(job.file, quiet=quiet)):
+                return self._reject(job, runs, reason)
+        except ingest.StillArriving as arriving:
+            return self._wait_for_writer(job, arriving)
         batches = self._batches(runs)
         parts, frame_threads, threads = self._threads(batches)
         with self._hand_lock:
@@ -532,6 +538,20 @@ class Workers:
                 job, self.owner, self.policy, self._claim_request(), ledger.completions
             )
             following.extend([claimed] if claimed else [])
+        return status
+
+    def _wait_for_writer(self, job: Job, arriving: ingest.StillArriving) -> str:
+        """Back in line until its file has been quiet for settle_seconds: what more is
+        written meanwhile joins this job (jobs.submit), and a file still broken then is
+        rejected."""
+        status = jobs.requeue(job, self.owner, not_before=arriving.until)
+        log.info(
+            "job %s: %s was written to moments ago (%s): waiting until it is quiet",
+            job.task_id,
+            job.file.rel_path,
+            arriving.reason,
+        )
+        self.kick(delay=arriving.until - clock.now())
         return status
 
     def _reject(self, job: Job, runs: list[ProcessorRun], reason: str) -> str:

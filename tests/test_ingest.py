@@ -318,8 +318,12 @@ def test_videos_renamed_into_place_are_queued_at_once_unprobed_and_a_bad_one_rej
         copy_in(video, staging / "folder" / f"take {i}.mp4")
         drops[f"folder/take {i}.mp4"] = video
     os.rename(staging / "folder", svc.drop / "folder")
-    copy_in(tmp_path / "bad" / "cut short.mp4", svc.drop / "cut short.mp4.part")
-    os.rename(svc.drop / "cut short.mp4.part", svc.drop / "cut short.mp4")
+    cut_short = copy_in(tmp_path / "bad" / "cut short.mp4", svc.drop / "cut short.mp4.part")
+    # Written long ago (rsync -t keeps the source's time): rejected when its job starts.
+    # One written moments ago is given settle_seconds to be finished (a writer may close
+    # it after each part).
+    os.utime(cut_short, (time.time() - 3600, time.time() - 3600))
+    os.rename(cut_short, svc.drop / "cut short.mp4")
     os.rename(copy_in(videos[150], staging / "hidden.mp4"), svc.drop / ".hidden.mp4")
     os.rename(copy_in(videos[151], staging / "b.mp4"), svc.drop / "b.mp4.filepart")
 

@@ -311,6 +311,26 @@ def test_a_file_is_taken_when_its_writer_closes_it_and_not_while_it_is_open(
     assert record["state"] == "present"
 
 
+def test_a_file_its_writer_closes_after_each_part_gets_one_job_that_runs_once_it_is_whole(
+    start_service, tmp_path
+) -> None:
+    # As a resumed upload, or `cat part >> file`: each part is a close, and the file
+    # does not read until the last one.
+    data = noise_video(tmp_path / "v.mp4", 5).read_bytes()
+    svc = start_service(ingest=INGEST | {"settle_seconds": 1.5})
+    target = svc.drop / "in parts.mp4"
+    parts = 8
+    for i in range(parts):
+        with target.open("ab") as writer:
+            writer.write(data[i * len(data) // parts : (i + 1) * len(data) // parts])
+        time.sleep(0.4)
+    record = wait_for(lambda: files(svc).get("in parts.mp4"))
+    wait_for(lambda: jobs_of(svc, record["file_uuid"])[-1]["status"] == "completed", timeout=60)
+    record = files(svc)["in parts.mp4"]
+    assert record["state"] == "present" and record["size"] == len(data)
+    assert [job["status"] for job in jobs_of(svc, record["file_uuid"])] == ["completed"]
+
+
 # -- defect: duplicate content decided on a sample ---------------------------------------------
 
 

@@ -289,7 +289,7 @@ def make_app(service: Core) -> bottle.Bottle:
         body = _body(required=True)
         raw = body.get("path")
         if not isinstance(raw, str) or not raw:
-            raise Invalid("path is required")
+            raise Invalid("path is required" if raw is None else "path must be a non-empty string")
         fields = _register_fields(body)
         _not_at(service.url, fields["options"])
         record, job, created = service.register(raw, **fields)

@@ -178,10 +178,11 @@ def set_concurrency(
         if not isinstance(dynamic, bool):
             raise Invalid("dynamic_concurrency must be true or false")
         changes["dynamic_concurrency"] = dynamic
+    if not changes:  # both null: answered as changed, it would have changed nothing
+        raise Invalid("give max_concurrent and/or dynamic_concurrency")
     if _own_settings(node):
         own = {getattr(Node, f"own_{name}"): value for name, value in changes.items()}
-        if own:  # both keys null: nothing to change (an empty UPDATE is an error)
-            Node.update(own).where(Node.node_id == node).execute()
+        Node.update(own).where(Node.node_id == node).execute()
     else:
         QueueState.update(changes, updated_at=clock.now()).where(QueueState.id == 1).execute()
     state = queue_state(node)

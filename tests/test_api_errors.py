@@ -59,7 +59,14 @@ def test_client_mistakes_get_json_errors(start_service):
     assert_error(c.post(scan, json=noop | {"force": "yes"}), 400, "bad_request", "force")
     priority = f"/api/v1/queue/task/{task}/priority"
     assert_error(c.put(priority, json={"priority": 3}), 400, "bad_request", "priority")
-    for body in ({"max_concurrent": 0}, {"max_concurrent": "2"}, {"max_concurrent": 999}, {}):
+    nothing = {"max_concurrent": None, "dynamic_concurrency": None}  # would change nothing
+    for body in (
+        {"max_concurrent": 0},
+        {"max_concurrent": "2"},
+        {"max_concurrent": 999},
+        {},
+        nothing,
+    ):
         assert_error(c.put("/api/v1/queue/concurrency", json=body), 400, "bad_request")
     assert_error(
         c.put("/api/v1/queue/concurrency", json={"dynamic_concurrency": "no"}), 400, "bad_request"
@@ -87,6 +94,9 @@ def test_client_mistakes_get_json_errors(start_service):
         reply = c.post("/api/v1/files/register", json={"path": path})
         assert_error(reply, 400, "bad_request", "watched folder")
     assert_error(c.post("/api/v1/files/register", json={"path": "absent.mp4"}), 400, "bad_request")
+    register = "/api/v1/files/register"
+    assert_error(c.post(register, json={"path": 123}), 400, "bad_request", "non-empty string")
+    assert_error(c.post(register, json={"scan": True}), 400, "bad_request", "path is required")
 
     # None of this hurt the service.
     assert svc.get("/healthz")["status"] == "ok"

@@ -42,6 +42,8 @@ class _JsonErrorTask(ErrorTask):
         status = error.code if error.code < 500 else 400
         code = "payload_too_large" if status == 413 else "bad_request"
         message = f"{error.reason}: {error.body}"
+        if status == 413:  # waitress's limit has room for chunk framing: say the API's
+            message = f"request body is larger than {MAX_BODY} bytes"
         body = json.dumps({"success": False, "error": {"code": code, "message": message}})
         self.status = f"{status} {error.reason if status == error.code else 'Bad Request'}"
         self.response_headers.append(("Content-Type", "application/json"))
@@ -138,7 +140,9 @@ def start_server(app: Any, host: str, port: int) -> tuple[BaseWSGIServer, int]:
         _dispatcher=_ThreadsOnDemand(API_THREADS + MAX_EVENT_STREAMS),
         connection_limit=CONNECTION_LIMIT,
         channel_timeout=IDLE_TIMEOUT,
-        max_request_body_size=MAX_BODY + 1,  # the API answers 413 itself, in JSON
+        # The API answers 413 itself past MAX_BODY, in JSON. Waitress counts a chunked
+        # body's framing too: room for it, so a body of MAX_BODY in small chunks is read.
+        max_request_body_size=2 * MAX_BODY,
         ident="momentry-edge",
     )
     server.channel_class = _Channel

@@ -172,6 +172,16 @@ def test_hostile_values_and_bodies_get_json_4xx(start_service):
     reply = c.put(priority, content=chunks())
     assert reply.status_code == 200, reply.text
     assert svc.job(queued["task_id"])["priority"] == "high"
+    # Up to 1 MiB, however it is cut into chunks (their framing is not the body).
+    padded = json.dumps({"priority": "low", "pad": "x" * ((1 << 20) - 40)}).encode()
+    assert len(padded) <= 1 << 20
+    pieces = [padded[i : i + 1000] for i in range(0, len(padded), 1000)]
+    reply = c.put(priority, content=iter(pieces))
+    assert reply.status_code == 200, reply.text
+    too_big = iter([padded, b" " * 100])
+    assert_error(c.put(priority, content=too_big), 413, "payload_too_large", "1048576 bytes")
+    far_too_big = iter([b" " * (1 << 20)] * 3)  # refused by the server before the API
+    assert_error(c.put(priority, content=far_too_big), 413, "payload_too_large", "1048576 bytes")
     raw = (
         f"PUT {priority} HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{{}}\r\n0"
         "\r\n\r\n"

@@ -825,6 +825,36 @@ def pending_runs(job_id: int) -> list[ProcessorRun]:
     )
 
 
+@db.retried
+def same_content_under_way(job: Job, processors: Collection[str]) -> Job | None:
+    """A job of this node, started before ``job``, that is running one of ``processors``
+    on the same content (another copy of the file): ``job`` waits for it and then takes
+    its results (outputs.duplicate_output) rather than computing them a second time.
+
+    Only earlier jobs count, so two copies never wait for each other.
+    """
+    if job.options.get("force") or not job.file.fingerprint or not processors:
+        return None
+    earlier = (Job.started_at < job.started_at) | (
+        (Job.started_at == job.started_at) & (Job.id < job.id)
+    )
+    return (
+        Job.select(Job.id, Job.task_id)
+        .join(MediaFile)
+        .switch(Job)
+        .join(ProcessorRun)
+        .where(
+            Job.status == JobStatus.PROCESSING,
+            Job.node == job.node,
+            earlier,
+            MediaFile.fingerprint == job.file.fingerprint,
+            ProcessorRun.processor.in_(list(processors)),
+            ProcessorRun.status.in_([RunStatus.PENDING, RunStatus.RUNNING]),
+        )
+        .first()
+    )
+
+
 @dataclass(frozen=True)
 class Started:
     """A run's start not yet written: the worker writes it with the run's next write (its
@@ -1124,15 +1154,15 @@ def release_run(
 
 
 @db.retried
-def requeue(job: Job, owner: str, not_before: float | None = None) -> str:
+def requeue(job: Job, owner: str, not_before: float | None = None, why: str | None = None) -> str:
     """Give a running job back to the line at its old place (graceful shutdown), to
-    start no sooner than ``not_before`` if given, or end it cancelled if a cancel was
-    asked meanwhile."""
+    start no sooner than ``not_before`` if given, with ``why`` as its error_message if
+    given, or end it cancelled if a cancel was asked meanwhile."""
     with db.write_transaction(Job._meta.database):
         claimed, job = job, get(job.id, lock=True)
         if not _still_held(job, claimed, owner):
             return job.status
-        status = _release(job, clock.now())
+        status = _release(job, clock.now(), why)
         if status == JobStatus.PENDING and not_before is not None:
             Job.update(not_before=not_before).where(Job.id == job.id).execute()
     if status == JobStatus.CANCELLED:
@@ -1166,7 +1196,7 @@ def _still_held(current: Job, claimed: Job, owner: str) -> bool:
     )
 
 
-def _release(job: Job, now: float) -> str:
+def _release(job: Job, now: float, why: str | None = None) -> str:
     """A running job out of its worker's hands: cancelled if asked, else back in line."""
     if job.cancel_requested:
         # Runs keep their checkpoints and stay to do, as after a cancel mid-run.
@@ -1174,7 +1204,7 @@ def _release(job: Job, now: float) -> str:
             ProcessorRun.job == job.id, ProcessorRun.status == RunStatus.RUNNING
         ).execute()
         return _finalise(job, JobStatus.CANCELLED, "cancelled by user", now)
-    _requeue(job.id)
+    _requeue(job.id, why)
     return JobStatus.PENDING
 
 

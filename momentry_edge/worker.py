@@ -62,6 +62,7 @@ START_DELAY = 0.2
 _CPUS = os.cpu_count() or 1
 # Local events after which a job may be claimable here: those that may free work for
 # other nodes too, and those that concern this node alone.
+SAME_CONTENT_POLL = 2.0  # seconds between looks of a job waiting for a copy's results
 WAKE_EVENTS = cluster.WAKE_EVENTS | {"job.extended", "job.retry_due", "queue.unblocked"}
 
 
@@ -474,6 +475,8 @@ class Workers:
                 return self._reject(job, runs, reason)
         except ingest.StillArriving as arriving:
             return self._wait_for_writer(job, arriving)
+        if other := jobs.same_content_under_way(job, [run.processor for run in runs]):
+            return self._wait_for_same_content(job, other)
         batches = self._batches(runs)
         parts, frame_threads, threads = self._threads(batches)
         with self._hand_lock:
@@ -552,6 +555,16 @@ class Workers:
             arriving.reason,
         )
         self.kick(delay=arriving.until - clock.now())
+        return status
+
+    def _wait_for_same_content(self, job: Job, other: Job) -> str:
+        """Back in line while ``other`` processes a copy of this file: its results are
+        linked once it is done (a look every few seconds, which costs two commits)."""
+        why = f"waiting for job {other.task_id}, which is processing the same content"
+        status = jobs.requeue(job, self.owner, not_before=clock.now() + SAME_CONTENT_POLL, why=why)
+        if job.error_message != why:  # said once, not at every look
+            log.info("job %s: %s", job.task_id, why)
+        self.kick(delay=SAME_CONTENT_POLL)
         return status
 
     def _reject(self, job: Job, runs: list[ProcessorRun], reason: str) -> str:

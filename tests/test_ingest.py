@@ -687,6 +687,36 @@ def test_same_content_under_another_name_skips_as_duplicate_and_links_results(
     assert own["file_uuid"] == copy["file_uuid"] and own["result"] == linked["result"]
 
 
+def test_copies_dropped_together_are_processed_once(start_service, videos) -> None:
+    svc = start_service(
+        ingest=INGEST | {"processors": ["steps"]},
+        queue={"max_concurrent": 2},
+        **{"processors.steps": {"steps": 20, "step_seconds": 0.1}},
+    )
+    staged = [copy_in(videos[0], svc.root / f"staging-{i}.mp4") for i in range(2)]
+    for i, path in enumerate(staged):  # both arrive whole at once: they settle together
+        os.replace(path, svc.drop / f"copy {i}.mp4")
+    records = wait_for(lambda: len(found := files(svc)) == 2 and found)
+    done = {}
+    for record in records.values():
+        (job,) = jobs_of(svc, record["file_uuid"])
+        job = svc.wait_status(job["task_id"], "completed", timeout=60)
+        assert job["error_message"] is None  # no word left of the wait
+        done[record["file_uuid"]] = job["processors"]["steps"]
+
+    ran = [uuid for uuid, steps in done.items() if steps["status"] == "completed"]
+    assert len(ran) == 1, done
+    (copy,) = set(done) - set(ran)
+    assert done[copy]["status"] == "skipped"
+    assert done[copy]["reason"] == f"duplicate of {ran[0]}"
+    linked = svc.get(f"/api/v1/files/{copy}/results/steps")
+    assert linked == svc.get(f"/api/v1/files/{ran[0]}/results/steps")
+    log = svc.data_dir / "results" / ran[0] / "steps.log"
+    assert log.read_text().split() == [str(step) for step in range(20)]
+    # The copy's steps never ran: what it has is the original's log, linked.
+    assert (svc.data_dir / "results" / copy / "steps.log").samefile(log)
+
+
 def test_a_file_deleted_or_replaced_during_processing_fails_its_job_and_nothing_else(
     start_service, videos
 ) -> None:

@@ -28,7 +28,7 @@ from .db import FileState, Job, JobStatus, MediaFile
 from .errors import ClientError, Invalid, NotFound
 from .events import bus
 from .metrics import render_metrics
-from .openapi import DEEP_SCAN_KEYS, openapi_document
+from .openapi import DEEP_SCAN_KEYS, OPERATIONS, openapi_document
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +119,8 @@ def make_app(service: Core) -> bottle.Bottle:
     def json_api(callback: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             try:
+                if (names := query_names.get(request.route)) is not None:
+                    _check_query(names)
                 return callback(*args, **kwargs)
             except ClientError as exc:
                 return _error(exc.status, exc.code, exc.message)
@@ -370,6 +372,27 @@ def make_app(service: Core) -> bottle.Bottle:
         status = "cancelling" if was == JobStatus.PROCESSING else JobStatus.CANCELLED
         return {"success": True, "message": "Task cancelled", "status": status}
 
+    # The query parameters each /api/ route takes, as its OpenAPI operation names them: any
+    # other is refused, as a misspelt filter would widen what a request lists or clears.
+    query_names = {
+        route: frozenset(OPERATIONS[_operation_key(route)]["parameters"])
+        for route in app.routes
+        if route.rule.startswith("/api/")
+    }
+    # A path that is a route of its own for some methods (POST /api/v1/files/register)
+    # also matches a pattern of others (GET /api/v1/files/<file_uuid>): those get 405.
+    literal_methods: dict[str, set[str]] = {}
+    for route in app.routes:
+        if "<" not in route.rule:
+            literal_methods.setdefault(route.rule, set()).add(route.method)
+
+    @app.hook("before_request")
+    def method_of_literal_path() -> None:
+        allowed = literal_methods.get(request.path)
+        method = "GET" if request.method == "HEAD" else request.method
+        if allowed and method not in allowed:
+            raise bottle.HTTPError(405, "Method not allowed.", Allow=", ".join(sorted(allowed)))
+
     def _queued(job: db.Job) -> dict:
         job, position, estimated_start = views.queue_place(job.id, service.effective_limit())
         return {
@@ -571,6 +594,18 @@ def _file(file_uuid: str) -> MediaFile:
     if record is None:
         raise NotFound(f"no file {file_uuid!r}")
     return record
+
+
+def _operation_key(route: bottle.Route) -> str:
+    """The route's key in openapi.OPERATIONS: "get /api/v1/jobs/{job}"."""
+    path = re.sub(r"<(\w+)>", r"{\1}", route.rule)
+    return f"{route.method.lower()} {path}"
+
+
+def _check_query(names: frozenset[str]) -> None:
+    if unknown := sorted(set(request.query) - names):
+        takes = f"it takes {', '.join(sorted(names))}" if names else "it takes none"
+        raise Invalid(f"unknown query parameter {unknown[0][:100]!r}; {takes}")
 
 
 def _csv_query(name: str, allowed: set[str]) -> list[str]:

@@ -43,6 +43,12 @@ def test_client_mistakes_get_json_errors(start_service):
     assert_error(c.get(f"/api/v1/files/{file_uuid}/results/nope"), 404, "not_found", "nope")
     assert_error(c.get("/api/v1/no/such/endpoint"), 404, "not_found")
     assert_error(c.patch("/api/v1/queue/status"), 405, "method_not_allowed")
+    # POST-only paths that a GET pattern would match too (/api/v1/files/<file_uuid>).
+    for path in ("/api/v1/files/register", "/api/v1/files/rescan"):
+        for method in ("GET", "DELETE"):
+            reply = c.request(method, path)
+            assert_error(reply, 405, "method_not_allowed")
+            assert reply.headers["Allow"] == "POST"
 
     # Bad values.
     scan = f"/api/v1/file/{file_uuid}/deep-scan"
@@ -78,6 +84,10 @@ def test_client_mistakes_get_json_errors(start_service):
     assert_error(c.get("/api/v1/jobs?status=weird&status=completed"), 400, "bad_request", "weird")
     for paging in ("limit=1_0", "limit=5&limit=10", "offset=+1"):
         assert_error(c.get(f"/api/v1/jobs?{paging}"), 400, "bad_request", "whole numbers")
+    # A misspelt filter is refused, not dropped: the request would list or clear everything.
+    assert_error(c.get("/api/v1/jobs?stauts=failed"), 400, "bad_request", "stauts", "status")
+    assert_error(c.get("/api/v1/files?status=missing"), 400, "bad_request", "state")
+    assert_error(c.post("/api/v1/queue/clear?status=failed"), 400, "bad_request", "none")
     both = c.get("/api/v1/jobs?status=cancelled&status=completed").json()
     assert [job["task_id"] for job in both["jobs"]] == [task]  # each value counts
 

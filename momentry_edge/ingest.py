@@ -38,7 +38,7 @@ import stat as stat_module
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePath
 from typing import Any
 
@@ -770,6 +770,14 @@ def _write(
     observed: _Observed,
     now: float,
 ) -> tuple[MediaFile, Outcome]:
+    if current is None:
+        record = MediaFile.create(**_fields(path, root, st, observed, now))
+        return record, Outcome.NEW
+    unread = observed.transient and observed.fingerprint is None
+    if unread:
+        # Cannot be read for now (locked a while): its content is not known to differ, so
+        # what was known of it stays, and readable again with that content it is restored.
+        observed = replace(observed, fingerprint=current.fingerprint)
     fields: dict[str, Any] = {
         "watch_root": str(root),
         "rel_path": str(path.relative_to(root)),
@@ -782,12 +790,13 @@ def _write(
         "transient": observed.transient,
         "content_hash": None,  # of what was there before; computed again when needed
     }
-    if current is None:
-        record = MediaFile.create(**_fields(path, root, st, observed, now))
-        return record, Outcome.NEW
     same = observed.fingerprint is not None and observed.fingerprint == current.fingerprint
     # Taken without the probe (_admit_whole): the same content keeps what its probe found.
-    if observed.info is not None or observed.state != FileState.PRESENT or not same:
+    if (
+        observed.info is not None
+        or not same
+        or (observed.state != FileState.PRESENT and not unread)
+    ):
         fields |= _metadata(observed.info)
     # Looked at again (a transient rejection) and no different: nothing new to tell.
     still = (observed.state, observed.reason, observed.fingerprint) == (

@@ -187,6 +187,34 @@ def test_a_file_unreadable_when_its_job_starts_is_rejected_then_taken_once_reada
     assert svc.get(f"/api/v1/files/{record['file_uuid']}")["duration"] == pytest.approx(0.7)
 
 
+def test_a_file_made_unreadable_while_its_job_runs_is_not_queued_again_once_readable(
+    start_service, unprivileged, tmp_path
+) -> None:
+    # Locking a file for a moment changes no content: its finished job stands, and being
+    # readable again is not a new upload.
+    svc = start_service(
+        wrapper=unprivileged,
+        ingest=INGEST | {"processors": ["steps"]},
+        **{"processors.steps": {"steps": 30, "step_seconds": 0.1}},
+    )
+    clip = copy_in(noise_video(tmp_path / "v.mp4", 8), svc.drop / "locked a while.mp4")
+    record = wait_for(lambda: files(svc).get("locked a while.mp4"))
+    (job,) = jobs_of(svc, record["file_uuid"])
+    job_url = f"/api/v1/jobs/{job['task_id']}"
+    wait_for(lambda: svc.get(job_url)["processors"]["steps"].get("current", 0) >= 2)
+    clip.chmod(0)
+    locked = wait_for(lambda: (r := files(svc)["locked a while.mp4"])["state"] == "rejected" and r)
+    assert "permission denied" in locked["reason"].lower()
+    done = svc.wait_status(job["task_id"], "completed")
+    assert done["processors"]["steps"]["status"] == "completed"
+
+    clip.chmod(0o644)
+    wait_for(lambda: files(svc)["locked a while.mp4"]["state"] == "present")
+    assert [j["task_id"] for j in jobs_of(svc, record["file_uuid"])] == [job["task_id"]]
+    detail = svc.get(f"/api/v1/files/{record['file_uuid']}")
+    assert detail["duration"] == pytest.approx(0.8), "what its probe found is kept"
+
+
 # -- defect: a file still being uploaded is shown as rejected ----------------------------------
 
 

@@ -45,7 +45,7 @@ from typing import Any
 import peewee as pw
 
 from . import db, jobs
-from .db import FileState, Job, JobStatus, MediaFile
+from .db import FileState, Job, JobStatus, MediaFile, fingerprint
 from .errors import Conflict, Invalid
 from .events import bus
 from .media import EMPTY, MediaError, MediaInfo, MediaNotFoundError, is_transient, probe
@@ -53,7 +53,6 @@ from .media import EMPTY, MediaError, MediaInfo, MediaNotFoundError, is_transien
 log = logging.getLogger(__name__)
 
 _NAMESPACE = uuid.UUID("5d1f6a63-8a3e-4f0e-9d9b-2f0c6f1e7a11")
-_SAMPLE = 1 << 20  # bytes hashed at head, middle and tail
 # A path longer than this, or a component longer than NAME_MAX bytes, cannot name a file.
 PATH_MAX, NAME_MAX = 4096, 255
 # A file that does not probe yet and was written to less than this many seconds ago,
@@ -135,16 +134,6 @@ class _Observed:
 def file_uuid_for(path: Path) -> str:
     """Stable per absolute path: the same path always names the same file."""
     return uuid.uuid5(_NAMESPACE, str(path)).hex
-
-
-def fingerprint(path: Path, size: int) -> str:
-    """Size plus a hash of three samples: quick on multi-GB files, changes when content does."""
-    digest = hashlib.blake2b(digest_size=16)
-    with path.open("rb") as f:
-        for offset in sorted({0, max(size // 2 - _SAMPLE // 2, 0), max(size - _SAMPLE, 0)}):
-            f.seek(offset)
-            digest.update(f.read(_SAMPLE))
-    return f"{size}:{digest.hexdigest()}"
 
 
 # -- names and paths ---------------------------------------------------------------------------

@@ -417,7 +417,7 @@ def content_hash(record: MediaFile) -> str | None:
         return record.content_hash
     path = Path(record.path)
     before = _regular_stat(path)
-    if before is None or not record.holds(before):
+    if before is None or not _still_holds(record, before):
         return None
     digest = hashlib.blake2b(digest_size=32)
     try:
@@ -446,6 +446,20 @@ def content_hash(record: MediaFile) -> str | None:
     if saved:
         record.content_hash = value  # the job's other processors ask the same instance
     return value
+
+
+def _still_holds(record: MediaFile, st: os.stat_result) -> bool:
+    """Whether the file is still the content ``record`` was read for. When only its ctime
+    moved (a hard link made to it, a chmod: no event tells the watcher), its samples
+    decide, as a rescan's look would."""
+    if record.holds(st):
+        return True
+    if (record.size, record.mtime, record.inode) != tuple(db.stamp(st).values())[:3]:
+        return False
+    try:
+        return db.fingerprint(Path(record.path), st.st_size) == record.fingerprint
+    except OSError:
+        return False
 
 
 def _regular_stat(path: Path) -> os.stat_result | None:

@@ -687,6 +687,29 @@ def test_same_content_under_another_name_skips_as_duplicate_and_links_results(
     assert own["file_uuid"] == copy["file_uuid"] and own["result"] == linked["result"]
 
 
+def test_a_hard_link_to_a_file_done_is_a_duplicate_of_it(start_service, videos) -> None:
+    # Filing material into folders with `ln`: the new name is a file of its own whose
+    # content was processed already. (The link moves the first name's ctime, and no
+    # event says so.)
+    svc = start_service(
+        ingest=INGEST | {"processors": ["steps"]},
+        **{"processors.steps": {"steps": 5, "step_seconds": 0.01}},
+    )
+    original = copy_in(videos[0], svc.drop / "original.mp4")
+    first = wait_for(lambda: files(svc).get("original.mp4"))
+    (job,) = jobs_of(svc, first["file_uuid"])
+    svc.wait_status(job["task_id"], "completed")
+    (svc.drop / "filed").mkdir()
+    os.link(original, svc.drop / "filed" / "original.mp4")
+    link = wait_for(lambda: files(svc).get("filed/original.mp4"))
+    (job,) = jobs_of(svc, link["file_uuid"])
+    steps = svc.wait_status(job["task_id"], "completed")["processors"]["steps"]
+    assert steps["status"] == "skipped", steps
+    assert steps["reason"] == f"duplicate of {first['file_uuid']}"
+    log = svc.data_dir / "results" / first["file_uuid"] / "steps.log"
+    assert log.read_text().split() == [str(step) for step in range(5)], "ran once"
+
+
 def test_copies_dropped_together_are_processed_once(start_service, videos) -> None:
     svc = start_service(
         ingest=INGEST | {"processors": ["steps"]},

@@ -37,7 +37,7 @@ import os
 import stat as stat_module
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePath
 from typing import Any
@@ -284,14 +284,19 @@ class Intake:
         except (Gone, Invalid):
             return None
 
-    def settled_closed(self, paths: Sequence[str], now: float | None = None) -> list[str]:
+    def settled_closed(
+        self, paths: Sequence[str], now: float | None = None, written: Collection[str] = ()
+    ) -> list[str]:
         """The watcher's way in for files known to be whole (closed by their writers, or
         renamed into place), taken together.
 
         Each is stat'ed and fingerprinted (not probed: see the module docstring); the
         records and their jobs are written ``BATCH`` to a transaction, and their events
         published after each commit. Returns the paths written to again meanwhile, for
-        the watcher to wait for again.
+        the watcher to wait for again. The jobs of those ``written`` (closed by a writer,
+        not moved into place) start once the file has been quiet for settle_seconds: a
+        resumed upload closes the file after each part, and some containers (MPEG-TS)
+        read whole at every part.
         """
         now = time.time() if now is None else now
         found = []
@@ -303,16 +308,31 @@ class Intake:
                 found.append((*located, _stat_file(located[0])))
             except (Gone, Invalid):
                 continue
+        hold = {
+            str(path): self.hold_until(st.st_mtime, now)
+            for path, _, st in found
+            if str(path) in written
+        }
         again: list[str] = []
         for chunk in pw.chunked(found, BATCH):
-            again += self._admit_whole(chunk, now)[1]
+            again += self._admit_whole(chunk, now, hold)[1]
         return again
 
+    def hold_until(self, mtime: float, now: float) -> float:
+        """When a file its writer closed has been quiet settle_seconds: counted from its
+        last write, no later than now (a share's clock may run ahead)."""
+        return min(mtime, now) + self.settle_seconds
+
     def _admit_whole(
-        self, chunk: Sequence[tuple[Path, Path, os.stat_result]], now: float
+        self,
+        chunk: Sequence[tuple[Path, Path, os.stat_result]],
+        now: float,
+        hold: Mapping[str, float] | None = None,
     ) -> tuple[list[Admission], list[str]]:
         """Files known to be whole, one transaction's worth: (what was recorded, the
-        paths written to meanwhile). Not probed; see the module docstring."""
+        paths written to meanwhile). Not probed; see the module docstring. A job of a
+        path in ``hold`` starts no sooner than its time there."""
+        hold = {name: until for name, until in (hold or {}).items() if until > now}
         database = MediaFile._meta.database
         names = [str(path) for path, _, _ in chunk]
         known = {r.path: r for r in MediaFile.select().where(MediaFile.path.in_(names))}
@@ -346,8 +366,10 @@ class Intake:
                     continue
                 record, outcome = _write(record, path, root, st, _judged(record, observed), now)
                 job, job_created = self._job_for(record, outcome, self.default_scan, False)
+                if job is not None and name in hold:
+                    jobs.hold(job, hold[name])  # a part more: quiet from this one
                 admissions.append(Admission(record, outcome, job, job_created))
-            admissions += self._insert_new(new)
+            admissions += self._insert_new(new, hold)
             for admission in admissions:
                 self._announce(admission)
         for admission in admissions:
@@ -356,9 +378,10 @@ class Intake:
                 probe_pending(admission.record)  # no job to do it (e.g. restored, done before)
         return admissions, again
 
-    def _insert_new(self, rows: list[dict[str, Any]]) -> list[Admission]:
+    def _insert_new(self, rows: list[dict[str, Any]], hold: Mapping[str, float]) -> list[Admission]:
         """Record files seen for the first time, and queue the default scan of those
-        present: a few statements for all of them (inside the caller's transaction)."""
+        present (to start no sooner than their time in ``hold``): a few statements for
+        all of them (inside the caller's transaction)."""
         if not rows:
             return []
         records = [MediaFile(**row) for row in rows]
@@ -368,7 +391,11 @@ class Intake:
         if scan is not None:
             present = [r for r in records if r.state == FileState.PRESENT]
             jobs_made = jobs.submit_new(
-                present, scan.processors, priority=scan.priority, max_retries=self.max_retries
+                present,
+                scan.processors,
+                priority=scan.priority,
+                max_retries=self.max_retries,
+                not_before=hold,
             )
             queued = {job.file_id: job for job in jobs_made}
         return [Admission(r, Outcome.NEW, queued.get(r.id), r.id in queued) for r in records]
@@ -514,6 +541,9 @@ class Intake:
                 else:
                     record, outcome = _write(current, path, root, st, observed, now)
                 job, job_created = self._job_for(record, outcome, scan, explicit)
+                if explicit and upload_ok and job is not None:
+                    # The upload hook says the upload is done: no part more to wait for.
+                    jobs.release_hold(job, self.hold_until(record.mtime, record.mtime))
             break
         if job is not None and not job_created and scan is not None:
             # Answered with an existing job: it gets the request's callbacks and priority

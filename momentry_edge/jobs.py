@@ -19,7 +19,7 @@ import random
 import re
 import secrets
 import threading
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -324,13 +324,16 @@ def submit_new(
     *,
     priority: int = db.PRIORITIES["normal"],
     max_retries: int,
+    not_before: Mapping[str, float] | None = None,
     now: float | None = None,
 ) -> list[Job]:
     """Queue a deep scan of each of ``files``, just recorded (so none has a job yet to
     join), with one INSERT for the jobs and one for their runs, in line in the order
     given: for ingest's batches of new files, where ``submit`` would cost a few
-    queries a file. Written out (db.insert_many): peewee's insert_many spent longer
-    building the statements than the database took to run them."""
+    queries a file. A file whose path is in ``not_before`` starts no sooner than that.
+    Written out (db.insert_many): peewee's insert_many spent longer building the
+    statements than the database took to run them."""
+    not_before = not_before or {}
     now = _now(now)
     names = list(dict.fromkeys(processors))
     queued = [
@@ -342,6 +345,7 @@ def submit_new(
             processors=names,
             options={},
             max_retries=max_retries,
+            not_before=not_before.get(file.path),
             created_at=now,
             queued_at=now,
         )
@@ -358,8 +362,38 @@ def submit_new(
         ]
         db.insert_many(runs)
     for job, file in zip(queued, files, strict=True):
-        bus.publish("job.queued", task_id=job.task_id, file_uuid=file.file_uuid, not_before=None)
+        bus.publish(
+            "job.queued", task_id=job.task_id, file_uuid=file.file_uuid, not_before=job.not_before
+        )
     return queued
+
+
+def hold(job: Job, until: float) -> None:
+    """Keep ``job``, if still waiting in line, from starting before ``until`` (its file's
+    writer closed it again: a part more of a resumed upload)."""
+    held = (
+        Job.update(not_before=until)
+        .where(
+            Job.id == job.id,
+            Job.status == JobStatus.PENDING,
+            Job.not_before.is_null() | (Job.not_before < until),
+        )
+        .execute()
+    )
+    if held:  # the workers schedule a wake-up for the new start time
+        bus.publish("job.held", task_id=job.task_id, not_before=until)
+
+
+def release_hold(job: Job, until: float) -> None:
+    """Let ``job`` start now if ``hold`` is what keeps it waiting (``until``, as held), not
+    a start time asked for."""
+    released = (
+        Job.update(not_before=None)
+        .where(Job.id == job.id, Job.status == JobStatus.PENDING, Job.not_before == until)
+        .execute()
+    )
+    if released:
+        bus.publish("job.requeued", task_id=job.task_id)
 
 
 def join(job: Job, priority: int, options: dict[str, Any], now: float | None = None) -> Job:

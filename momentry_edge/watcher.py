@@ -97,6 +97,8 @@ from .ingest import NOT_FOLLOWED, WRITING_GRACE, Intake, Settling
 
 log = logging.getLogger(__name__)
 
+# How a file became due (SettleTracker.due).
+QUIET, CLOSED, MOVED = "quiet", "closed", "moved"
 # Events after which a file may have new content (or have just appeared).
 _CHANGES = {"created", "modified", "closed", "attrib"}
 # The observers that report a writer closing a file (inotify's IN_CLOSE_WRITE) and a
@@ -120,6 +122,7 @@ class _Watched:
     since: float  # clock time of the last change seen
     writing: bool = False  # modified, and its writer has not closed it since
     closed: bool = False  # closed by its writer, or moved into place; unchanged since
+    moved: bool = False  # closed as it was moved into place: nobody writes it any more
 
 
 class SettleTracker:
@@ -164,19 +167,22 @@ class SettleTracker:
             seen.writing = True
         elif event in ("closed", "moved"):  # moved: renamed into place, with no writer on it
             seen.closed = True
+            seen.moved = event == "moved"
         elif before is not None:  # attrib, created, a rescan: the writer is where it was
             seen.writing = before.writing
             unchanged = (st.st_size, st.st_mtime_ns) == (before.size, before.mtime_ns)
             # cp -p sets times after the close; a folder moved in also says "created".
             seen.closed = before.closed and (event == "attrib" or unchanged)
+            seen.moved = seen.closed and before.moved
         self._files[path] = seen
 
     def forget(self, path: str) -> None:
         self._files.pop(path, None)
 
-    def due(self, now: float | None = None) -> list[tuple[str, bool]]:
-        """Paths that have settled, each with whether its writer closed it (each returned
-        once), in the order they settled."""
+    def due(self, now: float | None = None) -> list[tuple[str, str]]:
+        """Paths that have settled, each with how (each returned once), in the order they
+        settled: QUIET (unchanged for settle_seconds), CLOSED (its writer closed it: a
+        resumed upload may add a part yet) or MOVED (renamed into place)."""
         now = self.clock() if now is None else now
         settled = []
         for path, seen in list(self._files.items()):
@@ -188,8 +194,13 @@ class SettleTracker:
                 self._files[path] = _Watched(st.st_size, st.st_mtime_ns, now, seen.writing)
             elif self._ready(seen, now):
                 del self._files[path]
-                settled.append((seen.since, path, seen.closed and self.reports_close))
-        return [(path, closed) for _, path, closed in sorted(settled)]
+                settled.append((seen.since, path, self._how(seen)))
+        return [(path, how) for _, path, how in sorted(settled)]
+
+    def _how(self, seen: _Watched) -> str:
+        if not (seen.closed and self.reports_close):
+            return QUIET
+        return MOVED if seen.moved else CLOSED
 
     def _ready(self, seen: _Watched, now: float) -> bool:
         if not self.reports_close:
@@ -254,7 +265,7 @@ class Watcher:
         self._thread = threading.Thread(target=self._run, name="ingest", daemon=True)
         self._register = ThreadPoolExecutor(REGISTER_THREADS, thread_name_prefix="register")
         self._rescan_lock = threading.Lock()
-        self._closed: list[str] = []  # closed files waiting for _take_closed
+        self._closed: list[tuple[str, str]] = []  # closed files waiting for _take_closed, how
         self._closing = False  # a _take_closed task is on its way or running
         self._closed_lock = threading.Lock()
         # Paths modified and not closed since, whatever their names (only where closes
@@ -320,10 +331,10 @@ class Watcher:
                     # Watch what is there now; take what is in it already.
                     self._guarded(self.rescan)
                 due = self.tracker.due()
-                if closed := [path for path, was_closed in due if was_closed]:
-                    self._hand_closed(closed)
-                for path, was_closed in due:
-                    if not was_closed:
+                if whole := [(path, how) for path, how in due if how != QUIET]:
+                    self._hand_closed(whole)
+                for path, how in due:
+                    if how == QUIET:
                         self._register.submit(self._guarded, self._settled, path, False)
             except Exception:
                 # Whatever one odd file or event does, the drop folder stays watched.
@@ -353,10 +364,11 @@ class Watcher:
             if not self._stopping.is_set():
                 self.found(Path(path))
 
-    def _hand_closed(self, paths: list[str]) -> None:
-        """Closed files wait for the one task that takes them; started if none runs."""
+    def _hand_closed(self, whole: list[tuple[str, str]]) -> None:
+        """Closed files (with how: CLOSED or MOVED) wait for the one task that takes them;
+        started if none runs."""
         with self._closed_lock:
-            self._closed += paths
+            self._closed += whole
             if self._closing:
                 return
             self._closing = True
@@ -367,17 +379,20 @@ class Watcher:
         meanwhile, each time together."""
         while True:
             with self._closed_lock:
-                paths, self._closed = self._closed, []
+                whole, self._closed = self._closed, []
                 if self._stopping.is_set():
-                    paths = []  # found again by the next start-up rescan
-                self._closing = bool(paths)
-                if not paths:
+                    whole = []  # found again by the next start-up rescan
+                self._closing = bool(whole)
+                if not whole:
                     return
-            self._guarded(self._settled_closed, paths)
+            self._guarded(self._settled_closed, whole)
 
-    def _settled_closed(self, paths: list[str]) -> None:
+    def _settled_closed(self, whole: list[tuple[str, str]]) -> None:
+        paths = [path for path, _ in whole]
         try:
-            again = self.intake.settled_closed(paths)
+            again = self.intake.settled_closed(
+                paths, written={path for path, how in whole if how == CLOSED}
+            )
         except db.OUTAGE_ERRORS as exc:
             log.warning("could not register %d file(s) (%s); trying again", len(paths), exc)
             db.release_connection()

@@ -63,7 +63,7 @@ _CPUS = os.cpu_count() or 1
 # Local events after which a job may be claimable here: those that may free work for
 # other nodes too, and those that concern this node alone.
 SAME_CONTENT_POLL = 2.0  # seconds between looks of a job waiting for a copy's results
-WAKE_EVENTS = cluster.WAKE_EVENTS | {"job.extended", "job.retry_due", "queue.unblocked"}
+WAKE_EVENTS = cluster.WAKE_EVENTS | {"job.extended", "job.held", "job.retry_due", "queue.unblocked"}
 
 
 class BlockingMemoryStorage(MemoryStorage):

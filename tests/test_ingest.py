@@ -17,7 +17,7 @@ from conftest import ServiceProcess, wait_for
 from media_factory import make_audio_file, make_corrupt_video, make_text_file, make_video
 
 from momentry_edge.ingest import ignored_reason, normalize_extensions
-from momentry_edge.watcher import SettleTracker
+from momentry_edge.watcher import QUIET, SettleTracker
 
 # Quick settling for tests; no periodic rescan unless a test asks for one.
 INGEST = {"settle_seconds": 0.5, "processors": ["noop"], "rescan_interval": 3600}
@@ -133,7 +133,7 @@ def test_settle_tracker_waits_until_size_and_mtime_hold_still(tmp_path: Path) ->
     now[0] = 103.8
     assert tracker.due() == []
     now[0] = 103.9
-    assert tracker.due() == [(str(upload), False)]
+    assert tracker.due() == [(str(upload), QUIET)]
     assert tracker.due() == [], "each settled path is returned once"
 
     # An event alone (same size and mtime) also restarts the wait.
@@ -143,7 +143,7 @@ def test_settle_tracker_waits_until_size_and_mtime_hold_still(tmp_path: Path) ->
     now[0] = 106.9
     assert tracker.due() == []
     now[0] = 107.0
-    assert tracker.due() == [(str(upload), False)]
+    assert tracker.due() == [(str(upload), QUIET)]
 
     # Deleted before it settled, or a symlink: never due.
     gone = tmp_path / "gone.mp4"
@@ -339,6 +339,12 @@ def test_videos_renamed_into_place_are_queued_at_once_unprobed_and_a_bad_one_rej
     still_open.close()
     finished = wait_for(lambda: files(svc).get("open.mp4"))
     assert finished["size"] == len(data)
+    # Closed by its writer, who may add a part yet: its job waits for settle_seconds of
+    # quiet, until the upload hook says the upload is done.
+    (held,) = jobs_of(svc, finished["file_uuid"])
+    assert held["not_before"] is not None
+    svc.call("POST", "/api/v1/files/register", expect=200, json={"path": "open.mp4"})
+    assert svc.job(held["task_id"])["not_before"] is None
     svc.call("POST", "/api/v1/queue/resume")
     wait_for(lambda: svc.status()["pending_count"] == 0 and svc.status()["active_count"] == 0)
     known = files(svc)

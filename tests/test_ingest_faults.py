@@ -22,7 +22,7 @@ import pytest
 from conftest import ServiceProcess, wait_for
 from test_ingest import INGEST, copy_in, files, jobs_of, rescan
 
-from momentry_edge.watcher import SettleTracker
+from momentry_edge.watcher import CLOSED, MOVED, QUIET, SettleTracker
 
 
 def noise_video(path: Path, frames: int, size: tuple[int, int] = (160, 120)) -> Path:
@@ -59,7 +59,8 @@ def test_with_close_events_a_closed_file_is_due_at_once_and_an_open_one_waits(
     now[0] = 130.0  # long past settle_seconds, but the writer still has it open
     assert tracker.due() == []
     tracker.touch(str(upload), event="closed")
-    assert tracker.due() == [(str(upload), True)]
+    tracker.touch(str(upload), event="attrib")  # cp -p sets times after the close
+    assert tracker.due() == [(str(upload), CLOSED)]
 
     # Appeared with no write seen (a hard link): settle_seconds of quiet, as before.
     linked = tmp_path / "linked.mp4"
@@ -67,7 +68,7 @@ def test_with_close_events_a_closed_file_is_due_at_once_and_an_open_one_waits(
     tracker.touch(str(linked), event="created")
     assert tracker.due() == []
     now[0] = 131.0
-    assert tracker.due() == [(str(linked), False)]
+    assert tracker.due() == [(str(linked), QUIET)]
 
     # Renamed into place: whole, like a closed file; a "created" after it (a folder moved
     # in says both) does not undo that, a write does.
@@ -75,7 +76,8 @@ def test_with_close_events_a_closed_file_is_due_at_once_and_an_open_one_waits(
     moved.write_bytes(b"c")
     tracker.touch(str(moved), event="moved")
     tracker.touch(str(moved), event="created")
-    assert tracker.due() == [(str(moved), True)]
+    tracker.touch(str(moved), event="attrib")
+    assert tracker.due() == [(str(moved), MOVED)]
     tracker.touch(str(moved), event="moved")
     with moved.open("ab") as f:
         f.write(b"more")
@@ -89,7 +91,7 @@ def test_with_close_events_a_closed_file_is_due_at_once_and_an_open_one_waits(
         coalesced.touch(str(moved), event=event)
         assert coalesced.due() == []
     now[0] = 132.0
-    assert coalesced.due() == [(str(moved), False)]
+    assert coalesced.due() == [(str(moved), QUIET)]
 
 
 # -- defect: a file rejected as unreadable stays rejected after it is fixed --------------------
@@ -339,24 +341,28 @@ def test_a_file_is_taken_when_its_writer_closes_it_and_not_while_it_is_open(
     assert record["state"] == "present"
 
 
+@pytest.mark.parametrize("suffix", [".mp4", ".mts"])
 def test_a_file_its_writer_closes_after_each_part_gets_one_job_that_runs_once_it_is_whole(
-    start_service, tmp_path
+    start_service, tmp_path, suffix
 ) -> None:
-    # As a resumed upload, or `cat part >> file`: each part is a close, and the file
-    # does not read until the last one.
-    data = noise_video(tmp_path / "v.mp4", 5).read_bytes()
+    # As a resumed upload, or `cat part >> file`: each part is a close. An mp4 with its
+    # index at the end does not read until the last part; an MPEG-TS (a camera's .mts)
+    # reads whole at every part.
+    data = noise_video(tmp_path / f"v{suffix}", 20).read_bytes()
     svc = start_service(ingest=INGEST | {"settle_seconds": 1.5})
-    target = svc.drop / "in parts.mp4"
+    target = svc.drop / f"in parts{suffix}"
     parts = 8
     for i in range(parts):
         with target.open("ab") as writer:
             writer.write(data[i * len(data) // parts : (i + 1) * len(data) // parts])
         time.sleep(0.4)
-    record = wait_for(lambda: files(svc).get("in parts.mp4"))
+    record = wait_for(lambda: files(svc).get(target.name))
     wait_for(lambda: jobs_of(svc, record["file_uuid"])[-1]["status"] == "completed", timeout=60)
-    record = files(svc)["in parts.mp4"]
+    record = files(svc)[target.name]
     assert record["state"] == "present" and record["size"] == len(data)
     assert [job["status"] for job in jobs_of(svc, record["file_uuid"])] == ["completed"]
+    detail = svc.get(f"/api/v1/files/{record['file_uuid']}")
+    assert detail["duration"] == pytest.approx(2.0, abs=0.15), "probed whole"
 
 
 # -- defect: duplicate content decided on a sample ---------------------------------------------

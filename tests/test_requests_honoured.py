@@ -23,6 +23,11 @@ def _delivered(received: list[Post], path: str, task_id: str) -> list[dict]:
     return [body for body in bodies if body["job"]["task_id"] == task_id]
 
 
+def _startable(job: dict) -> bool:
+    at = job["not_before"]
+    return at is None or datetime.fromisoformat(at).timestamp() <= time.time()
+
+
 def _file(svc, name: str) -> dict:
     files = svc.get("/api/v1/files", params={"limit": 1000})["files"]
     return next((f for f in files if f["file_name"] == name), None)
@@ -52,6 +57,9 @@ def test_a_deduplicated_request_carries_its_priority_and_callbacks_over(start_se
     assert job["options"]["callback_urls"] == [f"{base}/first", f"{base}/second"]
     assert job["options"]["callback_url"] == f"{base}/first"  # the single field still read
 
+    # Each file closed moments ago: its job starts once the file has been quiet
+    # settle_seconds (a resumed upload may add a part). Both may start now.
+    wait_for(lambda: all(_startable(svc.job(task)) for task in (earlier, first["task_id"])))
     svc.call("POST", "/api/v1/queue/resume")
     dropped = svc.wait_status(first["task_id"], "completed")
     other = svc.wait_status(earlier, "completed")

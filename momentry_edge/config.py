@@ -154,6 +154,8 @@ class Config:
     # [processors.<name>] tables, passed to each processor as its settings.
     processors: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     source: Path | None = None  # the file it was read from, if any
+    # "service.port" -> where its value came from ("config file", "environment variable X").
+    origins: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def data_dir(self) -> Path:
@@ -168,6 +170,15 @@ class Config:
 
     def processor_settings(self, name: str) -> Mapping[str, Any]:
         return self.processors.get(name, {})
+
+    def origin(self, key: str) -> str:
+        """Where the value of ``key`` (e.g. "service.port") came from, as errors say it."""
+        return self.origins.get(key, "default")
+
+    def error(self, key: str, problem: str) -> ConfigError:
+        """A setting found unusable after loading (e.g. at start-up), named as load() names
+        one: ``<key>: <problem> (<where the value came from>)``."""
+        return ConfigError(f"{key}: {problem} ({self.origin(key)})")
 
 
 def load(
@@ -188,8 +199,10 @@ def load(
     unknown = set(raw) - set(SECTIONS) - {"processors"}
     if unknown:
         raise ConfigError(f"unknown section [{sorted(unknown)[0]}] in {file_path}")
+    origins: dict[str, str] = {}
     sections = {
-        name: _build_section(name, cls, raw.get(name, {}), env) for name, cls in SECTIONS.items()
+        name: _build_section(name, cls, raw.get(name, {}), env, origins)
+        for name, cls in SECTIONS.items()
     }
     processors = raw.get("processors", {})
     if not isinstance(processors, dict) or not all(
@@ -202,7 +215,7 @@ def load(
             f"queue.max_concurrent: must be at most queue.worker_threads "
             f"({queue.worker_threads}), got {queue.max_concurrent}"
         )
-    return Config(**sections, processors=processors, source=file_path)
+    return Config(**sections, processors=processors, source=file_path, origins=origins)
 
 
 def _config_path(path: str | os.PathLike[str] | None, env: Mapping[str, str]) -> Path | None:
@@ -220,7 +233,9 @@ def _config_path(path: str | os.PathLike[str] | None, env: Mapping[str, str]) ->
     return candidate if candidate.is_file() else None
 
 
-def _build_section(section: str, cls: type, values: Any, env: Mapping[str, str]) -> Any:
+def _build_section(
+    section: str, cls: type, values: Any, env: Mapping[str, str], origins: dict[str, str]
+) -> Any:
     if not isinstance(values, dict):
         raise ConfigError(f"{section}: expected a table")
     known = {f.name: f for f in dataclasses.fields(cls)}
@@ -235,6 +250,7 @@ def _build_section(section: str, cls: type, values: Any, env: Mapping[str, str])
                 value, origin = env[var], f"environment variable {var}"
         if value is not dataclasses.MISSING:
             kwargs[name] = _coerce(f"{section}.{name}", f, value, origin)
+            origins[f"{section}.{name}"] = origin
         elif f.type == "Path" or f.type == "tuple[Path, ...]":
             kwargs[name] = _coerce(f"{section}.{name}", f, _default(f), "default")
     return cls(**kwargs)

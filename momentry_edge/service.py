@@ -306,7 +306,7 @@ class Service:
             self.mirror.stop()  # after the requeues above, which it writes on its way out
         if self.alerts is not None:
             self.alerts.stop()
-        (self.config.data_dir / "run.json").unlink(missing_ok=True)
+        self._remove_run_file()
         db.Job._meta.database.close()
         log.info("stopped")
 
@@ -326,10 +326,22 @@ class Service:
             "pid": os.getpid(),
             "url": self.url,
             "node": self.node,
+            "owner": self.owner,  # whose file it is: only that process removes it
             "started_at": iso(time.time()),
         }
         path = self.config.data_dir / "run.json"
         path.write_text(json.dumps(info) + "\n", encoding="utf-8")
+
+    def _remove_run_file(self) -> None:
+        """Remove run.json if this process wrote it: a start that failed on a data dir
+        another instance serves must not take away the file the CLI finds that one by."""
+        path = self.config.data_dir / "run.json"
+        try:
+            info = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return
+        if isinstance(info, dict) and info.get("owner") == self.owner:
+            path.unlink(missing_ok=True)
 
 
 def run(config: Config) -> int:

@@ -12,7 +12,7 @@ import dataclasses
 import math
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,19 +39,30 @@ def _setting(
     env: str | None = None,
     choices: tuple[str, ...] | None = None,
     required: bool = False,
+    check: Callable[[Any], str | None] | None = None,
 ) -> Any:
     """One setting: its default and what a value must be (numbers: finite and in range;
-    ``required`` lists: not empty). The file and the environment get the same checks."""
+    ``required`` lists: not empty; ``check``: returns what is wrong with a value, or None).
+    The file and the environment get the same checks."""
     meta = {
         "minimum": minimum,
         "maximum": maximum,
         "env": env,
         "choices": choices,
         "required": required,
+        "check": check,
     }
     if isinstance(default, list | tuple):
         return field(default_factory=lambda: tuple(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def _header_safe(token: str) -> str | None:
+    """The token travels in an Authorization header, which carries visible ASCII only."""
+    if all("!" <= char <= "~" for char in token):
+        return None
+    # The token itself is not repeated: the message goes to logs and terminals.
+    return "must be visible ASCII characters (no spaces, accents or control characters)"
 
 
 @dataclass(frozen=True)
@@ -60,7 +71,7 @@ class ServiceConfig:
     watch: tuple[Path, ...] = _setting([Path("~/momentry-drop")], required=True)
     host: str = _setting("127.0.0.1")
     port: int = _setting(8765, minimum=0, maximum=65535)  # 0: any free port
-    token: str = _setting("", env="MOMENTRY_API_TOKEN")
+    token: str = _setting("", env="MOMENTRY_API_TOKEN", check=_header_safe)
     database_url: str = _setting("", env="DATABASE_URL")
     # Set: job state is mirrored into the Momentry system's momentry:* Redis keys (mirror.py).
     redis_url: str = _setting("", env="REDIS_URL")
@@ -308,6 +319,8 @@ def _coerce(key: str, f: dataclasses.Field, value: Any, origin: str) -> Any:
         )
     if meta["required"] and not result:
         raise ConfigError(f"{key}: must not be empty ({origin})")
+    if meta["check"] and (problem := meta["check"](result)):
+        raise ConfigError(f"{key}: {problem} ({origin})")
     return result
 
 

@@ -161,6 +161,25 @@ def test_a_port_in_use_is_one_line_and_exit_1_so_the_unit_retries(tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    ("text", "env", "source"),
+    [
+        ('token = "pässwörd"\n', {}, "(config file)"),
+        ('token = "tab\\there"\n', {}, "(config file)"),
+        ("", {"MOMENTRY_API_TOKEN": "pässwörd"}, "(environment variable MOMENTRY_API_TOKEN)"),
+    ],
+)
+def test_a_token_no_http_header_can_carry_is_a_configuration_error(tmp_path, text, env, source):
+    path = write(tmp_path, f'[service]\ndata_dir = "{tmp_path / "data"}"\nport = 0\n{text}')
+    done = run_service(path, env)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        "momentry-edge: configuration error: service.token: must be visible ASCII characters "
+        f"(no spaces, accents or control characters) {source}\n"
+    )
+    assert not (tmp_path / "data").exists()  # refused before anything started
+
+
 def test_missing_config_file_is_reported(tmp_path):
     with pytest.raises(config.ConfigError, match="does not exist"):
         config.load(tmp_path / "nope.toml", env={})

@@ -11,11 +11,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 DEFAULT_DATA_DIR = "~/.momentry-edge"
 CONFIG_NAME = "momentry.toml"
@@ -65,6 +67,19 @@ def _header_safe(token: str) -> str | None:
     return "must be visible ASCII characters (no spaces, accents or control characters)"
 
 
+def _redis_db_number(url: str) -> str | None:
+    """redis-py takes a database path that is not a number for db 0: a typo (/l3) would
+    mix this queue's keys into another application's database."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss"):
+        return None  # a unix:// path names the socket; redis-py checks the scheme
+    db = parts.path.strip("/")
+    if db and not re.fullmatch(r"[0-9]+", db):
+        # Only the path: the rest of the URL may hold a password.
+        return f"the database (the URL's path) must be a number, got {parts.path!r}"
+    return None
+
+
 @dataclass(frozen=True)
 class ServiceConfig:
     data_dir: Path = _setting(Path(DEFAULT_DATA_DIR), env="MOMENTRY_DATA_DIR")
@@ -74,7 +89,7 @@ class ServiceConfig:
     token: str = _setting("", env="MOMENTRY_API_TOKEN", check=_header_safe)
     database_url: str = _setting("", env="DATABASE_URL")
     # Set: job state is mirrored into the Momentry system's momentry:* Redis keys (mirror.py).
-    redis_url: str = _setting("", env="REDIS_URL")
+    redis_url: str = _setting("", env="REDIS_URL", check=_redis_db_number)
     # How long a write waits for another's lock on the SQLite file before it fails.
     database_timeout: float = _setting(15.0, minimum=0.1, maximum=3600)
     # Extra processors, "module:Class"; the built-in ones need no entry.

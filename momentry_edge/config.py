@@ -226,8 +226,10 @@ def load(
     if unknown:
         raise ConfigError(f"unknown section [{sorted(unknown)[0]}] in {file_path}")
     origins: dict[str, str] = {}
+    # Relative paths in the file are the file's neighbours, wherever it is run from.
+    file_dir = file_path.parent.absolute() if file_path is not None else Path.cwd()
     sections = {
-        name: _build_section(name, cls, raw.get(name, {}), env, origins)
+        name: _build_section(name, cls, raw.get(name, {}), env, origins, file_dir)
         for name, cls in SECTIONS.items()
     }
     processors = raw.get("processors", {})
@@ -260,7 +262,12 @@ def _config_path(path: str | os.PathLike[str] | None, env: Mapping[str, str]) ->
 
 
 def _build_section(
-    section: str, cls: type, values: Any, env: Mapping[str, str], origins: dict[str, str]
+    section: str,
+    cls: type,
+    values: Any,
+    env: Mapping[str, str],
+    origins: dict[str, str],
+    file_dir: Path,
 ) -> Any:
     if not isinstance(values, dict):
         raise ConfigError(f"{section}: expected a table")
@@ -270,15 +277,16 @@ def _build_section(
             raise ConfigError(f"unknown key {section}.{key}")
     kwargs = {}
     for name, f in known.items():
-        value, origin = values.get(name, dataclasses.MISSING), "config file"
+        value, origin, base = values.get(name, dataclasses.MISSING), "config file", file_dir
         for var in (f.metadata.get("env"), f"MOMENTRY_{section}_{name}".upper()):
             if var and var in env:
-                value, origin = env[var], f"environment variable {var}"
+                # Typed in a shell: relative to where it was typed.
+                value, origin, base = env[var], f"environment variable {var}", Path.cwd()
         if value is not dataclasses.MISSING:
-            kwargs[name] = _coerce(f"{section}.{name}", f, value, origin)
+            kwargs[name] = _coerce(f"{section}.{name}", f, value, origin, base)
             origins[f"{section}.{name}"] = origin
         elif f.type == "Path" or f.type == "tuple[Path, ...]":
-            kwargs[name] = _coerce(f"{section}.{name}", f, _default(f), "default")
+            kwargs[name] = _coerce(f"{section}.{name}", f, _default(f), "default", Path.cwd())
     return cls(**kwargs)
 
 
@@ -288,7 +296,9 @@ def _default(f: dataclasses.Field) -> Any:
     return f.default_factory()  # type: ignore[misc]
 
 
-def _coerce(key: str, f: dataclasses.Field, value: Any, origin: str) -> Any:
+def _coerce(key: str, f: dataclasses.Field, value: Any, origin: str, base: Path) -> Any:
+    """``value`` as the setting's type, checked; a relative path is made absolute against
+    ``base``, once, so that every later use (the service, backup, the unit file) agrees."""
     kind = f.type
     try:
         if kind == "bool":
@@ -310,12 +320,12 @@ def _coerce(key: str, f: dataclasses.Field, value: Any, origin: str) -> Any:
         elif kind == "Path":
             if not isinstance(value, str | Path) or not str(value).strip():
                 raise ValueError
-            result = Path(str(value)).expanduser()
+            result = _absolute(str(value), base)
         elif kind.startswith("tuple"):
             items = _to_list(value)
             if any(not item.strip() for item in items):
                 raise ValueError  # an empty path would mean the working directory
-            result = tuple(Path(i).expanduser() for i in items) if "Path" in kind else tuple(items)
+            result = tuple(_absolute(i, base) for i in items) if "Path" in kind else tuple(items)
         else:  # pragma: no cover - a new setting type needs a branch here
             raise TypeError(kind)
     except (ValueError, TypeError):
@@ -337,6 +347,10 @@ def _coerce(key: str, f: dataclasses.Field, value: Any, origin: str) -> Any:
     if meta["check"] and (problem := meta["check"](result)):
         raise ConfigError(f"{key}: {problem} ({origin})")
     return result
+
+
+def _absolute(path: str, base: Path) -> Path:
+    return Path(os.path.abspath(base / Path(path).expanduser()))
 
 
 def _number(limit: float) -> str:

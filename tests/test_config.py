@@ -180,6 +180,36 @@ def test_a_token_no_http_header_can_carry_is_a_configuration_error(tmp_path, tex
     assert not (tmp_path / "data").exists()  # refused before anything started
 
 
+def test_relative_paths_in_the_file_are_the_files_neighbours(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    path = write(home, '[service]\ndata_dir = "reldata"\nwatch = ["drop", "../shared"]\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cfg = config.load(path, env={})
+    assert cfg.data_dir == home / "reldata"
+    assert cfg.service.watch == (home / "drop", tmp_path / "shared")
+    # Given in the environment, a relative path is where it was typed.
+    cfg = config.load(path, env={"MOMENTRY_DATA_DIR": "envdata"})
+    assert cfg.data_dir == elsewhere / "envdata"
+
+    # The unit file `service install` would write runs in the same data dir.
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MOMENTRY_")}
+    render = ("service", "render", "--platform", "linux")
+    for cwd, config_arg in ((elsewhere, str(path)), (home, "momentry.toml")):
+        shown = subprocess.run(
+            [sys.executable, "-m", "momentry_edge.cli", "--config", config_arg, *render],
+            env=clean,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert shown.returncode == 0, shown.stderr
+        assert f"WorkingDirectory={home / 'reldata'}\n" in shown.stdout
+
+
 def test_missing_config_file_is_reported(tmp_path):
     with pytest.raises(config.ConfigError, match="does not exist"):
         config.load(tmp_path / "nope.toml", env={})

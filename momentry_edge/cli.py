@@ -547,6 +547,10 @@ def main(argv: list[str] | None = None) -> int:
             except backup.DatabaseDamaged as exc:
                 print(f"momentry-edge: {exc}", file=sys.stderr)
                 return EXIT_USAGE
+            except service.PortInUse as exc:
+                # Exit 1, not 2: the service manager retries, and the port may be free then.
+                _error(f"momentry-edge: {exc}")
+                return EXIT_REFUSED
         token = cfg.service.token if args.token is None else args.token
         with ApiClient(args.url or default_url(cfg), token) as api:
             return args.handler(api, args)

@@ -11,11 +11,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 DEFAULT_DATA_DIR = "~/.momentry-edge"
 CONFIG_NAME = "momentry.toml"
@@ -39,19 +41,43 @@ def _setting(
     env: str | None = None,
     choices: tuple[str, ...] | None = None,
     required: bool = False,
+    check: Callable[[Any], str | None] | None = None,
 ) -> Any:
     """One setting: its default and what a value must be (numbers: finite and in range;
-    ``required`` lists: not empty). The file and the environment get the same checks."""
+    ``required`` lists: not empty; ``check``: returns what is wrong with a value, or None).
+    The file and the environment get the same checks."""
     meta = {
         "minimum": minimum,
         "maximum": maximum,
         "env": env,
         "choices": choices,
         "required": required,
+        "check": check,
     }
     if isinstance(default, list | tuple):
         return field(default_factory=lambda: tuple(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def _header_safe(token: str) -> str | None:
+    """The token travels in an Authorization header, which carries visible ASCII only."""
+    if all("!" <= char <= "~" for char in token):
+        return None
+    # The token itself is not repeated: the message goes to logs and terminals.
+    return "must be visible ASCII characters (no spaces, accents or control characters)"
+
+
+def _redis_db_number(url: str) -> str | None:
+    """redis-py takes a database path that is not a number for db 0: a typo (/l3) would
+    mix this queue's keys into another application's database."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss"):
+        return None  # a unix:// path names the socket; redis-py checks the scheme
+    db = parts.path.strip("/")
+    if db and not re.fullmatch(r"[0-9]+", db):
+        # Only the path: the rest of the URL may hold a password.
+        return f"the database (the URL's path) must be a number, got {parts.path!r}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -60,10 +86,10 @@ class ServiceConfig:
     watch: tuple[Path, ...] = _setting([Path("~/momentry-drop")], required=True)
     host: str = _setting("127.0.0.1")
     port: int = _setting(8765, minimum=0, maximum=65535)  # 0: any free port
-    token: str = _setting("", env="MOMENTRY_API_TOKEN")
+    token: str = _setting("", env="MOMENTRY_API_TOKEN", check=_header_safe)
     database_url: str = _setting("", env="DATABASE_URL")
     # Set: job state is mirrored into the Momentry system's momentry:* Redis keys (mirror.py).
-    redis_url: str = _setting("", env="REDIS_URL")
+    redis_url: str = _setting("", env="REDIS_URL", check=_redis_db_number)
     # How long a write waits for another's lock on the SQLite file before it fails.
     database_timeout: float = _setting(15.0, minimum=0.1, maximum=3600)
     # Extra processors, "module:Class"; the built-in ones need no entry.
@@ -154,6 +180,8 @@ class Config:
     # [processors.<name>] tables, passed to each processor as its settings.
     processors: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     source: Path | None = None  # the file it was read from, if any
+    # "service.port" -> where its value came from ("config file", "environment variable X").
+    origins: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def data_dir(self) -> Path:
@@ -168,6 +196,15 @@ class Config:
 
     def processor_settings(self, name: str) -> Mapping[str, Any]:
         return self.processors.get(name, {})
+
+    def origin(self, key: str) -> str:
+        """Where the value of ``key`` (e.g. "service.port") came from, as errors say it."""
+        return self.origins.get(key, "default")
+
+    def error(self, key: str, problem: str) -> ConfigError:
+        """A setting found unusable after loading (e.g. at start-up), named as load() names
+        one: ``<key>: <problem> (<where the value came from>)``."""
+        return ConfigError(f"{key}: {problem} ({self.origin(key)})")
 
 
 def load(
@@ -188,8 +225,12 @@ def load(
     unknown = set(raw) - set(SECTIONS) - {"processors"}
     if unknown:
         raise ConfigError(f"unknown section [{sorted(unknown)[0]}] in {file_path}")
+    origins: dict[str, str] = {}
+    # Relative paths in the file are the file's neighbours, wherever it is run from.
+    file_dir = file_path.parent.absolute() if file_path is not None else Path.cwd()
     sections = {
-        name: _build_section(name, cls, raw.get(name, {}), env) for name, cls in SECTIONS.items()
+        name: _build_section(name, cls, raw.get(name, {}), env, origins, file_dir)
+        for name, cls in SECTIONS.items()
     }
     processors = raw.get("processors", {})
     if not isinstance(processors, dict) or not all(
@@ -202,7 +243,7 @@ def load(
             f"queue.max_concurrent: must be at most queue.worker_threads "
             f"({queue.worker_threads}), got {queue.max_concurrent}"
         )
-    return Config(**sections, processors=processors, source=file_path)
+    return Config(**sections, processors=processors, source=file_path, origins=origins)
 
 
 def _config_path(path: str | os.PathLike[str] | None, env: Mapping[str, str]) -> Path | None:
@@ -220,7 +261,14 @@ def _config_path(path: str | os.PathLike[str] | None, env: Mapping[str, str]) ->
     return candidate if candidate.is_file() else None
 
 
-def _build_section(section: str, cls: type, values: Any, env: Mapping[str, str]) -> Any:
+def _build_section(
+    section: str,
+    cls: type,
+    values: Any,
+    env: Mapping[str, str],
+    origins: dict[str, str],
+    file_dir: Path,
+) -> Any:
     if not isinstance(values, dict):
         raise ConfigError(f"{section}: expected a table")
     known = {f.name: f for f in dataclasses.fields(cls)}
@@ -229,14 +277,16 @@ def _build_section(section: str, cls: type, values: Any, env: Mapping[str, str])
             raise ConfigError(f"unknown key {section}.{key}")
     kwargs = {}
     for name, f in known.items():
-        value, origin = values.get(name, dataclasses.MISSING), "config file"
+        value, origin, base = values.get(name, dataclasses.MISSING), "config file", file_dir
         for var in (f.metadata.get("env"), f"MOMENTRY_{section}_{name}".upper()):
             if var and var in env:
-                value, origin = env[var], f"environment variable {var}"
+                # Typed in a shell: relative to where it was typed.
+                value, origin, base = env[var], f"environment variable {var}", Path.cwd()
         if value is not dataclasses.MISSING:
-            kwargs[name] = _coerce(f"{section}.{name}", f, value, origin)
+            kwargs[name] = _coerce(f"{section}.{name}", f, value, origin, base)
+            origins[f"{section}.{name}"] = origin
         elif f.type == "Path" or f.type == "tuple[Path, ...]":
-            kwargs[name] = _coerce(f"{section}.{name}", f, _default(f), "default")
+            kwargs[name] = _coerce(f"{section}.{name}", f, _default(f), "default", Path.cwd())
     return cls(**kwargs)
 
 
@@ -246,7 +296,9 @@ def _default(f: dataclasses.Field) -> Any:
     return f.default_factory()  # type: ignore[misc]
 
 
-def _coerce(key: str, f: dataclasses.Field, value: Any, origin: str) -> Any:
+def _coerce(key: str, f: dataclasses.Field, value: Any, origin: str, base: Path) -> Any:
+    """``value`` as the setting's type, checked; a relative path is made absolute against
+    ``base``, once, so that every later use (the service, backup, the unit file) agrees."""
     kind = f.type
     try:
         if kind == "bool":
@@ -268,12 +320,12 @@ def _coerce(key: str, f: dataclasses.Field, value: Any, origin: str) -> Any:
         elif kind == "Path":
             if not isinstance(value, str | Path) or not str(value).strip():
                 raise ValueError
-            result = Path(str(value)).expanduser()
+            result = _absolute(str(value), base)
         elif kind.startswith("tuple"):
             items = _to_list(value)
             if any(not item.strip() for item in items):
                 raise ValueError  # an empty path would mean the working directory
-            result = tuple(Path(i).expanduser() for i in items) if "Path" in kind else tuple(items)
+            result = tuple(_absolute(i, base) for i in items) if "Path" in kind else tuple(items)
         else:  # pragma: no cover - a new setting type needs a branch here
             raise TypeError(kind)
     except (ValueError, TypeError):
@@ -292,7 +344,13 @@ def _coerce(key: str, f: dataclasses.Field, value: Any, origin: str) -> Any:
         )
     if meta["required"] and not result:
         raise ConfigError(f"{key}: must not be empty ({origin})")
+    if meta["check"] and (problem := meta["check"](result)):
+        raise ConfigError(f"{key}: {problem} ({origin})")
     return result
+
+
+def _absolute(path: str, base: Path) -> Path:
+    return Path(os.path.abspath(base / Path(path).expanduser()))
 
 
 def _number(limit: float) -> str:

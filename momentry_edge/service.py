@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
 import logging
@@ -47,7 +48,7 @@ class Service:
         self.node = config.service.node_id or socket.gethostname()
         self.owner = f"{self.node}/{os.getpid()}/{secrets.token_hex(3)}"
         models.use_data_dir(config.data_dir)  # before any processor looks for its model
-        self.registry = Registry(config.service.plugins, config.processors)
+        self.registry = _registry(config)
         self.gate = Gate(config.queue)
         # Missing models the processors need are pulled in the background (provision.py);
         # a node that runs no jobs has no use for them.
@@ -171,7 +172,13 @@ class Service:
 
     def start(self) -> None:
         """Open the database, recover what a crash left, then start serving and working."""
-        logs.setup(self.config.data_dir, self.config.service.log_level)
+        _prepare_data_dir(self.config)
+        try:
+            logs.setup(self.config.data_dir, self.config.service.log_level)
+        except OSError as exc:  # e.g. <data_dir>/logs is a file
+            raise self.config.error(
+                "service.data_dir", f"cannot write logs to {exc.filename}: {exc.strerror}"
+            ) from None
         # A damaged SQLite file stops the start here, before anything reads or writes it.
         database = backup.connect_checked(self.config)
         cluster.sync_clock(database)  # before anything is stamped with the queue's time
@@ -299,13 +306,16 @@ class Service:
             self.mirror.stop()  # after the requeues above, which it writes on its way out
         if self.alerts is not None:
             self.alerts.stop()
-        (self.config.data_dir / "run.json").unlink(missing_ok=True)
+        self._remove_run_file()
         db.Job._meta.database.close()
         log.info("stopped")
 
     def _start_http(self) -> None:
         host, port = self.config.service.host, self.config.service.port
-        self.server, bound = start_server(make_app(self), host, port)
+        try:
+            self.server, bound = start_server(make_app(self), host, port)
+        except OSError as exc:
+            raise _bind_error(self.config, exc) from None
         self.url, self.port = f"http://{_url_host(host)}:{bound}", bound
         self._http = threading.Thread(target=self.server.run, name="http", daemon=True)
         self._http.start()
@@ -316,10 +326,22 @@ class Service:
             "pid": os.getpid(),
             "url": self.url,
             "node": self.node,
+            "owner": self.owner,  # whose file it is: only that process removes it
             "started_at": iso(time.time()),
         }
         path = self.config.data_dir / "run.json"
         path.write_text(json.dumps(info) + "\n", encoding="utf-8")
+
+    def _remove_run_file(self) -> None:
+        """Remove run.json if this process wrote it: a start that failed on a data dir
+        another instance serves must not take away the file the CLI finds that one by."""
+        path = self.config.data_dir / "run.json"
+        try:
+            info = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return
+        if isinstance(info, dict) and info.get("owner") == self.owner:
+            path.unlink(missing_ok=True)
 
 
 def run(config: Config) -> int:
@@ -343,6 +365,48 @@ def run(config: Config) -> int:
     finally:
         service.stop()
     return 0
+
+
+class PortInUse(Exception):
+    """The API's port is taken. Not a configuration error: the holder may be an instance
+    that is stopping, so a restart (the service manager's, after exit 1) can help."""
+
+
+def _bind_error(config: Config, exc: OSError) -> Exception:
+    """What a failure to listen means: a port in use may free up; the rest never will."""
+    host, port = config.service.host, config.service.port
+    where = f"{_url_host(host)}:{port}"
+    if isinstance(exc, socket.gaierror):
+        return config.error("service.host", f"{host!r} does not resolve: {exc.strerror}")
+    if exc.errno == errno.EADDRINUSE:
+        return PortInUse(
+            f"cannot listen on {where}: the port is in use (by another momentry-edge or "
+            f"another program); stop it or change service.port ({config.origin('service.port')})"
+        )
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    if exc.errno == errno.EACCES:
+        return config.error("service.port", f"not allowed to listen on {where}: {reason}")
+    return config.error("service.host", f"cannot listen on {where}: {reason}")
+
+
+def _prepare_data_dir(config: Config) -> None:
+    """Make the data dir, or say why it cannot be one (a restart would not help)."""
+    path = config.data_dir
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise config.error("service.data_dir", f"{path} is not a directory") from None
+    except OSError as exc:
+        raise config.error("service.data_dir", f"cannot create {path}: {exc.strerror}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise config.error("service.data_dir", f"{path} is not writable")
+
+
+def _registry(config: Config) -> Registry:
+    try:
+        return Registry(config.service.plugins, config.processors)
+    except ValueError as exc:  # a plugin that cannot be imported, or is not a Processor
+        raise config.error("service.plugins", str(exc)) from None
 
 
 def _redis_mirror(url: str) -> RedisMirror | None:

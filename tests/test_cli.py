@@ -156,6 +156,33 @@ def test_without_a_service(cli) -> None:
     assert "expected a task id" in cli("cancel", "", "--url", url, expect=2).stderr
 
 
+def test_a_failed_start_leaves_the_running_services_run_file(start_service, cli) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    # Its config says port 0: the CLI finds it only through <data_dir>/run.json.
+    svc = start_service(env={"MOMENTRY_SERVICE_PORT": port})
+    config = ("--config", str(svc.config_path))
+    data_dir = {"MOMENTRY_DATA_DIR": str(svc.data_dir)}  # the cli fixture sets its own
+    assert '"pending_count": 0' in cli(*config, "status", "--json", env=data_dir).stdout
+
+    # Another node on the same data dir, whose start fails (the port is taken) after it
+    # opened the database: it stops, and must not remove the running one's run.json.
+    failed = subprocess.run(
+        [sys.executable, "-m", "momentry_edge.cli", *config, "run"],
+        env=svc.env | {"MOMENTRY_NODE_ID": "x2", "MOMENTRY_SERVICE_PORT": port},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert failed.returncode == 1 and "the port is in use" in failed.stderr, failed.stderr
+    assert json.loads((svc.data_dir / "run.json").read_text())["pid"] == svc.proc.pid
+    assert '"pending_count": 0' in cli(*config, "status", "--json", env=data_dir).stdout
+
+    assert svc.stop() == 0
+    assert not (svc.data_dir / "run.json").exists()  # its own, it does remove
+
+
 def test_rescan_registers_what_no_event_announced(start_service, cli) -> None:
     svc = start_service(ingest={"settle_seconds": 0})
     svc.call("POST", "/api/v1/queue/pause")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -82,6 +83,22 @@ def test_config_file_is_found_in_the_data_dir(tmp_path):
         ('watch = [""]\n', {}, ["service.watch", "non-empty"]),
         ("[queue]\nworker_threads = true\n", {}, ["queue.worker_threads", "whole number"]),
         ('log_level = "loud"\n', {}, ["service.log_level", "one of"]),
+        # Found unusable at start-up, not at load: named as a bad value is.
+        (
+            'plugins = ["nosuch:X"]\n',
+            {},
+            ["service.plugins: cannot load processor 'nosuch:X'", "(config file)"],
+        ),
+        (
+            'host = "no.such.host.invalid"\ntoken = "x"\n',
+            {},
+            ["service.host: 'no.such.host.invalid' does not resolve", "(config file)"],
+        ),
+        (
+            'host = "192.0.2.1"\n',  # TEST-NET-1: no interface of this machine has it
+            {"MOMENTRY_API_TOKEN": "x"},
+            ["service.host: cannot listen on 192.0.2.1:0", "(config file)"],
+        ),
     ],
 )
 def test_bad_settings_stop_the_service_with_exit_code_2(tmp_path, text, env, words):
@@ -99,6 +116,98 @@ def test_bad_settings_stop_the_service_with_exit_code_2(tmp_path, text, env, wor
     for word in words:
         assert word in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def run_service(path: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`momentry-edge --config PATH run`, expected to fail at start-up."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MOMENTRY_")}
+    return subprocess.run(
+        [sys.executable, "-m", "momentry_edge.cli", "--config", str(path), "run"],
+        env=clean | (env or {}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("where", ["the data dir", "a parent", "the logs folder"])
+def test_a_data_dir_that_cannot_be_one_is_a_configuration_error(tmp_path, where):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder\n")
+    data_dir = {"the data dir": a_file, "a parent": a_file / "data"}.get(where, tmp_path / "data")
+    if where == "the logs folder":
+        data_dir.mkdir()
+        (data_dir / "logs").write_text("not a folder\n")
+    path = write(tmp_path, f'[service]\ndata_dir = "{data_dir}"\nport = 0\n')
+    done = run_service(path)
+    assert done.returncode == 2, done.stderr  # the service unit does not restart on 2
+    assert done.stderr.startswith("momentry-edge: configuration error: service.data_dir: ")
+    assert str(data_dir) in done.stderr and "(config file)" in done.stderr
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+
+
+def test_a_port_in_use_is_one_line_and_exit_1_so_the_unit_retries(tmp_path):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        path = write(tmp_path, f'[service]\ndata_dir = "{tmp_path / "data"}"\n')
+        done = run_service(path, {"MOMENTRY_SERVICE_PORT": str(port)})
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == (
+        f"momentry-edge: cannot listen on 127.0.0.1:{port}: the port is in use (by another "
+        "momentry-edge or another program); stop it or change service.port "
+        "(environment variable MOMENTRY_SERVICE_PORT)\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "source"),
+    [
+        ('token = "pässwörd"\n', {}, "(config file)"),
+        ('token = "tab\\there"\n', {}, "(config file)"),
+        ("", {"MOMENTRY_API_TOKEN": "pässwörd"}, "(environment variable MOMENTRY_API_TOKEN)"),
+    ],
+)
+def test_a_token_no_http_header_can_carry_is_a_configuration_error(tmp_path, text, env, source):
+    path = write(tmp_path, f'[service]\ndata_dir = "{tmp_path / "data"}"\nport = 0\n{text}')
+    done = run_service(path, env)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        "momentry-edge: configuration error: service.token: must be visible ASCII characters "
+        f"(no spaces, accents or control characters) {source}\n"
+    )
+    assert not (tmp_path / "data").exists()  # refused before anything started
+
+
+def test_relative_paths_in_the_file_are_the_files_neighbours(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    path = write(home, '[service]\ndata_dir = "reldata"\nwatch = ["drop", "../shared"]\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cfg = config.load(path, env={})
+    assert cfg.data_dir == home / "reldata"
+    assert cfg.service.watch == (home / "drop", tmp_path / "shared")
+    # Given in the environment, a relative path is where it was typed.
+    cfg = config.load(path, env={"MOMENTRY_DATA_DIR": "envdata"})
+    assert cfg.data_dir == elsewhere / "envdata"
+
+    # The unit file `service install` would write runs in the same data dir.
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MOMENTRY_")}
+    render = ("service", "render", "--platform", "linux")
+    for cwd, config_arg in ((elsewhere, str(path)), (home, "momentry.toml")):
+        shown = subprocess.run(
+            [sys.executable, "-m", "momentry_edge.cli", "--config", config_arg, *render],
+            env=clean,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert shown.returncode == 0, shown.stderr
+        assert f"WorkingDirectory={home / 'reldata'}\n" in shown.stdout
 
 
 def test_missing_config_file_is_reported(tmp_path):

@@ -16,7 +16,7 @@ from rich.text import Text
 
 from . import __version__
 from . import config as config_module
-from .client import ApiClient, ApiError, ServiceUnreachable, default_url
+from .client import ApiClient, ApiError, ServiceUnreachable, UnexpectedReply, default_url
 from .terminal import printable, scrub
 
 # Exit codes: scripts (and the SFTPGo hook) branch on these.
@@ -563,6 +563,9 @@ def main(argv: list[str] | None = None) -> int:
     except ServiceUnreachable as exc:
         _error(f"error: {exc}")
         return EXIT_UNREACHABLE
+    except UnexpectedReply as exc:
+        _error(f"error: {exc}")
+        return EXIT_REFUSED
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from .client import ApiClient, ApiError, ServiceUnreachable
+from .client import ApiClient, ApiError, ServiceUnreachable, UnexpectedReply
 from .terminal import printable, scrub
 
 POLL_SECONDS = 1.0  # API.md: the view refreshes at least once a second
@@ -91,7 +91,7 @@ def fetch(api: ApiClient, previous: Snapshot) -> Snapshot:
             job["task_id"]: previous.errors.get(job["task_id"]) or _error_of(api, job)
             for job in failed
         }
-    except (ServiceUnreachable, ApiError) as exc:
+    except (ServiceUnreachable, ApiError, UnexpectedReply) as exc:
         return replace(previous, error=_reason(exc))
     return Snapshot(previous.url, status, details, failed, finished, errors, None, time.time())
 
@@ -165,7 +165,7 @@ def execute(api: ApiClient, command: Command, snap: Snapshot) -> str:
         return ACTIONS[name](api, job or snap.status)
     except ApiError as exc:
         return f"refused: {_reason(exc)}"
-    except ServiceUnreachable as exc:
+    except (ServiceUnreachable, UnexpectedReply) as exc:
         return str(exc)
 
 

@@ -9,11 +9,12 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from broken_server import BrokenServer
 from conftest import wait_for
 
 TASK_ID = re.compile(r"task_[0-9a-f]{12}")
@@ -267,3 +268,43 @@ def test_a_second_ctrl_c_during_shutdown_exits_at_once(start_service) -> None:
     svc.proc.send_signal(signal.SIGINT)
     assert svc.proc.wait(timeout=30) == 130
     assert "exiting without waiting" in svc.log()
+
+
+@pytest.fixture
+def broken() -> Iterator[BrokenServer]:
+    with BrokenServer().running() as server:
+        yield server
+
+
+COMMANDS = (
+    ("status",),
+    ("jobs",),
+    ("pause",),
+    ("resume",),
+    ("concurrency", "2"),
+    ("cancel", "task_000000000000"),
+    ("retry", "task_000000000000"),
+    ("clear",),
+    ("rescan",),
+    ("submit", "x.mp4"),
+)
+
+
+@pytest.mark.parametrize(
+    "body, headers",
+    [
+        (b"{}", {}),
+        (b'{"success": true, "paused": null, "cleared": null, "new": null}', {}),
+        (b'{"success": false, "paused": true}', {}),
+        (b"[1, 2]", {}),
+        (b'{"success": true}', {"Content_Encoding": "gzip"}),  # not gzip at all
+        (b"[" * 100_000 + b"]" * 100_000, {}),  # too deep for the JSON decoder
+    ],
+    ids=["empty", "nulls", "not-success", "a-list", "bad-gzip", "deep"],
+)
+def test_a_reply_not_of_the_documented_shape_is_an_error(broken, cli, body, headers) -> None:
+    broken.answer(body, **headers)
+    for command in COMMANDS:
+        failed = cli(*command, "--url", broken.url, expect=1)  # and no traceback
+        assert failed.stderr.startswith(f"error: unexpected reply from {broken.url}"), failed
+        assert failed.stdout == "", f"{command}: a success message for a broken reply"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import replace
@@ -16,7 +17,14 @@ from rich.text import Text
 
 from . import __version__
 from . import config as config_module
-from .client import ApiClient, ApiError, ServiceUnreachable, UnexpectedReply, default_url
+from .client import (
+    ApiClient,
+    ApiError,
+    BadToken,
+    ServiceUnreachable,
+    UnexpectedReply,
+    default_url,
+)
 from .terminal import printable, scrub
 
 # Exit codes: scripts (and the SFTPGo hook) branch on these.
@@ -521,6 +529,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _client(cfg: config_module.Config, args: argparse.Namespace) -> ApiClient:
+    token, source = _token(cfg, args)
+    try:
+        return ApiClient(args.url or default_url(cfg), token)
+    except BadToken as exc:
+        raise UsageError(f"the API token from {source} {exc}") from None
+
+
+def _token(cfg: config_module.Config, args: argparse.Namespace) -> tuple[str, str]:
+    """The token to send, and where it came from (for an error that names it)."""
+    if args.token is not None:
+        return args.token, "--token"
+    # The config's own order: MOMENTRY_SERVICE_TOKEN wins over MOMENTRY_API_TOKEN.
+    for var in ("MOMENTRY_SERVICE_TOKEN", "MOMENTRY_API_TOKEN"):
+        if var in os.environ:
+            return cfg.service.token, var
+    return cfg.service.token, f"service.token in {cfg.source or 'the config'}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -547,8 +574,7 @@ def main(argv: list[str] | None = None) -> int:
             except backup.DatabaseDamaged as exc:
                 print(f"momentry-edge: {exc}", file=sys.stderr)
                 return EXIT_USAGE
-        token = cfg.service.token if args.token is None else args.token
-        with ApiClient(args.url or default_url(cfg), token) as api:
+        with _client(cfg, args) as api:
             return args.handler(api, args)
     except config_module.ConfigError as exc:
         _error(f"momentry-edge: configuration error: {exc}")

@@ -90,8 +90,25 @@ REGISTERED: Shape = {
 }
 
 
+class BadToken(ValueError):
+    """A token that an HTTP header cannot carry."""
+
+
+def check_token(token: str) -> None:
+    """Raise BadToken unless ``token`` is visible ASCII, all a bearer token may hold.
+
+    Anything else either cannot be encoded into the header or splits it (a newline).
+    """
+    if not all("!" <= c <= "~" for c in token):
+        raise BadToken(
+            "cannot be sent in an HTTP header: a token is visible ASCII characters only "
+            "(no spaces, control characters or letters such as ä)"
+        )
+
+
 class ApiClient:
     def __init__(self, base_url: str, token: str = "", timeout: float = DEFAULT_TIMEOUT) -> None:
+        check_token(token)
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)

@@ -308,3 +308,17 @@ def test_a_reply_not_of_the_documented_shape_is_an_error(broken, cli, body, head
         failed = cli(*command, "--url", broken.url, expect=1)  # and no traceback
         assert failed.stderr.startswith(f"error: unexpected reply from {broken.url}"), failed
         assert failed.stdout == "", f"{command}: a success message for a broken reply"
+
+
+def test_a_token_no_http_header_can_carry_is_a_usage_error(broken, cli, tmp_path) -> None:
+    url = ("--url", broken.url)  # a server that would answer: the request is never made
+    for token in ("pässwörd", "a\nb", "two words"):
+        failed = cli("status", "--token", token, *url, expect=2)
+        assert "the API token from --token cannot be sent" in failed.stderr, failed.stderr
+        assert len(failed.stderr.splitlines()) == 1 and failed.stdout == ""
+    failed = cli("jobs", *url, env={"MOMENTRY_API_TOKEN": "ü"}, expect=2)
+    assert "MOMENTRY_API_TOKEN" in failed.stderr, failed.stderr
+    config = tmp_path / "momentry.toml"
+    config.write_text('[service]\ntoken = "tök"\n', encoding="utf-8")
+    failed = cli("--config", str(config), "pause", *url, expect=2)
+    assert "service.token" in failed.stderr, failed.stderr

@@ -458,12 +458,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     # Local commands: they read the config and this machine, no service needed.
-    local = argparse.ArgumentParser(add_help=False, parents=[common, json_flag])
+    local = argparse.ArgumentParser(add_help=False, parents=[common])
     local.add_argument("--models-dir", help="where models live (default: <data_dir>/models)")
     sub = commands.add_parser("models", help="list, pull and verify the models processors load")
-    sub.set_defaults(local="models", takes=("json",))
+    # pull and verify show progress bars and take no --json: their outcome is the exit code.
+    sub.set_defaults(local="models", takes=())
     actions = sub.add_subparsers(dest="action", required=True)
-    actions.add_parser("list", parents=[local], help="the model catalog and what is pulled")
+    listing = actions.add_parser(
+        "list", parents=[local, json_flag], help="the model catalog and what is pulled"
+    )
+    listing.set_defaults(takes=("json",))
     pull = actions.add_parser(
         "pull", parents=[local], help="fetch, verify and install models (default: those needed)"
     )
@@ -472,7 +476,9 @@ def build_parser() -> argparse.ArgumentParser:
     verify = actions.add_parser("verify", parents=[local], help="re-hash pulled models")
     verify.add_argument("names", nargs="*", metavar="NAME")
     sub = commands.add_parser(
-        "doctor", parents=[local], help="which backends and models work here, and why not"
+        "doctor",
+        parents=[local, json_flag],
+        help="which backends and models work here, and why not",
     )
     sub.set_defaults(local="doctor", takes=("json",))
 
@@ -521,7 +527,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     for option in CLIENT_OPTIONS:
         if hasattr(args, option) and option not in getattr(args, "takes", ()):
-            parser.error(f"--{option} does not apply to {args.command}")
+            command = " ".join(filter(None, [args.command, getattr(args, "action", None)]))
+            parser.error(f"--{option} does not apply to {command}")
     args.config = getattr(args, "config", None)
     args.url = getattr(args, "url", None)
     args.token = getattr(args, "token", None)

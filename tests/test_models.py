@@ -552,6 +552,19 @@ def line_with(text: str, part: str) -> str:
     return next((row for row in text.splitlines() if part in row), "")
 
 
+def test_pull_and_verify_refuse_json_rather_than_print_prose(config):
+    # Their output is progress bars and lines for a person: --json is a usage error.
+    for args in (
+        ("models", "pull", "--json"),
+        ("--json", "models", "verify"),
+        ("models", "verify", TINY, "--json"),
+    ):
+        refused = cli(config, *args)
+        assert refused.returncode == 2 and refused.stdout == "", refused.stdout
+        assert "--json" in refused.stderr and "Traceback" not in refused.stderr
+    assert json.loads(cli(config, "models", "list", "--json").stdout)["models"]
+
+
 def test_cli_pull_of_an_unknown_model_fails(config):
     done = cli(config, "models", "pull", "whisper-huge")
     assert done.returncode == 1 and "unknown model 'whisper-huge'" in done.stdout

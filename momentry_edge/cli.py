@@ -58,7 +58,7 @@ def cmd_submit(api: ApiClient, args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(reply))  # one JSON object per line, one line per PATH
         elif reply.get("task_id"):
-            print(printable(f"{raw}: {reply['task_id']}, {_where(reply.get('position'))}"))
+            print(printable(f"{raw}: {_submitted(api, reply)}"))
         if not reply.get("task_id"):
             reason = reply.get("reason") or "not queued"
             _error(f"error: {raw}: {reply.get('state', 'not queued')}: {reason}")
@@ -207,11 +207,27 @@ def _paused(reply: dict[str, Any]) -> None:
 
 
 def _requeued(reply: dict[str, Any]) -> None:
-    print(f"{reply['task_id']}: re-queued, {_where(reply.get('position'))}")
+    where = f"position {reply['position']}" if reply["position"] else reply.get("status")
+    print(f"{reply['task_id']}: re-queued, {where or 'started'}")
 
 
-def _where(position: int | None) -> str:
-    return f"position {position}" if position else "already started"
+def _submitted(api: ApiClient, reply: dict[str, Any]) -> str:
+    """What became of a submitted file: its place in line, or its job's state and,
+    for a job that has ended, that nothing was queued and what runs it again."""
+    task = reply["task_id"]
+    if reply["position"]:
+        return f"{task}, position {reply['position']}"
+    # Out of line: running, waiting to retry, or (an unchanged file) ended already.
+    status = str(reply.get("status") or scrub(api.job(task))["status"])
+    if status in ("pending", "processing", "retrying"):
+        again = "; nothing new queued" if reply.get("deduplicated") else ""
+        return f"{task}, {status}{again}"
+    if status == "completed":
+        return (
+            f"{task} is completed: nothing queued (to run it again: POST "
+            f'/api/v1/file/{reply["file_uuid"]}/deep-scan with "force": true)'
+        )
+    return f"{task} is {status}: nothing queued (`momentry-edge retry {task}` runs it again)"
 
 
 def _on_off(flag: bool) -> str:

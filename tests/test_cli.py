@@ -322,3 +322,23 @@ def test_a_token_no_http_header_can_carry_is_a_usage_error(broken, cli, tmp_path
     config.write_text('[service]\ntoken = "tök"\n', encoding="utf-8")
     failed = cli("--config", str(config), "pause", *url, expect=2)
     assert "service.token" in failed.stderr, failed.stderr
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_submit_of_a_file_whose_job_ended_says_so_and_how_to_run_it_again(
+    start_service, cli
+) -> None:
+    svc = start_service(queue={"max_retries": 0})
+    url = ("--url", svc.url)
+    done = svc.submit("done.mp4", ["noop"])["task_id"]
+    svc.marker.touch()  # flaky fails while it exists; with no retries left the job is failed
+    bad = svc.submit("bad.mp4", ["flaky"])["task_id"]
+    svc.wait_status(done, "completed")
+    svc.wait_status(bad, "failed")
+
+    out = cli("submit", str(svc.drop / "done.mp4"), "--processors", "noop", *url).stdout
+    assert f"{done} is completed: nothing queued" in out and '"force": true' in out, out
+    out = cli("submit", str(svc.drop / "bad.mp4"), "--processors", "flaky", *url).stdout
+    assert f"{bad} is failed: nothing queued" in out, out
+    assert f"momentry-edge retry {bad}" in out, out
+    assert svc.get("/api/v1/jobs")["total"] == 2  # as said: nothing was queued

@@ -153,7 +153,11 @@ class Feed:
                 continue
             if command is None:
                 return
-            self.message = printable(execute(self.api, command, self.snapshot))
+            try:
+                outcome = execute(self.api, command, self.snapshot)
+            except Exception as exc:  # a reply of a shape no check foresaw: say so, go on
+                outcome = f"⚠ unexpected reply: {type(exc).__name__}: {exc}"
+            self.message = printable(outcome)
 
 
 def execute(api: ApiClient, command: Command, snap: Snapshot) -> str:
@@ -165,8 +169,10 @@ def execute(api: ApiClient, command: Command, snap: Snapshot) -> str:
         return ACTIONS[name](api, job or snap.status)
     except ApiError as exc:
         return f"refused: {_reason(exc)}"
-    except (ServiceUnreachable, UnexpectedReply) as exc:
+    except ServiceUnreachable as exc:
         return str(exc)
+    except UnexpectedReply as exc:
+        return f"⚠ {exc}"
 
 
 def _toggle(api: ApiClient, status: dict[str, Any]) -> str:
@@ -315,8 +321,7 @@ def run(api: ApiClient, console: Console | None = None) -> int:
                 snap = feed.snapshot
                 picked = cursor.pick(selectable(snap))
                 selected = picked["task_id"] if picked else None
-                view = render(snap, selected, feed.message, console.height, time.time())
-                live.update(view, refresh=True)
+                _draw(live, snap, selected, feed.message, console.height)
                 for key in keys.read(TICK):
                     if key == "q":
                         return 0
@@ -325,6 +330,17 @@ def run(api: ApiClient, console: Console | None = None) -> int:
         return 0
     finally:
         feed.stop()
+
+
+def _draw(live: Live, snap: Snapshot, selected: str | None, message: str, height: int) -> None:
+    """Show the screen; if the service's data cannot be drawn (a reply of a shape no check
+    foresaw), the screen without it and a warning, until a later poll can be drawn."""
+    try:
+        live.update(render(snap, selected, message, height, time.time()), refresh=True)
+    except Exception as exc:
+        error = printable(f"unexpected reply from {snap.url}: {type(exc).__name__}: {exc}")
+        bare = Snapshot(snap.url, error=error, fetched_at=snap.fetched_at)
+        live.update(render(bare, None, message, height, time.time()), refresh=True)
 
 
 def on_key(key: str, snap: Snapshot, cursor: Cursor, feed: Feed) -> None:

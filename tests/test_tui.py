@@ -4,6 +4,7 @@ and its pure render function on API-shaped JSON."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import shlex
@@ -18,6 +19,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from broken_server import BrokenServer
 from conftest import wait_for
 from rich.console import Console
 
@@ -367,3 +369,48 @@ def test_keys_and_cursor() -> None:
     cursor.move(rows, 100)
     assert cursor.pick(rows)["task_id"] == "task_f"
     assert cursor.pick(rows[:2])["task_id"] == "task_b"  # gone: its place's job
+
+
+def well(**extra: object) -> bytes:
+    """One reply that is a whole queue status, an empty job list and a pause reply."""
+    status = {
+        "success": True,
+        "active_count": 0,
+        "max_concurrent": 2,
+        "effective_concurrency": 2,
+        "dynamic_concurrency": False,
+        "pending_count": 0,
+        "paused": False,
+        "queue": [],
+        "jobs": [],
+        "total": 0,
+    }
+    return json.dumps(status | extra).encode()
+
+
+@needs_tmux
+def test_tui_survives_replies_of_the_wrong_shape_and_recovers(terminal) -> None:
+    with BrokenServer().running() as server:
+        server.answer(well())
+        terminal.start("tui", "--url", server.url)
+        terminal.wait(lambda s: "RUNNING" in s and "⚠" not in s)
+
+        server.answer(b"{}", method="POST")  # `p` gets a 2xx reply without "paused"
+        terminal.press("p")
+        screen = terminal.wait(lambda s: "⚠ unexpected reply" in s)
+        assert "/api/v1/queue/pause" in line(screen, "⚠"), screen
+        server.answer(well(paused=True))  # the view still polls: the change shows
+        terminal.wait(lambda s: "PAUSED" in s)
+
+        server.answer(b"{}")  # the status itself lacks its fields
+        terminal.wait(lambda s: "⚠" in s and "unexpected reply" in s and "q quit" in s)
+        server.answer(well(statistics={"average_time": "soon"}))  # a field of the wrong type
+        terminal.wait(lambda s: "⚠" in s and "unexpected reply" in s and "q quit" in s)
+
+        server.answer(well())
+        server.answer(well(), method="POST")
+        terminal.wait(lambda s: "RUNNING" in s and "retrying every second" not in s)
+        terminal.press("p")  # commands work again too: their outcome replaces the warning
+        terminal.wait(lambda s: "queue running" in s and "⚠" not in s)
+        terminal.press("q")
+        terminal.wait(lambda s: "[exited 0]" in s)

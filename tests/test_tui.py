@@ -52,11 +52,12 @@ class Terminal:
             command, env=self.env, check=True, capture_output=True, text=True, timeout=10
         ).stdout
 
-    def start(self, *argv: str) -> None:
+    def start(self, *argv: str, columns: int = 160, lines: int = 48) -> None:
         tui = shlex.join([sys.executable, "-m", "momentry_edge.cli", *argv])
         # Keep the pane after the program ends, so its exit code (or traceback) can be read.
         shell = f'{tui}; echo "[exited $?]"; sleep 600'
-        self.tmux("new-session", "-d", "-s", "tui", "-x", "160", "-y", "48", shell)
+        size = ("-x", str(columns), "-y", str(lines))
+        self.tmux("new-session", "-d", "-s", "tui", *size, shell)
 
     def screen(self) -> str:
         return self.tmux("capture-pane", "-p", "-t", "tui")
@@ -217,6 +218,29 @@ def test_tui_shows_hostile_names_escaped(start_service, terminal) -> None:
     terminal.wait(lambda s: "[exited 0]" in s)
 
 
+@needs_tmux
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_tui_on_a_narrow_terminal_shows_which_job_is_selected(start_service, terminal) -> None:
+    svc = start_service()
+    svc.call("POST", "/api/v1/queue/pause")
+    names = ["first-of-two-rather-long-names.mp4", "second-of-two-rather-long-names.mp4"]
+    tasks = [svc.submit(name, ["noop"])["task_id"] for name in names]
+    terminal.start("tui", "--url", svc.url, columns=40, lines=12)
+
+    # Each row: the marker, the position and the start of the (cut) file name.
+    first = re.compile(r"^›\s*1\s+first-of")
+    second = re.compile(r"^›\s*2\s+second-of")
+    screen = terminal.wait(lambda s: any(first.search(row) for row in s.splitlines()))
+    assert re.search(r"^\s*2\s+second-of", line(screen, "second-of")), screen
+    terminal.press("Down")
+    terminal.wait(lambda s: any(second.search(row) for row in s.splitlines()))
+    terminal.press("c")  # cancels the job the operator sees selected, and only that one
+    wait_for(lambda: svc.job(tasks[1])["status"] == "cancelled")
+    assert svc.job(tasks[0])["status"] == "pending"
+    terminal.press("q")
+    terminal.wait(lambda s: "[exited 0]" in s)
+
+
 def test_tui_needs_a_terminal(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MOMENTRY_")}
     proc = subprocess.run(
@@ -353,6 +377,16 @@ def test_render_keeps_the_key_help_and_the_selection_on_a_short_screen() -> None
     screen = text_of(snap, selected="task_050", height=20)
     assert len(screen.splitlines()) <= 20
     assert selected(screen, "file 050.mp4") and "q quit" in screen
+
+
+def test_render_on_a_narrow_screen_drops_columns_not_the_file_name() -> None:
+    console = Console(width=40, height=30, file=io.StringIO(), record=True)
+    console.print(render(snapshot(), "task_b", "", 30, NOW, width=40))
+    screen = console.export_text()
+    assert selected(screen, "[b] bravo.mp4") and at_position(screen, "[b] bravo.mp4", 1), screen
+    assert at_position(screen, "charlie.mp4", 2) and "pending" in line(screen, "charlie.mp4")
+    assert "echo.mp4" in screen and "fox.mp4" in screen
+    assert "starts in" not in screen  # the "when" column gave way
 
 
 def test_keys_and_cursor() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import replace
@@ -16,7 +17,14 @@ from rich.text import Text
 
 from . import __version__
 from . import config as config_module
-from .client import ApiClient, ApiError, ServiceUnreachable, default_url
+from .client import (
+    ApiClient,
+    ApiError,
+    BadToken,
+    ServiceUnreachable,
+    UnexpectedReply,
+    default_url,
+)
 from .terminal import printable, scrub
 
 # Exit codes: scripts (and the SFTPGo hook) branch on these.
@@ -50,7 +58,7 @@ def cmd_submit(api: ApiClient, args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(reply))  # one JSON object per line, one line per PATH
         elif reply.get("task_id"):
-            print(printable(f"{raw}: {reply['task_id']}, {_where(reply.get('position'))}"))
+            print(printable(f"{raw}: {_submitted(api, reply)}"))
         if not reply.get("task_id"):
             reason = reply.get("reason") or "not queued"
             _error(f"error: {raw}: {reply.get('state', 'not queued')}: {reason}")
@@ -199,11 +207,27 @@ def _paused(reply: dict[str, Any]) -> None:
 
 
 def _requeued(reply: dict[str, Any]) -> None:
-    print(f"{reply['task_id']}: re-queued, {_where(reply.get('position'))}")
+    where = f"position {reply['position']}" if reply["position"] else reply.get("status")
+    print(f"{reply['task_id']}: re-queued, {where or 'started'}")
 
 
-def _where(position: int | None) -> str:
-    return f"position {position}" if position else "already started"
+def _submitted(api: ApiClient, reply: dict[str, Any]) -> str:
+    """What became of a submitted file: its place in line, or its job's state and,
+    for a job that has ended, that nothing was queued and what runs it again."""
+    task = reply["task_id"]
+    if reply["position"]:
+        return f"{task}, position {reply['position']}"
+    # Out of line: running, waiting to retry, or (an unchanged file) ended already.
+    status = str(reply.get("status") or scrub(api.job(task))["status"])
+    if status in ("pending", "processing", "retrying"):
+        again = "; nothing new queued" if reply.get("deduplicated") else ""
+        return f"{task}, {status}{again}"
+    if status == "completed":
+        return (
+            f"{task} is completed: nothing queued (to run it again: POST "
+            f'/api/v1/file/{reply["file_uuid"]}/deep-scan with "force": true)'
+        )
+    return f"{task} is {status}: nothing queued (`momentry-edge retry {task}` runs it again)"
 
 
 def _on_off(flag: bool) -> str:
@@ -450,12 +474,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     # Local commands: they read the config and this machine, no service needed.
-    local = argparse.ArgumentParser(add_help=False, parents=[common, json_flag])
+    local = argparse.ArgumentParser(add_help=False, parents=[common])
     local.add_argument("--models-dir", help="where models live (default: <data_dir>/models)")
     sub = commands.add_parser("models", help="list, pull and verify the models processors load")
-    sub.set_defaults(local="models", takes=("json",))
+    # pull and verify show progress bars and take no --json: their outcome is the exit code.
+    sub.set_defaults(local="models", takes=())
     actions = sub.add_subparsers(dest="action", required=True)
-    actions.add_parser("list", parents=[local], help="the model catalog and what is pulled")
+    listing = actions.add_parser(
+        "list", parents=[local, json_flag], help="the model catalog and what is pulled"
+    )
+    listing.set_defaults(takes=("json",))
     pull = actions.add_parser(
         "pull", parents=[local], help="fetch, verify and install models (default: those needed)"
     )
@@ -464,7 +492,9 @@ def build_parser() -> argparse.ArgumentParser:
     verify = actions.add_parser("verify", parents=[local], help="re-hash pulled models")
     verify.add_argument("names", nargs="*", metavar="NAME")
     sub = commands.add_parser(
-        "doctor", parents=[local], help="which backends and models work here, and why not"
+        "doctor",
+        parents=[local, json_flag],
+        help="which backends and models work here, and why not",
     )
     sub.set_defaults(local="doctor", takes=("json",))
 
@@ -513,12 +543,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     for option in CLIENT_OPTIONS:
         if hasattr(args, option) and option not in getattr(args, "takes", ()):
-            parser.error(f"--{option} does not apply to {args.command}")
+            command = " ".join(filter(None, [args.command, getattr(args, "action", None)]))
+            parser.error(f"--{option} does not apply to {command}")
     args.config = getattr(args, "config", None)
     args.url = getattr(args, "url", None)
     args.token = getattr(args, "token", None)
     args.json = getattr(args, "json", False)
     return args
+
+
+def _client(cfg: config_module.Config, args: argparse.Namespace) -> ApiClient:
+    token, source = _token(cfg, args)
+    try:
+        return ApiClient(args.url or default_url(cfg), token)
+    except BadToken as exc:
+        raise UsageError(f"the API token from {source} {exc}") from None
+
+
+def _token(cfg: config_module.Config, args: argparse.Namespace) -> tuple[str, str]:
+    """The token to send, and where it came from (for an error that names it)."""
+    if args.token is not None:
+        return args.token, "--token"
+    # The config's own order: MOMENTRY_SERVICE_TOKEN wins over MOMENTRY_API_TOKEN.
+    for var in ("MOMENTRY_SERVICE_TOKEN", "MOMENTRY_API_TOKEN"):
+        if var in os.environ:
+            return cfg.service.token, var
+    return cfg.service.token, f"service.token in {cfg.source or 'the config'}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -551,8 +601,7 @@ def main(argv: list[str] | None = None) -> int:
                 # Exit 1, not 2: the service manager retries, and the port may be free then.
                 _error(f"momentry-edge: {exc}")
                 return EXIT_REFUSED
-        token = cfg.service.token if args.token is None else args.token
-        with ApiClient(args.url or default_url(cfg), token) as api:
+        with _client(cfg, args) as api:
             return args.handler(api, args)
     except config_module.ConfigError as exc:
         _error(f"momentry-edge: configuration error: {exc}")
@@ -567,6 +616,9 @@ def main(argv: list[str] | None = None) -> int:
     except ServiceUnreachable as exc:
         _error(f"error: {exc}")
         return EXIT_UNREACHABLE
+    except UnexpectedReply as exc:
+        _error(f"error: {exc}")
+        return EXIT_REFUSED
 
 
 if __name__ == "__main__":

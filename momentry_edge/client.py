@@ -2,13 +2,16 @@
 
 Each method is one API call and returns the decoded JSON reply. The API's error
 shape becomes ApiError; a service that cannot be reached becomes
-ServiceUnreachable, so callers tell "it said no" from "nobody answered".
+ServiceUnreachable, so callers tell "it said no" from "nobody answered". A 2xx
+reply that is not what API.md documents for that call (another server on the port, a
+broken proxy) becomes UnexpectedReply: it is never taken for a success.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -40,8 +43,72 @@ class ServiceUnreachable(Exception):
         self.url = url
 
 
+class UnexpectedReply(Exception):
+    """A 2xx reply that is not the documented shape for its request."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"unexpected reply from {url}: {reason}")
+        self.url = url
+
+
+# The fields each reply must carry, with their JSON types: what callers read from it.
+Shape = Mapping[str, type | tuple[type, ...]]
+OPTIONAL_INT = (int, type(None))
+DONE: Shape = {"success": bool}
+PAUSED: Shape = {"success": bool, "paused": bool}
+PLACED: Shape = {"success": bool, "task_id": str, "position": OPTIONAL_INT}
+QUEUE_STATUS: Shape = {
+    "paused": bool,
+    "active_count": int,
+    "effective_concurrency": int,
+    "max_concurrent": int,
+    "dynamic_concurrency": bool,
+    "pending_count": int,
+    "queue": list,
+}
+CONCURRENCY: Shape = {
+    "success": bool,
+    "max_concurrent": int,
+    "dynamic_concurrency": bool,
+    "effective_concurrency": int,
+}
+RESCAN: Shape = {
+    "success": bool,
+    **dict.fromkeys(("new", "changed", "missing", "unchanged", "settling"), int),
+}
+JOBS: Shape = {"jobs": list, "total": int}
+JOB: Shape = {"task_id": str, "status": str, "file_name": str}
+# An entry of the queue (status) or of a job list.
+LISTED: Shape = JOB | {"priority": str, "processors": list}
+CANCELLED: Shape = {"success": bool, "message": str, "status": str}
+REGISTERED: Shape = {
+    "success": bool,
+    "file_uuid": str,
+    "state": str,
+    "task_id": (str, type(None)),
+    "position": OPTIONAL_INT,
+}
+
+
+class BadToken(ValueError):
+    """A token that an HTTP header cannot carry."""
+
+
+def check_token(token: str) -> None:
+    """Raise BadToken unless ``token`` is visible ASCII, all a bearer token may hold.
+
+    Anything else either cannot be encoded into the header or splits it (a newline).
+    """
+    if not all("!" <= c <= "~" for c in token):
+        raise BadToken(
+            "cannot be sent in an HTTP header: a token is visible ASCII characters only "
+            "(no spaces, control characters or letters such as ä)"
+        )
+
+
 class ApiClient:
     def __init__(self, base_url: str, token: str = "", timeout: float = DEFAULT_TIMEOUT) -> None:
+        check_token(token)
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
@@ -58,20 +125,20 @@ class ApiClient:
     # -- queue ----------------------------------------------------------------------------------
 
     def queue_status(self) -> dict[str, Any]:
-        return self._call("GET", "/api/v1/queue/status")
+        return self._call("GET", "/api/v1/queue/status", QUEUE_STATUS)
 
     def pause(self) -> dict[str, Any]:
-        return self._call("POST", "/api/v1/queue/pause")
+        return self._call("POST", "/api/v1/queue/pause", PAUSED)
 
     def resume(self) -> dict[str, Any]:
-        return self._call("POST", "/api/v1/queue/resume")
+        return self._call("POST", "/api/v1/queue/resume", PAUSED)
 
     def clear(self) -> dict[str, Any]:
-        return self._call("POST", "/api/v1/queue/clear")
+        return self._call("POST", "/api/v1/queue/clear", DONE | {"cleared": int})
 
     def rescan(self) -> dict[str, Any]:
         # New files are probed one by one: a first rescan of a full folder takes a while.
-        return self._call("POST", "/api/v1/files/rescan", timeout=600)
+        return self._call("POST", "/api/v1/files/rescan", RESCAN, timeout=600)
 
     def set_concurrency(
         self, max_concurrent: int | None = None, dynamic: bool | None = None
@@ -81,14 +148,14 @@ class ApiClient:
             body["max_concurrent"] = max_concurrent
         if dynamic is not None:
             body["dynamic_concurrency"] = dynamic
-        return self._call("PUT", "/api/v1/queue/concurrency", json=body)
+        return self._call("PUT", "/api/v1/queue/concurrency", CONCURRENCY, json=body)
 
     def prioritize(self, file_uuid: str) -> dict[str, Any]:
-        return self._call("POST", f"/api/v1/queue/prioritize/{_seg(file_uuid)}")
+        return self._call("POST", f"/api/v1/queue/prioritize/{_seg(file_uuid)}", PLACED)
 
     def set_priority(self, task_id: str, priority: str) -> dict[str, Any]:
         path = f"/api/v1/queue/task/{_seg(task_id)}/priority"
-        return self._call("PUT", path, json={"priority": priority})
+        return self._call("PUT", path, PLACED, json={"priority": priority})
 
     # -- jobs -----------------------------------------------------------------------------------
 
@@ -98,16 +165,16 @@ class ApiClient:
         params: dict[str, Any] = {"limit": limit, "offset": offset}
         if statuses:
             params["status"] = ",".join(statuses)
-        return self._call("GET", "/api/v1/jobs", params=params)
+        return self._call("GET", "/api/v1/jobs", JOBS, params=params)
 
     def job(self, ref: str) -> dict[str, Any]:
-        return self._call("GET", f"/api/v1/jobs/{_seg(ref)}")
+        return self._call("GET", f"/api/v1/jobs/{_seg(ref)}", JOB)
 
     def retry(self, ref: str) -> dict[str, Any]:
-        return self._call("POST", f"/api/v1/jobs/{_seg(ref)}/retry")
+        return self._call("POST", f"/api/v1/jobs/{_seg(ref)}/retry", PLACED)
 
     def cancel(self, ref: str) -> dict[str, Any]:
-        return self._call("POST", f"/api/v1/jobs/{_seg(ref)}/cancel")
+        return self._call("POST", f"/api/v1/jobs/{_seg(ref)}/cancel", CANCELLED)
 
     # -- files ----------------------------------------------------------------------------------
 
@@ -117,24 +184,59 @@ class ApiClient:
         body: dict[str, Any] = {"path": path, "priority": priority}
         if processors:
             body["processors"] = processors
-        return self._call("POST", "/api/v1/files/register", json=body)
+        return self._call("POST", "/api/v1/files/register", REGISTERED, json=body)
 
     # -- plumbing -------------------------------------------------------------------------------
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+    def _call(self, method: str, path: str, shape: Shape, **kwargs: Any) -> dict[str, Any]:
         try:
             reply = self._http.request(method, path, **kwargs)
         except httpx.TimeoutException:
             raise ServiceUnreachable(self.base_url, "no answer in time") from None
+        except httpx.DecodingError as exc:  # e.g. "Content-Encoding: gzip" on a plain body
+            raise UnexpectedReply(self.base_url, f"cannot decode the body: {exc}") from None
         except httpx.TransportError as exc:
             raise ServiceUnreachable(self.base_url, str(exc) or type(exc).__name__) from None
         try:
             data = reply.json()
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested too deep to decode
             data = None
-        if reply.is_success and isinstance(data, dict):
-            return data
-        raise _api_error(reply, data)
+        if not reply.is_success:
+            raise _api_error(reply, data)
+        problem = _shape_problem(data, shape)
+        if problem:
+            raise UnexpectedReply(self.base_url, f"{method} {path}: {problem}")
+        return data
+
+
+def _shape_problem(data: Any, shape: Shape) -> str | None:
+    """Why ``data`` is not a reply of ``shape`` (None when it is)."""
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    if "success" in data and data["success"] is not True:
+        return f"success is {json.dumps(data['success'])[:40]}"
+    for key, kind in shape.items():
+        value = data.get(key)
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        # JSON true is not a number here: a count of True is as wrong as a missing one.
+        if (
+            key not in data
+            or not isinstance(value, kinds)
+            or (isinstance(value, bool) and bool not in kinds)
+        ):
+            return f"{key!r} is missing or not {_json_type(kinds)}"
+    for key in ("queue", "jobs"):
+        for item in data[key] if key in shape else ():
+            problem = _shape_problem(item, LISTED)
+            if problem:
+                return f"an entry of {key!r}: {problem}"
+    return None
+
+
+def _json_type(kinds: tuple[type, ...]) -> str:
+    names = {bool: "true/false", int: "a number", float: "a number", str: "a string"}
+    names |= {list: "a list", dict: "an object", type(None): "null"}
+    return " or ".join(dict.fromkeys(names[k] for k in kinds))
 
 
 def _api_error(reply: httpx.Response, data: Any) -> ApiError:

@@ -12,11 +12,12 @@ import importlib
 import importlib.metadata
 import platform
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from . import models
-from .processors import Registry
+from .processors import Registry, load_class
 from .processors.backends import this_platform
 
 
@@ -30,9 +31,10 @@ def diagnose(config: Any, models_dir: Path | None = None) -> dict[str, Any]:
         catalog_error = None
     except models.ModelError as e:
         catalog, catalog_error = None, str(e)
-    registry = Registry(config.service.plugins, config.processors)
+    plugins, broken = check_plugins(config.service.plugins)
+    registry = Registry(plugins, config.processors)
     imports: dict[str, str | None] = {}  # module -> None when it imports, else why not
-    report = {}
+    report: dict[str, Any] = {spec: _broken_plugin(reason) for spec, reason in broken.items()}
     for name in registry.names:
         processor = registry.create(name)
         state = processor.readiness()
@@ -71,6 +73,33 @@ def diagnose(config: Any, models_dir: Path | None = None) -> dict[str, Any]:
         "catalog": str(catalog.path) if catalog else None,
         "catalog_error": catalog_error,
         "processors": report,
+    }
+
+
+def check_plugins(specs: Iterable[str]) -> tuple[list[str], dict[str, str]]:
+    """The plugins that load, and each one that does not with why not."""
+    loaded, broken = [], {}
+    for spec in specs:
+        try:
+            load_class(spec)
+        except ValueError as e:
+            broken[spec] = str(e)
+        except Exception as e:  # the plugin's own import fails: a syntax error, a bug, ...
+            broken[spec] = f"cannot load processor {spec!r}: {type(e).__name__}: {e}"
+        else:
+            loaded.append(spec)
+    return loaded, broken
+
+
+def _broken_plugin(reason: str) -> dict[str, Any]:
+    # Shaped as a processor that is not ready, so --json readers need no special case.
+    return {
+        "backend": "none",
+        "model": None,
+        "ready": False,
+        "reason": f"service.plugins: {reason}",
+        "backends": [],
+        "model_files": None,
     }
 
 

@@ -50,13 +50,22 @@ def models_command(config: Config, args: argparse.Namespace) -> int:
         specs = [catalog.get(n) for n in args.names] if args.names else None
         if args.action == "pull":
             if specs is None:
-                specs = models.needed(Registry(config.service.plugins, config.processors), catalog)
+                specs = models.needed(_registry(config), catalog)
             keep_free = int(config.queue.min_free_disk_mb * models.MB)
             return _pull(out, specs, models_dir, args.source, keep_free)
         return _verify(out, catalog, specs, models_dir)
     except models.ModelError as e:
         out.print(Text.assemble(("error:", "red"), " ", printable(e)))
         return 1
+
+
+def _registry(config: Config) -> Registry:
+    """The configured processors; a plugin that does not load is a ModelError: which
+    models are needed cannot be told without it."""
+    plugins, broken = doctor.check_plugins(config.service.plugins)
+    if broken:
+        raise models.ModelError(f"service.plugins: {next(iter(broken.values()))}")
+    return Registry(plugins, config.processors)
 
 
 def _list(out: Console, catalog: models.Catalog, models_dir: Path, as_json: bool) -> int:

@@ -33,7 +33,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from .client import ApiClient, ApiError, ServiceUnreachable
+from .client import ApiClient, ApiError, ServiceUnreachable, UnexpectedReply
 from .terminal import printable, scrub
 
 POLL_SECONDS = 1.0  # API.md: the view refreshes at least once a second
@@ -91,7 +91,7 @@ def fetch(api: ApiClient, previous: Snapshot) -> Snapshot:
             job["task_id"]: previous.errors.get(job["task_id"]) or _error_of(api, job)
             for job in failed
         }
-    except (ServiceUnreachable, ApiError) as exc:
+    except (ServiceUnreachable, ApiError, UnexpectedReply) as exc:
         return replace(previous, error=_reason(exc))
     return Snapshot(previous.url, status, details, failed, finished, errors, None, time.time())
 
@@ -153,7 +153,11 @@ class Feed:
                 continue
             if command is None:
                 return
-            self.message = printable(execute(self.api, command, self.snapshot))
+            try:
+                outcome = execute(self.api, command, self.snapshot)
+            except Exception as exc:  # a reply of a shape no check foresaw: say so, go on
+                outcome = f"⚠ unexpected reply: {type(exc).__name__}: {exc}"
+            self.message = printable(outcome)
 
 
 def execute(api: ApiClient, command: Command, snap: Snapshot) -> str:
@@ -167,6 +171,8 @@ def execute(api: ApiClient, command: Command, snap: Snapshot) -> str:
         return f"refused: {_reason(exc)}"
     except ServiceUnreachable as exc:
         return str(exc)
+    except UnexpectedReply as exc:
+        return f"⚠ {exc}"
 
 
 def _toggle(api: ApiClient, status: dict[str, Any]) -> str:
@@ -315,8 +321,7 @@ def run(api: ApiClient, console: Console | None = None) -> int:
                 snap = feed.snapshot
                 picked = cursor.pick(selectable(snap))
                 selected = picked["task_id"] if picked else None
-                view = render(snap, selected, feed.message, console.height, time.time())
-                live.update(view, refresh=True)
+                _draw(live, snap, selected, feed.message, console.height)
                 for key in keys.read(TICK):
                     if key == "q":
                         return 0
@@ -325,6 +330,19 @@ def run(api: ApiClient, console: Console | None = None) -> int:
         return 0
     finally:
         feed.stop()
+
+
+def _draw(live: Live, snap: Snapshot, selected: str | None, message: str, height: int) -> None:
+    """Show the screen; if the service's data cannot be drawn (a reply of a shape no check
+    foresaw), the screen without it and a warning, until a later poll can be drawn."""
+    try:
+        view = render(snap, selected, message, height, time.time(), live.console.width)
+        live.update(view, refresh=True)
+    except Exception as exc:
+        error = printable(f"unexpected reply from {snap.url}: {type(exc).__name__}: {exc}")
+        bare = Snapshot(snap.url, error=error, fetched_at=snap.fetched_at)
+        view = render(bare, None, message, height, time.time(), live.console.width)
+        live.update(view, refresh=True)
 
 
 def on_key(key: str, snap: Snapshot, cursor: Cursor, feed: Feed) -> None:
@@ -350,17 +368,21 @@ def render(
     message: str = "",
     height: int = 40,
     now: float | None = None,
+    width: int | None = None,
 ) -> RenderableType:
-    """The whole screen for one snapshot; ``height`` is the terminal's, ``now`` a Unix time."""
+    """The whole screen for one snapshot; ``height`` and ``width`` are the terminal's
+    (``width`` None: every column), ``now`` a Unix time."""
     if now is None:
         now = snap.fetched_at or 0.0
     header = _header(snap)
     nodes = _nodes(snap.status, now)
     footer = _footer(snap, message)
-    lists = [part for part in (_failed(snap, selected), _finished(snap, selected)) if part]
+    lists = [
+        part for part in (_failed(snap, selected, width), _finished(snap, selected, width)) if part
+    ]
     # The queue gets what the other parts leave; its title and column header take two lines.
     room = height - _lines(header, nodes, footer, *lists) - 2
-    body = Group(_queue(snap, selected, room, now), *lists)
+    body = Group(_queue(snap, selected, room, now, width), *lists)
     parts = [header, nodes, body, footer]
     layout = Layout()
     # Fixed-size header and footer: the key help stays visible however long the queue is.
@@ -470,7 +492,40 @@ def _nodes(status: dict[str, Any] | None, now: float) -> Table | None:
     return table
 
 
-def _queue(snap: Snapshot, selected: str | None, room: int, now: float) -> RenderableType:
+# Each list's columns with the width each needs at least to be of use, and those that
+# give way on a narrow terminal, first to last: the selection marker, the position and
+# the file name stay, so the operator sees which job the keys act on.
+QUEUE_COLUMNS = {
+    "": 1,
+    "#": 3,
+    "file": 10,
+    "prio": 6,
+    "status": 10,
+    "progress": 21,
+    "processors": 10,
+    "when": 14,
+}
+QUEUE_DROPS = ("processors", "when", "prio", "progress")
+FAILED_COLUMNS = {"": 1, "file": 10, "status": 7, "failed": 6, "error": 10, "task": 17}
+FAILED_DROPS = ("task", "failed", "error")
+FINISHED_COLUMNS = {"": 1, "file": 10, "status": 9, "processors": 10, "task": 17}
+FINISHED_DROPS = ("task", "processors")
+
+
+def _fitting(needs: dict[str, int], drops: tuple[str, ...], width: int | None) -> list[str]:
+    """The columns of ``needs`` that fit in ``width``, dropping those in ``drops`` in turn."""
+    names = list(needs)
+    for name in drops:
+        # Two spaces between columns (the table's padding), none at its edges.
+        if width is None or sum(needs[n] for n in names) + 2 * (len(names) - 1) <= width:
+            break
+        names.remove(name)
+    return names
+
+
+def _queue(
+    snap: Snapshot, selected: str | None, room: int, now: float, width: int | None = None
+) -> RenderableType:
     status = snap.status
     if status is None:
         return Text("")
@@ -478,14 +533,20 @@ def _queue(snap: Snapshot, selected: str | None, room: int, now: float) -> Rende
     title = f"queue: {status['active_count']} running, {status['pending_count']} pending" + (
         f", {status['retrying_count']} retrying" if status.get("retrying_count") else ""
     )
-    table = _table("", "#", "file", "prio", "status", "progress", "processors", "when", title=title)
+    columns = _fitting(QUEUE_COLUMNS, QUEUE_DROPS, width)
+    table = _table(*columns, title=title, needs=QUEUE_COLUMNS)
     for job in _window(entries, selected, room):
-        table.add_row(*_job_cells(job, selected, now))
+        table.add_row(*_pick(_job_cells(job, selected, now), columns))
         for name, run in (snap.details.get(job["task_id"], {}).get("processors") or {}).items():
-            table.add_row(*_processor_cells(name, run))
+            table.add_row(*_pick(_processor_cells(name, run), columns))
     if not entries:
-        table.add_row("", "", Text("nothing running or waiting", style="bright_black"))
+        empty = {"file": Text("nothing running or waiting", style="bright_black")}
+        table.add_row(*_pick(empty, columns))
     return table
+
+
+def _pick(cells: dict[str, RenderableType], columns: list[str]) -> list[RenderableType]:
+    return [cells.get(name, Text("")) for name in columns]
 
 
 def _window(entries: list[Job], selected: str | None, room: int) -> list[Job]:
@@ -498,7 +559,7 @@ def _window(entries: list[Job], selected: str | None, room: int) -> list[Job]:
     return entries[start : start + room]
 
 
-def _job_cells(job: Job, selected: str | None, now: float) -> list[RenderableType]:
+def _job_cells(job: Job, selected: str | None, now: float) -> dict[str, RenderableType]:
     status = job["status"]
     if status == "processing":
         when = f"started {_ago(job.get('started_at'), now)}" + (
@@ -511,62 +572,64 @@ def _job_cells(job: Job, selected: str | None, now: float) -> list[RenderableTyp
     processors = ",".join(job.get("processors", []))
     if job.get("error"):
         processors += f"  {job['error']}"
-    return [
-        _marker(job, selected),
-        Text(str(job.get("position") or "")),
-        Text(job["file_name"], style="reverse" if job["task_id"] == selected else ""),
-        Text(job.get("priority", "")),
-        Text(status, style=STATUS_STYLE.get(status, "")),
-        _progress(job.get("progress")) if status == "processing" else Text(""),
-        Text(processors),
-        Text(when, style="bright_black"),
-    ]
+    return {
+        "": _marker(job, selected),
+        "#": Text(str(job.get("position") or "")),
+        "file": Text(job["file_name"], style="reverse" if job["task_id"] == selected else ""),
+        "prio": Text(job.get("priority", "")),
+        "status": Text(status, style=STATUS_STYLE.get(status, "")),
+        "progress": _progress(job.get("progress")) if status == "processing" else Text(""),
+        "processors": Text(processors),
+        "when": Text(when, style="bright_black"),
+    }
 
 
-def _processor_cells(name: str, run: dict[str, Any]) -> list[RenderableType]:
+def _processor_cells(name: str, run: dict[str, Any]) -> dict[str, RenderableType]:
     status = run.get("status", "")
     counts = f"{run['current']}/{run['total']}" if run.get("total") else ""
     note = run.get("error") or run.get("reason") or counts
-    return [
-        Text(""),
-        Text(""),
-        Text(f"  └ {name}", style="bright_black"),
-        Text(""),
-        Text(status, style=STATUS_STYLE.get(status, "")),
-        _progress(run.get("progress")) if run.get("progress") is not None else Text(""),
-        Text(note, style="bright_black"),
-        Text(""),
-    ]
+    progress = run.get("progress")
+    return {
+        "file": Text(f"  └ {name}", style="bright_black"),
+        "status": Text(status, style=STATUS_STYLE.get(status, "")),
+        "progress": _progress(progress) if progress is not None else Text(""),
+        "processors": Text(note, style="bright_black"),
+    }
 
 
-def _failed(snap: Snapshot, selected: str | None) -> Table | None:
+def _failed(snap: Snapshot, selected: str | None, width: int | None = None) -> Table | None:
     if not snap.failed:
         return None
-    table = _table("", "file", "status", "failed", "error", "task", title="failed")
+    columns = _fitting(FAILED_COLUMNS, FAILED_DROPS, width)
+    table = _table(*columns, title="failed", needs=FAILED_COLUMNS)
     for job in snap.failed:
-        table.add_row(
-            _marker(job, selected),
-            Text(job["file_name"], style="reverse" if job["task_id"] == selected else ""),
-            Text(job["status"], style=STATUS_STYLE.get(job["status"], "")),
-            Text(",".join(job.get("failed", []))),
-            Text(snap.errors.get(job["task_id"], ""), style="red"),
-            Text(job["task_id"], style="bright_black"),
-        )
+        cells = _listed_cells(job, selected) | {
+            "failed": Text(",".join(job.get("failed", []))),
+            "error": Text(snap.errors.get(job["task_id"], ""), style="red"),
+        }
+        table.add_row(*_pick(cells, columns))
     return table
 
 
-def _finished(snap: Snapshot, selected: str | None) -> Table | None:
+def _listed_cells(job: Job, selected: str | None) -> dict[str, RenderableType]:
+    """The cells a job has in every list below the queue."""
+    return {
+        "": _marker(job, selected),
+        "file": Text(job["file_name"], style="reverse" if job["task_id"] == selected else ""),
+        "status": Text(job["status"], style=STATUS_STYLE.get(job["status"], "")),
+        "task": Text(job["task_id"], style="bright_black"),
+    }
+
+
+def _finished(snap: Snapshot, selected: str | None, width: int | None = None) -> Table | None:
     if not snap.finished:
         return None
-    table = _table("", "file", "status", "processors", "task", title="recently finished")
+    columns = _fitting(FINISHED_COLUMNS, FINISHED_DROPS, width)
+    table = _table(*columns, title="recently finished", needs=FINISHED_COLUMNS)
     for job in snap.finished:
-        table.add_row(
-            _marker(job, selected),
-            Text(job["file_name"], style="reverse" if job["task_id"] == selected else ""),
-            Text(job["status"], style=STATUS_STYLE.get(job["status"], "")),
-            Text(",".join(job.get("processors", []))),
-            Text(job["task_id"], style="bright_black"),
-        )
+        cells = _listed_cells(job, selected)
+        cells["processors"] = Text(",".join(job.get("processors", [])))
+        table.add_row(*_pick(cells, columns))
     return table
 
 
@@ -581,7 +644,7 @@ def _footer(snap: Snapshot, message: str) -> Group:
     return Group(line, Text(KEY_HELP, style="bright_black", **cut))
 
 
-def _table(*columns: str, title: str) -> Table:
+def _table(*columns: str, title: str, needs: dict[str, int] | None = None) -> Table:
     table = Table(
         box=None,
         pad_edge=False,
@@ -593,8 +656,15 @@ def _table(*columns: str, title: str) -> Table:
     )
     for name in columns:
         wide = name in ("file", "processors", "error")
-        # File names and errors give way on a narrow terminal; the rest stay whole.
-        table.add_column(name, no_wrap=True, overflow="ellipsis", ratio=2 if wide else None)
+        # File names and errors give way on a narrow terminal, down to their least width
+        # (``needs``); the rest stay whole. Columns that do not fit were left out already.
+        table.add_column(
+            name,
+            no_wrap=True,
+            overflow="ellipsis",
+            ratio=2 if wide else None,
+            min_width=(needs or {}).get(name),
+        )
     return table
 
 

@@ -9,11 +9,12 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from broken_server import BrokenServer
 from conftest import wait_for
 
 TASK_ID = re.compile(r"task_[0-9a-f]{12}")
@@ -294,3 +295,77 @@ def test_a_second_ctrl_c_during_shutdown_exits_at_once(start_service) -> None:
     svc.proc.send_signal(signal.SIGINT)
     assert svc.proc.wait(timeout=30) == 130
     assert "exiting without waiting" in svc.log()
+
+
+@pytest.fixture
+def broken() -> Iterator[BrokenServer]:
+    with BrokenServer().running() as server:
+        yield server
+
+
+COMMANDS = (
+    ("status",),
+    ("jobs",),
+    ("pause",),
+    ("resume",),
+    ("concurrency", "2"),
+    ("cancel", "task_000000000000"),
+    ("retry", "task_000000000000"),
+    ("clear",),
+    ("rescan",),
+    ("submit", "x.mp4"),
+)
+
+
+@pytest.mark.parametrize(
+    "body, headers",
+    [
+        (b"{}", {}),
+        (b'{"success": true, "paused": null, "cleared": null, "new": null}', {}),
+        (b'{"success": false, "paused": true}', {}),
+        (b"[1, 2]", {}),
+        (b'{"success": true}', {"Content_Encoding": "gzip"}),  # not gzip at all
+        (b"[" * 100_000 + b"]" * 100_000, {}),  # too deep for the JSON decoder
+    ],
+    ids=["empty", "nulls", "not-success", "a-list", "bad-gzip", "deep"],
+)
+def test_a_reply_not_of_the_documented_shape_is_an_error(broken, cli, body, headers) -> None:
+    broken.answer(body, **headers)
+    for command in COMMANDS:
+        failed = cli(*command, "--url", broken.url, expect=1)  # and no traceback
+        assert failed.stderr.startswith(f"error: unexpected reply from {broken.url}"), failed
+        assert failed.stdout == "", f"{command}: a success message for a broken reply"
+
+
+def test_a_token_no_http_header_can_carry_is_a_usage_error(broken, cli, tmp_path) -> None:
+    url = ("--url", broken.url)  # a server that would answer: the request is never made
+    for token in ("pässwörd", "a\nb", "two words"):
+        failed = cli("status", "--token", token, *url, expect=2)
+        assert "the API token from --token cannot be sent" in failed.stderr, failed.stderr
+        assert len(failed.stderr.splitlines()) == 1 and failed.stdout == ""
+    failed = cli("jobs", *url, env={"MOMENTRY_API_TOKEN": "ü"}, expect=2)
+    assert "MOMENTRY_API_TOKEN" in failed.stderr, failed.stderr
+    config = tmp_path / "momentry.toml"
+    config.write_text('[service]\ntoken = "tök"\n', encoding="utf-8")
+    failed = cli("--config", str(config), "pause", *url, expect=2)
+    assert "service.token" in failed.stderr, failed.stderr
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_submit_of_a_file_whose_job_ended_says_so_and_how_to_run_it_again(
+    start_service, cli
+) -> None:
+    svc = start_service(queue={"max_retries": 0})
+    url = ("--url", svc.url)
+    done = svc.submit("done.mp4", ["noop"])["task_id"]
+    svc.marker.touch()  # flaky fails while it exists; with no retries left the job is failed
+    bad = svc.submit("bad.mp4", ["flaky"])["task_id"]
+    svc.wait_status(done, "completed")
+    svc.wait_status(bad, "failed")
+
+    out = cli("submit", str(svc.drop / "done.mp4"), "--processors", "noop", *url).stdout
+    assert f"{done} is completed: nothing queued" in out and '"force": true' in out, out
+    out = cli("submit", str(svc.drop / "bad.mp4"), "--processors", "flaky", *url).stdout
+    assert f"{bad} is failed: nothing queued" in out, out
+    assert f"momentry-edge retry {bad}" in out, out
+    assert svc.get("/api/v1/jobs")["total"] == 2  # as said: nothing was queued

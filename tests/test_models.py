@@ -527,6 +527,44 @@ def test_cli_models_pull_list_verify_and_doctor(config, tmp_path):
     assert "vocabulary.txt: size" in verified.stdout and f"models pull {TINY}" in verified.stdout
 
 
+def test_a_plugin_that_does_not_load_is_a_failed_check_not_a_crash(tmp_path):
+    config = tmp_path / "momentry.toml"
+    config.write_text(
+        f'[service]\ndata_dir = "{tmp_path / "data"}"\nplugins = ["nosuch:X"]\n', encoding="utf-8"
+    )
+    report = cli(config, "doctor", "--json")
+    assert report.returncode == 1 and "Traceback" not in report.stderr, report.stderr
+    processors = json.loads(report.stdout)["processors"]
+    assert processors["nosuch:X"]["ready"] is False
+    assert "cannot load processor 'nosuch:X'" in processors["nosuch:X"]["reason"]
+    assert "asr" in processors  # the other checks still ran
+    human = cli(config, "doctor")
+    assert human.returncode == 1 and "Traceback" not in human.stderr, human.stderr
+    assert "nosuch:X" in line_with(human.stdout, "no  ") and "asr" in human.stdout
+
+    pulled = cli(config, "models", "pull")
+    assert pulled.returncode == 1 and "Traceback" not in pulled.stderr, pulled.stderr
+    assert pulled.stdout.startswith("error: service.plugins: cannot load processor 'nosuch:X'")
+    assert len(pulled.stdout.splitlines()) == 1, pulled.stdout
+
+
+def line_with(text: str, part: str) -> str:
+    return next((row for row in text.splitlines() if part in row), "")
+
+
+def test_pull_and_verify_refuse_json_rather_than_print_prose(config):
+    # Their output is progress bars and lines for a person: --json is a usage error.
+    for args in (
+        ("models", "pull", "--json"),
+        ("--json", "models", "verify"),
+        ("models", "verify", TINY, "--json"),
+    ):
+        refused = cli(config, *args)
+        assert refused.returncode == 2 and refused.stdout == "", refused.stdout
+        assert "--json" in refused.stderr and "Traceback" not in refused.stderr
+    assert json.loads(cli(config, "models", "list", "--json").stdout)["models"]
+
+
 def test_cli_pull_of_an_unknown_model_fails(config):
     done = cli(config, "models", "pull", "whisper-huge")
     assert done.returncode == 1 and "unknown model 'whisper-huge'" in done.stdout

@@ -4,6 +4,7 @@ and its pure render function on API-shaped JSON."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import shlex
@@ -18,6 +19,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from broken_server import BrokenServer
 from conftest import wait_for
 from rich.console import Console
 
@@ -50,11 +52,12 @@ class Terminal:
             command, env=self.env, check=True, capture_output=True, text=True, timeout=10
         ).stdout
 
-    def start(self, *argv: str) -> None:
+    def start(self, *argv: str, columns: int = 160, lines: int = 48) -> None:
         tui = shlex.join([sys.executable, "-m", "momentry_edge.cli", *argv])
         # Keep the pane after the program ends, so its exit code (or traceback) can be read.
         shell = f'{tui}; echo "[exited $?]"; sleep 600'
-        self.tmux("new-session", "-d", "-s", "tui", "-x", "160", "-y", "48", shell)
+        size = ("-x", str(columns), "-y", str(lines))
+        self.tmux("new-session", "-d", "-s", "tui", *size, shell)
 
     def screen(self) -> str:
         return self.tmux("capture-pane", "-p", "-t", "tui")
@@ -215,6 +218,29 @@ def test_tui_shows_hostile_names_escaped(start_service, terminal) -> None:
     terminal.wait(lambda s: "[exited 0]" in s)
 
 
+@needs_tmux
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_tui_on_a_narrow_terminal_shows_which_job_is_selected(start_service, terminal) -> None:
+    svc = start_service()
+    svc.call("POST", "/api/v1/queue/pause")
+    names = ["first-of-two-rather-long-names.mp4", "second-of-two-rather-long-names.mp4"]
+    tasks = [svc.submit(name, ["noop"])["task_id"] for name in names]
+    terminal.start("tui", "--url", svc.url, columns=40, lines=12)
+
+    # Each row: the marker, the position and the start of the (cut) file name.
+    first = re.compile(r"^›\s*1\s+first-of")
+    second = re.compile(r"^›\s*2\s+second-of")
+    screen = terminal.wait(lambda s: any(first.search(row) for row in s.splitlines()))
+    assert re.search(r"^\s*2\s+second-of", line(screen, "second-of")), screen
+    terminal.press("Down")
+    terminal.wait(lambda s: any(second.search(row) for row in s.splitlines()))
+    terminal.press("c")  # cancels the job the operator sees selected, and only that one
+    wait_for(lambda: svc.job(tasks[1])["status"] == "cancelled")
+    assert svc.job(tasks[0])["status"] == "pending"
+    terminal.press("q")
+    terminal.wait(lambda s: "[exited 0]" in s)
+
+
 def test_tui_needs_a_terminal(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MOMENTRY_")}
     proc = subprocess.run(
@@ -353,6 +379,16 @@ def test_render_keeps_the_key_help_and_the_selection_on_a_short_screen() -> None
     assert selected(screen, "file 050.mp4") and "q quit" in screen
 
 
+def test_render_on_a_narrow_screen_drops_columns_not_the_file_name() -> None:
+    console = Console(width=40, height=30, file=io.StringIO(), record=True)
+    console.print(render(snapshot(), "task_b", "", 30, NOW, width=40))
+    screen = console.export_text()
+    assert selected(screen, "[b] bravo.mp4") and at_position(screen, "[b] bravo.mp4", 1), screen
+    assert at_position(screen, "charlie.mp4", 2) and "pending" in line(screen, "charlie.mp4")
+    assert "echo.mp4" in screen and "fox.mp4" in screen
+    assert "starts in" not in screen  # the "when" column gave way
+
+
 def test_keys_and_cursor() -> None:
     assert parse_keys("\x1b[A\x1b[Bjk+p") == ["up", "down", "down", "up", "+", "p"]
     snap = snapshot()
@@ -367,3 +403,48 @@ def test_keys_and_cursor() -> None:
     cursor.move(rows, 100)
     assert cursor.pick(rows)["task_id"] == "task_f"
     assert cursor.pick(rows[:2])["task_id"] == "task_b"  # gone: its place's job
+
+
+def well(**extra: object) -> bytes:
+    """One reply that is a whole queue status, an empty job list and a pause reply."""
+    status = {
+        "success": True,
+        "active_count": 0,
+        "max_concurrent": 2,
+        "effective_concurrency": 2,
+        "dynamic_concurrency": False,
+        "pending_count": 0,
+        "paused": False,
+        "queue": [],
+        "jobs": [],
+        "total": 0,
+    }
+    return json.dumps(status | extra).encode()
+
+
+@needs_tmux
+def test_tui_survives_replies_of_the_wrong_shape_and_recovers(terminal) -> None:
+    with BrokenServer().running() as server:
+        server.answer(well())
+        terminal.start("tui", "--url", server.url)
+        terminal.wait(lambda s: "RUNNING" in s and "⚠" not in s)
+
+        server.answer(b"{}", method="POST")  # `p` gets a 2xx reply without "paused"
+        terminal.press("p")
+        screen = terminal.wait(lambda s: "⚠ unexpected reply" in s)
+        assert "/api/v1/queue/pause" in line(screen, "⚠"), screen
+        server.answer(well(paused=True))  # the view still polls: the change shows
+        terminal.wait(lambda s: "PAUSED" in s)
+
+        server.answer(b"{}")  # the status itself lacks its fields
+        terminal.wait(lambda s: "⚠" in s and "unexpected reply" in s and "q quit" in s)
+        server.answer(well(statistics={"average_time": "soon"}))  # a field of the wrong type
+        terminal.wait(lambda s: "⚠" in s and "unexpected reply" in s and "q quit" in s)
+
+        server.answer(well())
+        server.answer(well(), method="POST")
+        terminal.wait(lambda s: "RUNNING" in s and "retrying every second" not in s)
+        terminal.press("p")  # commands work again too: their outcome replaces the warning
+        terminal.wait(lambda s: "queue running" in s and "⚠" not in s)
+        terminal.press("q")
+        terminal.wait(lambda s: "[exited 0]" in s)

@@ -24,6 +24,8 @@ from playhouse.migrate import SchemaMigrator
 from playhouse.migrate import migrate as run_migrations
 from playhouse.pool import PooledPostgresqlDatabase
 
+from .config import ConfigError
+
 log = logging.getLogger(__name__)
 
 
@@ -397,21 +399,41 @@ def open_database(database_url: str, data_dir: Path, busy_timeout: float = 15.0)
         return sqlite(data_dir / "momentry.db", busy_timeout)
     url = urlparse(database_url)
     if url.scheme in ("postgres", "postgresql"):
-        # Threads borrow connections from a bounded pool and give them back when idle
-        # (release_connection), so a node holds a few connections, not one per thread.
-        return PooledPostgresqlDatabase(
-            unquote(url.path.lstrip("/")) or "postgres",
-            max_connections=POOL_SIZE,
-            stale_timeout=300,
-            timeout=30,
-            host=url.hostname,
-            port=url.port or 5432,
-            user=unquote(url.username) if url.username else None,
-            password=unquote(url.password) if url.password else None,
-        )
+        return postgres(database_url)
     if url.scheme == "sqlite":
         return sqlite(Path(unquote(url.path)), busy_timeout)
-    raise ValueError(f"service.database_url: unsupported scheme {url.scheme!r}")
+    raise ConfigError(f"service.database_url: unsupported scheme {url.scheme!r}")
+
+
+# libpq settings the service gives a connection unless the URL sets them: connecting,
+# and a connection whose server stops answering (host gone, network cut), fail in a
+# bounded time instead of holding the threads that wait on it.
+CONNECTION_DEFAULTS = {
+    "connect_timeout": "10",
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "30000",  # ms unacknowledged; Linux only, elsewhere ignored
+}
+
+
+def postgres(database_url: str) -> PooledPostgresqlDatabase:
+    """A pool of connections to the PostgreSQL URL; every libpq parameter in its query
+    (sslmode, application_name, ...) is honoured, an unknown one is a ConfigError."""
+    import psycopg  # the PostgreSQL driver: not loaded where SQLite is used
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:  # libpq's own parser: the URL means what it means to psql
+        params = CONNECTION_DEFAULTS | conninfo_to_dict(database_url)
+    except psycopg.Error as exc:
+        raise ConfigError(f"service.database_url: {exc}") from None
+    dbname = params.pop("dbname", None) or "postgres"
+    # Threads borrow connections from a bounded pool and give them back when idle
+    # (release_connection), so a node holds a few connections, not one per thread.
+    return PooledPostgresqlDatabase(
+        dbname, max_connections=POOL_SIZE, stale_timeout=300, timeout=30, **params
+    )
 
 
 def sqlite(path: Path, busy_timeout: float = 15.0) -> pw.SqliteDatabase:

@@ -102,6 +102,23 @@ def make_app(service: Core) -> bottle.Bottle:
             )
 
     @app.hook("before_request")
+    def addressed_here() -> None:
+        # DNS rebinding: a web page whose own name its DNS now points at 127.0.0.1 reaches
+        # this port as its own origin (Origin matching Host), free to read and change the
+        # queue. Without a token, only requests addressed to a name of this machine are
+        # served; such a page's requests carry its name. With one, the token guards.
+        if service.config.service.token:
+            return
+        host = request.get_header("Host")
+        if host is None or _names_this_machine(host, service.config.service.host):
+            return
+        raise bottle.HTTPResponse(
+            _error(403, "forbidden", f"refused: addressed to host {host[:200]!r}, not this one"),
+            403,
+            {"Content-Type": "application/json"},
+        )
+
+    @app.hook("before_request")
     def same_origin() -> None:
         # Any web page open in a browser on this machine could send a form or a fetch here
         # (to pause or clear the queue, with no token set). Browsers name the page's
@@ -411,6 +428,22 @@ def _bearer_matches(header: str, token: str) -> bool:
     scheme, _, given = header.strip().partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(
         given.strip().encode(), token.encode()
+    )
+
+
+def _names_this_machine(host_header: str, bound: str) -> bool:
+    """Whether a request's ``Host`` names this machine: localhost (or a name under it), one
+    of its own addresses, the configured service.host, or its host name, at any port."""
+    try:
+        name = (urlsplit(f"//{host_header}").hostname or "").rstrip(".")
+    except ValueError:  # an unclosed [ or the like
+        return False
+    if not name:
+        return False
+    return (
+        name in ("localhost", bound.lower(), socket.gethostname().lower())
+        or name.endswith(".localhost")  # resolved to loopback by browsers (RFC 6761)
+        or outbound.own_address(name)
     )
 
 

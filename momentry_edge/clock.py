@@ -6,7 +6,7 @@ import math
 import time
 
 # The whole second last rendered, and its text: consecutive calls (log lines, documents)
-# mostly fall within one second, and strftime is the costly part.
+# mostly fall within one second, and formatting is the costly part.
 _second: tuple[int, str] = (0, "1970-01-01T00:00:00")
 
 # Seconds this machine's clock is behind the shared database server's (cluster.sync_clock).
@@ -47,6 +47,11 @@ def iso(ts: float | None) -> str | None:
         seconds, micros = seconds - 1, micros + 1_000_000
     cached_second, text = _second
     if seconds != cached_second:
-        text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+        # Not strftime: its %Y does not pad a year before 1000 to four digits on Linux.
+        t = time.gmtime(seconds)
+        text = (
+            f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}"
+            f"T{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}"
+        )
         _second = (seconds, text)
     return f"{text}.{micros // 1000:03d}Z"

@@ -219,11 +219,12 @@ class Notifier:
     def _listen(self) -> None:
         import psycopg
 
+        # The URL's settings, with its connect_timeout or the service's (db.CONNECTION_DEFAULTS).
         params = self.database.connect_params
         while not self._stop.is_set():
             try:
                 with psycopg.connect(
-                    dbname=self.database.database, autocommit=True, connect_timeout=5, **params
+                    dbname=self.database.database, autocommit=True, **params
                 ) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     while not self._stop.is_set():

@@ -25,6 +25,8 @@ from playhouse.migrate import SchemaMigrator
 from playhouse.migrate import migrate as run_migrations
 from playhouse.pool import PooledPostgresqlDatabase
 
+from .config import ConfigError
+
 log = logging.getLogger(__name__)
 
 
@@ -399,34 +401,93 @@ MIGRATIONS: list[Callable[[pw.Database], None]] = [
 
 def connect(database_url: str, data_dir: Path, busy_timeout: float = 15.0) -> pw.Database:
     """Open the database, bind the models to it and bring its schema up to date."""
+    global answer_timeout
     db = open_database(database_url, data_dir, busy_timeout)
     db.bind((*MODELS, SchemaVersion))
-    db.connect(reuse_if_open=True)
-    migrate(db)
+    # A migration may index a large table, or wait for another node's: not bounded.
+    answer_timeout = None
+    try:
+        db.connect(reuse_if_open=True)
+        migrate(db)
+    finally:
+        answer_timeout = busy_timeout
     return db
 
 
 def open_database(database_url: str, data_dir: Path, busy_timeout: float = 15.0) -> pw.Database:
+    global answer_timeout
     if not database_url:
         data_dir.mkdir(parents=True, exist_ok=True)
         return sqlite(data_dir / "momentry.db", busy_timeout)
     url = urlparse(database_url)
     if url.scheme in ("postgres", "postgresql"):
-        # Threads borrow connections from a bounded pool and give them back when idle
-        # (release_connection), so a node holds a few connections, not one per thread.
-        return PooledPostgresqlDatabase(
-            unquote(url.path.lstrip("/")) or "postgres",
-            max_connections=POOL_SIZE,
-            stale_timeout=300,
-            timeout=30,
-            host=url.hostname,
-            port=url.port or 5432,
-            user=unquote(url.username) if url.username else None,
-            password=unquote(url.password) if url.password else None,
-        )
+        answer_timeout = busy_timeout
+        return postgres(database_url)
     if url.scheme == "sqlite":
         return sqlite(Path(unquote(url.path)), busy_timeout)
-    raise ValueError(f"service.database_url: unsupported scheme {url.scheme!r}")
+    raise ConfigError(f"service.database_url: unsupported scheme {url.scheme!r}")
+
+
+# libpq settings the service gives a connection unless the URL sets them: connecting,
+# and a connection whose server stops answering (host gone, network cut), fail in a
+# bounded time instead of holding the threads that wait on it.
+CONNECTION_DEFAULTS = {
+    "connect_timeout": "10",
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "30000",  # ms unacknowledged; Linux only, elsewhere ignored
+}
+
+
+def postgres(database_url: str) -> PooledPostgresqlDatabase:
+    """A pool of connections to the PostgreSQL URL; every libpq parameter in its query
+    (sslmode, application_name, ...) is honoured, an unknown one is a ConfigError."""
+    import psycopg  # the PostgreSQL driver: not loaded where SQLite is used
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:  # libpq's own parser: the URL means what it means to psql
+        params = CONNECTION_DEFAULTS | conninfo_to_dict(database_url)
+    except psycopg.Error as exc:
+        raise ConfigError(f"service.database_url: {exc}") from None
+    dbname = params.pop("dbname", None) or "postgres"
+    # Threads borrow connections from a bounded pool and give them back when idle
+    # (release_connection), so a node holds a few connections, not one per thread.
+    pool = type("Pool", (PooledPostgresqlDatabase,), {"psycopg3_adapter": _bounded_adapter()})
+    return pool(dbname, max_connections=POOL_SIZE, stale_timeout=300, timeout=30, **params)
+
+
+# Seconds a PostgreSQL statement waits for the server's answer (service.database_timeout,
+# as SQLite's writers wait for a lock); None: as long as it takes.
+answer_timeout: float | None = 15.0
+
+
+def _bounded_adapter() -> type:
+    """peewee's psycopg adapter, its connections waiting at most ``answer_timeout`` for
+    the server. A server or proxy that keeps the connection open but stops answering
+    (TCP keepalives see nothing wrong) would otherwise hold the thread, and peewee's
+    database-wide lock that connect and close take, for as long as it lasts."""
+    import psycopg
+    from psycopg import errors
+
+    class Connection(psycopg.Connection):
+        def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+            if timeout is None:
+                timeout = answer_timeout
+            try:
+                return super().wait(gen, interval, timeout)
+            except errors._WaitTimeout:
+                self.pgconn.finish()  # cut off mid-statement: not usable again
+                raise psycopg.OperationalError(
+                    f"no answer from the database server in {timeout:g} s"
+                ) from None
+
+    class Adapter(pw.Psycopg3Adapter):
+        def connect(self, db: pw.Database, **params: Any) -> Any:
+            return Connection.connect(dbname=db.database, **params)
+
+    return Adapter
 
 
 def sqlite(path: Path, busy_timeout: float = 15.0) -> pw.SqliteDatabase:
@@ -456,7 +517,13 @@ def queue_id() -> str:
 def release_connection() -> None:
     """Return this thread's PostgreSQL connection to the pool (SQLite keeps its own)."""
     database = Job._meta.database
-    if isinstance(database, PooledPostgresqlDatabase) and not database.in_transaction():
+    # Not when it holds none (a request that did not use the database): close() waits
+    # for peewee's lock, which a thread connecting over a stalled link may hold.
+    if (
+        isinstance(database, PooledPostgresqlDatabase)
+        and not database.is_closed()
+        and not database.in_transaction()
+    ):
         database.close()
 
 

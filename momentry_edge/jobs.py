@@ -96,11 +96,14 @@ def find_job(ref: str | int) -> Job:
 # -- queue settings -------------------------------------------------------------------------
 
 
-def init_queue_state(max_concurrent: int, dynamic: bool, node: str | None = None) -> QueueState:
+def init_queue_state(
+    max_concurrent: int, dynamic: bool, node: str | None = None, ceiling: int | None = None
+) -> QueueState:
     """Create the settings row, or take the config file's values where the file changed.
 
     On a shared PostgreSQL queue the values are ``node``'s own (its row, registered
-    first): nodes of one queue run on machines of their own sizes.
+    first): nodes of one queue run on machines of their own sizes. A kept max_concurrent
+    above ``ceiling`` (queue.worker_threads, lowered since it was set) is cut to it.
     """
     database = QueueState._meta.database
     with db.write_transaction(database):
@@ -119,14 +122,30 @@ def init_queue_state(max_concurrent: int, dynamic: bool, node: str | None = None
                 own.own_max_concurrent = own.config_max_concurrent = max_concurrent
             if own.config_dynamic_concurrency != dynamic:
                 own.own_dynamic_concurrency = own.config_dynamic_concurrency = dynamic
+            own.own_max_concurrent = _capped(own.own_max_concurrent, ceiling)
             own.save()
         else:
             if state.config_max_concurrent != max_concurrent:
                 state.max_concurrent = state.config_max_concurrent = max_concurrent
             if state.config_dynamic_concurrency != dynamic:
                 state.dynamic_concurrency = state.config_dynamic_concurrency = dynamic
+            state.max_concurrent = _capped(state.max_concurrent, ceiling)
             state.save()
     return queue_state(node)
+
+
+def _capped(kept: int, ceiling: int | None) -> int:
+    """A kept max_concurrent, at most ``ceiling``: no more jobs run than there are threads,
+    and the status, /metrics and the API's range must say what runs."""
+    if ceiling is None or kept <= ceiling:
+        return kept
+    log.warning(
+        "max_concurrent %d (set through the API) is more than queue.worker_threads %d: now %d",
+        kept,
+        ceiling,
+        ceiling,
+    )
+    return ceiling
 
 
 def _own_settings(node: str | None) -> bool:

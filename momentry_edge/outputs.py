@@ -315,7 +315,8 @@ def read_result(folders: list[Path], processor: str) -> bytes | None:
 def scene_thumbnail(folders: list[Path], index: str) -> Path | None:
     """The JPEG of scene ``index`` (as given in a URL) that cut.json names, in the first of
     ``folders`` that has a cut.json, if there is one."""
-    if not (index.isascii() and index.isdigit()):
+    # At most 18 digits: int() refuses a string of thousands, and no cut has that many scenes.
+    if not (index.isascii() and index.isdigit() and len(index) <= 18):
         return None
     for folder in folders:
         try:

@@ -187,7 +187,10 @@ class Service:
             cluster.register_node(self.node, self.owner, sorted(self.workers.can_run))
         except Conflict as exc:
             raise ConfigError(f"service.node_id: {exc.message}") from None
-        jobs.init_queue_state(q.max_concurrent, q.dynamic_concurrency, self.node)  # into its row
+        # Into its row; one kept from the API is cut to the threads there are now.
+        jobs.init_queue_state(
+            q.max_concurrent, q.dynamic_concurrency, self.node, ceiling=q.worker_threads
+        )
         self.notifier = cluster.Notifier(database, on_wake=self.workers.kick)
         bus.listen(self.notifier.on_event)
         bus.listen(self.callbacks.on_event)

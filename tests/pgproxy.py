@@ -1,7 +1,8 @@
 """A loopback TCP proxy in front of the test PostgreSQL server that can end a connection
 just after a transaction has begun on it, or just after the server committed one but
 before its answer got back, as a server restart or failover landing at that moment
-would. The service reaches the server only through it."""
+would; or stall every connection (open, but no answer), as a frozen server or network
+path does. The service reaches the server only through it."""
 
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ class CuttingProxy:
         self.cuts = 0
         self._lose_commit_after: bytes | None = None
         self.commit_answers_lost = 0
+        # Cleared: the server's answers are held (connections stay open), until set again.
+        self.answering = threading.Event()
+        self.answering.set()
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -99,6 +103,7 @@ class CuttingProxy:
         with contextlib.suppress(OSError):
             for kind, body in _messages(server):
                 message = kind + struct.pack("!I", len(body) + 4) + body
+                self.answering.wait()
                 if trapped.is_set():
                     held.append(message)
                     if kind != b"Z":  # ReadyForQuery: the answer is whole

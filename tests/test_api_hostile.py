@@ -33,7 +33,7 @@ def _address(svc) -> tuple[str, int]:
 @contextmanager
 def slow_clients(svc, count: int) -> Iterator[None]:
     """``count`` connections sending ``GET /healthz`` one byte a second, until the block ends."""
-    request = b"GET /healthz HTTP/1.1\r\nHost: slow\r\nX-Pad: " + b"a" * 600 + b"\r\n\r\n"
+    request = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Pad: " + b"a" * 600 + b"\r\n\r\n"
     stop = threading.Event()
     socks = [socket.create_connection(_address(svc), timeout=5) for _ in range(count)]
 
@@ -63,7 +63,7 @@ class EventStream:
     def __init__(self, svc, token: str = "") -> None:
         self.sock = socket.create_connection(_address(svc), timeout=15)
         auth = f"Authorization: Bearer {token}\r\n" if token else ""
-        self.sock.sendall(f"GET /api/v1/events HTTP/1.1\r\nHost: t\r\n{auth}\r\n".encode())
+        self.sock.sendall(f"GET /api/v1/events HTTP/1.1\r\nHost: localhost\r\n{auth}\r\n".encode())
         self.buffer = b""
 
     def read_until(self, marker: bytes) -> bytes:
@@ -183,7 +183,7 @@ def test_hostile_values_and_bodies_get_json_4xx(start_service):
     far_too_big = iter([b" " * (1 << 20)] * 3)  # refused by the server before the API
     assert_error(c.put(priority, content=far_too_big), 413, "payload_too_large", "1048576 bytes")
     raw = (
-        f"PUT {priority} HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{{}}\r\n0"
+        f"PUT {priority} HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{{}}\r\n0"
         "\r\n\r\n"
     )
     status, headers, body = _raw(svc, raw.encode())
@@ -250,6 +250,40 @@ def test_a_web_page_of_another_origin_cannot_change_the_queue(start_service):
     assert svc.client.get("/api/v1/queue/status", headers={"Origin": "http://x"}).is_success
     same = svc.client.post("/api/v1/queue/pause", headers={"Origin": svc.url})
     assert same.status_code == 200 and svc.status()["paused"] is True
+
+
+def test_a_page_rebound_to_the_service_by_its_dns_cannot_use_it(start_service):
+    # The page's own name now resolves to 127.0.0.1: its requests come with that name as
+    # Host and as Origin, which agree.
+    svc = start_service()
+    port = httpx.URL(svc.url).port
+    page = {"Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}"}
+    for path in ("/api/v1/queue/pause", "/api/v1/queue/clear"):
+        assert_error(svc.client.post(path, headers=page), 403, "forbidden")
+    for path in ("/api/v1/queue/status", "/api/v1/files", "/metrics", "/healthz"):
+        reply = svc.client.get(path, headers={"Host": page["Host"]})
+        assert_error(reply, 403, "forbidden")
+        assert "evil.example" in reply.json()["error"]["message"]
+    for host in ("", "[::1", f"127.0.0.1.evil.example:{port}", "localhost.evil.example"):
+        assert_error(svc.client.get("/healthz", headers={"Host": host}), 403, "forbidden")
+    assert svc.status()["paused"] is False
+    # Names and addresses of this machine, in any spelling, at any port, are served.
+    for host in (f"localhost:{port}", "LOCALHOST.", "app.localhost", "127.0.0.1", "[::1]:80"):
+        assert svc.client.get("/api/v1/queue/status", headers={"Host": host}).is_success
+    assert svc.client.get("/healthz", headers={"Host": socket.gethostname()}).is_success
+    same = {"Host": f"localhost:{port}", "Origin": f"http://localhost:{port}"}
+    assert svc.client.post("/api/v1/queue/pause", headers=same).status_code == 200
+    assert svc.status()["paused"] is True
+
+
+def test_with_a_token_any_host_name_is_served(start_service):
+    # Behind a reverse proxy under a public name: the token, not the name, guards.
+    svc = start_service(service={"token": "s3cret"})
+    reply = svc.client.post("/api/v1/queue/pause", headers={"Host": "edge.example.com"})
+    assert reply.status_code == 200 and svc.status()["paused"] is True
+    anonymous = httpx.Client(base_url=svc.url, headers={"Host": "edge.example.com"})
+    with anonymous:
+        assert_error(anonymous.get("/api/v1/queue/status"), 401, "unauthorized")
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # threads, not storage

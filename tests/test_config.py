@@ -236,3 +236,49 @@ def test_a_config_file_that_is_not_utf8_or_not_a_file_is_reported(tmp_path):
 def test_a_port_out_of_range_in_the_file_names_the_key(tmp_path):
     with pytest.raises(config.ConfigError, match=r"service.port: must be at most 65535"):
         config.load(write(tmp_path, "[service]\nport = 99999\n"), env={})
+
+
+on_postgres = pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+
+
+@on_postgres
+def test_libpq_parameters_in_the_database_url_are_honoured(start_service, database_url):
+    import psycopg
+
+    name = f"momentry-test-{os.getpid()}"
+    svc = start_service(service={"database_url": f"{database_url}?application_name={name}"})
+    svc.status()
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        (count,) = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (name,)
+        ).fetchone()
+    assert count >= 1  # the service's own connections carry the URL's name
+
+
+def _exit_of(tmp_path: Path, url: str) -> tuple[int, str]:
+    """The exit code and log of `run` with ``url`` as service.database_url."""
+    from conftest import ServiceProcess
+
+    svc = ServiceProcess(tmp_path, url, {})
+    svc.spawn()
+    try:
+        return svc.wait_exit(timeout=60), svc.log()
+    finally:
+        if svc.proc.poll() is None:
+            svc.kill()
+
+
+@on_postgres
+def test_a_database_url_asking_for_tls_the_server_lacks_does_not_connect(tmp_path, database_url):
+    # The test server has no TLS: psql with the same URL refuses too.
+    code, said = _exit_of(tmp_path, f"{database_url}?sslmode=require")
+    assert code != 0 and "server does not support SSL, but SSL was required" in said
+
+
+@on_postgres
+def test_an_unknown_database_url_parameter_is_a_configuration_error(tmp_path, database_url):
+    code, said = _exit_of(tmp_path, f"{database_url}?sslmod=require")
+    assert code == 2
+    assert (
+        'configuration error: service.database_url: invalid URI query parameter: "sslmod"' in said
+    )

@@ -334,6 +334,30 @@ def test_postgres_connections_cut_as_transactions_begin_leave_every_request_answ
 
 
 @on_postgres
+def test_postgres_a_stalled_database_leaves_healthz_answering_and_requests_refused(proxied):
+    # The database's connections stay open but nothing answers (a frozen server or path):
+    # the health check still answers, a request that needs the database ends in a 503 to
+    # retry, and once the database answers again all is as before.
+    proxy, start = proxied
+    proxy.url += "?connect_timeout=2"  # the URL's own, over the service's 10 s
+    svc = start(service={"database_timeout": BUSY_TIMEOUT})
+    svc.wait_status(svc.submit("before.mp4", ["noop"])["task_id"], "completed")
+    proxy.answering.clear()
+    try:
+        with contextlib.suppress(httpx.TimeoutException):  # a request caught in the stall
+            svc.client.get("/api/v1/queue/status", timeout=1)
+        assert svc.client.get("/healthz", timeout=15).json()["status"] == "ok"
+        reply = svc.client.get("/api/v1/queue/status", timeout=120)
+        assert reply.status_code == 503 and reply.json()["error"]["code"] == "unavailable"
+        assert reply.headers["Retry-After"] == "5"
+        assert svc.client.get("/healthz", timeout=15).status_code == 200
+    finally:
+        proxy.answering.set()
+    wait_for(lambda: svc.client.get("/api/v1/queue/status").status_code == 200, timeout=120)
+    svc.wait_status(svc.submit("after.mp4", ["noop"])["task_id"], "completed", timeout=60)
+
+
+@on_postgres
 @pytest.mark.parametrize("taken_by", ["claim", "finish_and_claim"])
 def test_postgres_a_job_claimed_by_a_commit_whose_answer_was_lost_runs_at_once(proxied, taken_by):
     # The server commits a claim, then the connection ends before the service hears so:

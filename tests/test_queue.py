@@ -8,6 +8,7 @@ import time
 from datetime import datetime
 
 from conftest import ServiceProcess, wait_for
+from prometheus_client.parser import text_string_to_metric_families
 
 
 def positions(svc: ServiceProcess) -> dict[str, int]:
@@ -312,6 +313,31 @@ def test_settings_and_order_survive_a_restart(start_service):
     assert status["max_concurrent"] == 1
     assert status["dynamic_concurrency"] is True
     assert positions(svc) == before
+
+
+def test_a_kept_concurrency_above_fewer_worker_threads_is_cut_to_them(start_service):
+    svc = start_service()  # queue.worker_threads 8
+    svc.call("PUT", "/api/v1/queue/concurrency", json={"max_concurrent": 6})
+    assert svc.stop() == 0
+
+    # The same database and data folder, now with 2 threads: 2 is what can run.
+    svc = start_service(queue={"worker_threads": 2})
+    status = svc.status()
+    assert (status["max_concurrent"], status["effective_concurrency"]) == (2, 2)
+    metrics = text_string_to_metric_families(svc.client.get("/metrics").text)
+    samples = {m.name: m.samples[0].value for m in metrics if m.name.endswith("_concurrency")}
+    assert samples["momentry_effective_concurrency"] == 2
+    svc.call("PUT", "/api/v1/queue/concurrency", expect=400, json={"max_concurrent": 6})
+    assert (
+        svc.call("PUT", "/api/v1/queue/concurrency", json={"max_concurrent": 2})["max_concurrent"]
+        == 2
+    )
+    said = "max_concurrent 6 (set through the API) is more than queue.worker_threads 2: now 2"
+    log_file = svc.data_dir / "logs" / "momentry-edge.log"
+    assert log_file.read_text().count(said) == 1
+    svc.restart()  # cut once: nothing to say again
+    assert svc.status()["max_concurrent"] == 2
+    assert log_file.read_text().count(said) == 1
 
 
 def test_graceful_stop_returns_running_job_to_the_line(start_service):

@@ -271,6 +271,18 @@ def test_a_start_time_past_what_can_be_shown_is_refused_and_a_far_one_waits(star
     assert svc.job(far["task_id"])["status"] == "pending"
 
 
+def test_a_time_before_the_year_1000_is_shown_with_four_year_digits(start_service):
+    svc = start_service()
+    svc.call("POST", "/api/v1/queue/pause")  # the job stays in line, shown in the queue
+    task = svc.submit("early.mp4", ["noop"], not_before="0999-01-01T00:00:00Z")["task_id"]
+    assert svc.job(task)["not_before"] == "0999-01-01T00:00:00.000Z"
+    entries = svc.status()["queue"]
+    assert [e["not_before"] for e in entries] == ["0999-01-01T00:00:00.000Z"]
+    # Past, it holds nothing back.
+    svc.call("POST", "/api/v1/queue/resume")
+    svc.wait_status(task, "completed")
+
+
 def test_a_scan_asked_while_the_files_job_is_cancelled_gets_a_job_of_its_own(start_service):
     # A report a second: the cancel lands at the next, after the requests below.
     svc = start_service(**{"processors.steps": {"steps": 60, "step_seconds": 1.0}})

@@ -469,19 +469,14 @@ def _bounded_adapter() -> type:
     (TCP keepalives see nothing wrong) would otherwise hold the thread, and peewee's
     database-wide lock that connect and close take, for as long as it lasts."""
     import psycopg
-    from psycopg import errors
 
     class Connection(psycopg.Connection):
         def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
-            if timeout is None:
-                timeout = answer_timeout
             try:
-                return super().wait(gen, interval, timeout)
-            except errors._WaitTimeout:
+                return super().wait(gen, interval, answer_timeout if timeout is None else timeout)
+            except psycopg.OperationalError:  # no answer in time (or the link broke)
                 self.pgconn.finish()  # cut off mid-statement: not usable again
-                raise psycopg.OperationalError(
-                    f"no answer from the database server in {timeout:g} s"
-                ) from None
+                raise
 
     class Adapter(pw.Psycopg3Adapter):
         def connect(self, db: pw.Database, **params: Any) -> Any:

@@ -183,8 +183,8 @@ def test_hostile_values_and_bodies_get_json_4xx(start_service):
     far_too_big = iter([b" " * (1 << 20)] * 3)  # refused by the server before the API
     assert_error(c.put(priority, content=far_too_big), 413, "payload_too_large", "1048576 bytes")
     raw = (
-        f"PUT {priority} HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{{}}\r\n0"
-        "\r\n\r\n"
+        f"PUT {priority} HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "zz\r\n{}\r\n0\r\n\r\n"
     )
     status, headers, body = _raw(svc, raw.encode())
     assert status == 400 and "application/json" in headers, (status, headers, body)

@@ -450,7 +450,7 @@ class Workers:
             )
             return JobStatus.PROCESSING
         log.warning("job %s given back after the worker failed: %s", job.task_id, status)
-        if status == JobStatus.FAILED:  # parked: no _fail wrote its runs' documents
+        if status in (JobStatus.FAILED, JobStatus.PARTIAL):  # parked: no _fail wrote them
             try:
                 self.document_failures([job.task_id])
             except Exception as again:  # the database away again: the record stands

@@ -133,3 +133,40 @@ def test_a_worker_stalled_past_its_lease_records_nothing_of_the_job_it_lost(
         assert out.read_text() == document and note.read_text() == "attempt 2\n"
         assert sorted(p.name for p in out.parent.iterdir()) == ["quiet.json", "quiet.txt"]
         assert f"job {task}: lease lost" in a.log()
+
+
+def test_a_checkpoint_that_cannot_be_saved_fails_its_run_after_one_attempt(start_service):
+    plugins = ["workloads:BadCheckpoint", "workloads:LoadFails"]
+    svc = start_service(service={"plugins": plugins}, queue={"max_retries": 0})
+    task = svc.submit("set.mp4", ["bad_checkpoint"])["task_id"]
+    job = svc.wait_status(task, "failed")
+    run = job["processors"]["bad_checkpoint"]
+    assert run["attempts"] == 1 and job["retry_count"] == 0, job
+    assert "checkpoint cannot be saved" in run["error"] and "set" in run["error"], run
+    # A processor whose model never loads ends too: each try is counted, none is free.
+    task = svc.submit("corrupt.mp4", ["load_fails"], max_retries=1)["task_id"]
+    job = svc.wait_status(task, "failed")
+    run = job["processors"]["load_fails"]
+    assert run["attempts"] == 2 and job["retry_count"] == 1, job
+    assert "the model file is corrupt" in run["error"], run
+
+
+def test_a_nan_checkpoint_fails_its_run_for_good(start_service):
+    svc = start_service(
+        service={"plugins": ["workloads:BadCheckpoint"]},
+        **{"processors.bad_checkpoint": {"holds": "nan"}},
+    )
+    task = svc.submit("nan.mp4", ["bad_checkpoint"])["task_id"]  # max_retries 3
+    job = svc.wait_status(task, "failed")
+    run = job["processors"]["bad_checkpoint"]
+    # The same bug on every try: not retried.
+    assert run["attempts"] == 1 and job["retry_count"] == 0, job
+    assert "NaN or Infinity" in run["error"], run
+    # Its failed document is strict JSON: the checkpoint was never taken.
+    text = (svc.data_dir / "results" / job["file_uuid"] / "bad_checkpoint.json").read_text()
+    assert json.loads(text, parse_constant=strict)["status"] == "failed"
+
+
+def strict(constant: str) -> None:
+    """json.loads's parse_constant: NaN, Infinity and -Infinity are not JSON."""
+    raise AssertionError(f"{constant} is not JSON")

@@ -852,6 +852,13 @@ class Workers:
                     tracker.checkpoint,
                     out_dir,
                 )
+            except db.NotJSON as exc:
+                # Not kept as completed: no strict parser could read it. The model gives the
+                # same on every try, so not retried.
+                error = f"the result cannot be written: {exc}"
+                log.error("job %s: %s %s", job.task_id, run.processor, error)
+                fail(error, False)
+                return None
             except OSError as exc:
                 # A full or failing disk: the run fails for now and the job retries later;
                 # a full disk holds back new starts meanwhile (queue.min_free_disk_mb).
@@ -924,9 +931,14 @@ class Workers:
         """The failed document, to place; None when it could not be written."""
         try:
             partial = (checkpoint or {}).get("partial")
-            return self._stage_output(
-                job, run, processor, outputs.FAILED, partial, error, checkpoint, out_dir
-            )
+            try:
+                return self._stage_output(
+                    job, run, processor, outputs.FAILED, partial, error, checkpoint, out_dir
+                )
+            except db.NotJSON:  # a checkpoint saved before they were refused: without it
+                return self._stage_output(
+                    job, run, processor, outputs.FAILED, None, error, None, out_dir
+                )
         except OSError as exc:  # the failure is recorded in the database all the same
             log.warning(
                 "job %s: %s's failed document not written: %s", job.task_id, run.processor, exc

@@ -195,6 +195,15 @@ class BadCheckpoint(Processor):
         return {"reported": True}
 
 
+class NanResult(Processor):
+    """Returns a result holding NaN and Infinity, as a model whose scores diverged would."""
+
+    name = "nan_result"
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        return {"x": float("nan"), "big": float("inf")}
+
+
 class LoadFails(Processor):
     """Its model never loads: ``load`` raises, every time."""
 

@@ -795,6 +795,11 @@ class Workers:
 
         if problem and not isinstance(outcome, BaseException):
             outcome = PermanentError(problem)  # a result for content that is no longer there
+        elif not isinstance(outcome, BaseException) and time.monotonic() > tracker.deadline:
+            # Returned past its deadline without a report to stop it at: timed out all the
+            # same, its result not kept; the job's other parts stop too.
+            tracker.halt.stop(StopReason.TIMEOUT)
+            outcome = Stop(StopReason.TIMEOUT)
         if isinstance(outcome, Stop):
             if outcome.reason == StopReason.TIMEOUT:
                 limit, source = job.task_timeout, "the job's task_timeout"

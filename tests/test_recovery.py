@@ -170,3 +170,18 @@ def test_a_nan_checkpoint_fails_its_run_for_good(start_service):
 def strict(constant: str) -> None:
     """json.loads's parse_constant: NaN, Infinity and -Infinity are not JSON."""
     raise AssertionError(f"{constant} is not JSON")
+
+
+def test_a_run_that_returns_after_its_task_timeout_fails_timed_out(start_service):
+    svc = start_service(
+        service={"plugins": ["workloads:Sleep"]}, **{"processors.sleep": {"seconds": 3}}
+    )
+    # It never reports, so nothing stops it before it returns: 3 s into a 1 s budget.
+    task = svc.submit("long call.mp4", ["sleep"], task_timeout=1, max_retries=1)["task_id"]
+    job = svc.wait_status(task, "failed", "completed", timeout=60)
+    run = job["processors"]["sleep"]
+    assert job["status"] == "failed", job
+    assert "timed out after 1 s (the job's task_timeout)" in run["error"], run
+    assert run["attempts"] == 2 and job["retry_count"] == 1, job  # retried as a timeout is
+    document = svc.get(f"/api/v1/files/{job['file_uuid']}/results/sleep")
+    assert document["status"] == "failed" and document["result"] is None, document

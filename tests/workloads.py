@@ -214,3 +214,13 @@ class LoadFails(Processor):
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
         return {}
+
+
+class Sleep(Processor):
+    """Sleeps ``seconds`` without a report, as a model that takes one long call would."""
+
+    name = "sleep"
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        time.sleep(float(self.settings.get("seconds", 3)))
+        return {"slept": True}

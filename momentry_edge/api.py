@@ -88,6 +88,9 @@ class Core(Protocol):
 def make_app(service: Core) -> bottle.Bottle:
     app = bottle.Bottle(catchall=True)
     app.config["json.enable"] = True
+    # Strict JSON answers: NaN or Infinity would be an error, not an answer no parser reads.
+    app.uninstall("json")
+    app.install(bottle.JSONPlugin(lambda value: json.dumps(value, allow_nan=False)))
 
     @app.hook("before_request")
     def authenticate() -> None:

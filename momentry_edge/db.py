@@ -72,9 +72,27 @@ POOL_SIZE = 16  # PostgreSQL connections per service process
 PRIORITY_NAMES = {v: k for k, v in PRIORITIES.items()}
 
 
+class NotJSON(ValueError):
+    """A value strict JSON cannot carry: NaN or Infinity (strict parsers and PostgreSQL's
+    json type refuse them), or one that is no JSON at all (a set, a cycle)."""
+
+
+def to_json(value: Any, **options: Any) -> str:
+    """``json.dumps(value, ensure_ascii=False, **options)``, but strict: NotJSON, saying
+    why, for what JSON cannot carry."""
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False, **options)
+    except ValueError as exc:
+        if str(exc).startswith("Out of range float"):
+            raise NotJSON("it holds NaN or Infinity, which JSON cannot carry") from None
+        raise NotJSON(str(exc)) from None  # a circular reference
+    except TypeError as exc:  # e.g. "Object of type set is not JSON serializable"
+        raise NotJSON(str(exc)) from None
+
+
 class JSONField(pw.TextField):
     def db_value(self, value: Any) -> str | None:
-        return None if value is None else json.dumps(value, ensure_ascii=False)
+        return None if value is None else to_json(value)
 
     def python_value(self, value: str | None) -> Any:
         return None if value is None else json.loads(value)

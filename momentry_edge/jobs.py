@@ -1296,7 +1296,10 @@ def _recover(
         ProcessorRun.update(status=RunStatus.FAILED, error=reason, transient=False).where(
             ProcessorRun.job == job.id, ProcessorRun.status == RunStatus.RUNNING
         ).execute()
-        return _finalise(job, JobStatus.FAILED, reason, now)
+        # As _finish counts: the processors that completed before the crashes make it partial.
+        runs = db.fetch(ProcessorRun, "SELECT * FROM processor_run WHERE job_id = ?", job.id)
+        done = any(r.status in db.RUN_DONE for r in runs)
+        return _finalise(job, JobStatus.PARTIAL if done else JobStatus.FAILED, reason, now, runs)
     _requeue(job.id, error)
     return JobStatus.PENDING
 

@@ -174,22 +174,23 @@ def write_json_atomic(path: Path, data: Any) -> Path:
 
 
 def _indented(data: Any) -> str:
-    """``json.dumps(data, ensure_ascii=False, indent=2)``, the same text. For a document
+    """``json.dumps(data, ensure_ascii=False, indent=2)``, the same text, but strict JSON
+    (db.NotJSON for NaN or Infinity: strict parsers refuse them). For a document
     (a dict of mostly plain values) its top level is written here and each plain value
     by json's C encoder: json's indenting encoder is written in Python."""
     if not isinstance(data, dict) or not data or not all(isinstance(k, str) for k in data):
-        return json.dumps(data, ensure_ascii=False, indent=2)
+        return db.to_json(data, indent=2)
     items = []
     for key, value in data.items():
         if isinstance(value, dict | list | tuple) and value:
             # Nested lines one level deeper: JSON strings hold no raw line breaks.
-            text = json.dumps(value, ensure_ascii=False, indent=2).replace("\n", "\n  ")
+            text = db.to_json(value, indent=2).replace("\n", "\n  ")
         elif isinstance(value, str):
             text = _string(value)
         elif value is None:
             text = "null"
         else:
-            text = json.dumps(value, ensure_ascii=False)
+            text = db.to_json(value)
         items.append(f"  {_string(key)}: {text}")
     return "{\n" + ",\n".join(items) + "\n}"
 

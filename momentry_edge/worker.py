@@ -450,7 +450,7 @@ class Workers:
             )
             return JobStatus.PROCESSING
         log.warning("job %s given back after the worker failed: %s", job.task_id, status)
-        if status == JobStatus.FAILED:  # parked: no _fail wrote its runs' documents
+        if status in (JobStatus.FAILED, JobStatus.PARTIAL):  # parked: no _fail wrote them
             try:
                 self.document_failures([job.task_id])
             except Exception as again:  # the database away again: the record stands
@@ -680,6 +680,11 @@ class Workers:
                     processor = take(run.processor)
                     begun = self._begin(job, run, processor, media_path, out_dir, tracker)
                 except Exception as exc:
+                    if tracker.start is None:
+                        # It failed before it began (its processor would not load, or is
+                        # not ready): an attempt all the same, or it would retry for ever.
+                        claim = jobs.Claim.of(job, self.owner)
+                        tracker.start = _Start(claim, run.id, run.backend, run.model)
                     self._settle(job, run, None, tracker, exc, out_dir, guard)
                     continue
                 if begun is not None:
@@ -783,11 +788,18 @@ class Workers:
         problem = guard.problem() if guard is not None else None
 
         def fail(error: str, transient: bool) -> None:
-            checkpoint, started = tracker.checkpoint, tracker.take_start()
-            self._fail(job, run, processor, checkpoint, error, transient, out_dir, started)
+            with tracker.carrying_start() as started:
+                self._fail(
+                    job, run, processor, tracker.checkpoint, error, transient, out_dir, started
+                )
 
         if problem and not isinstance(outcome, BaseException):
             outcome = PermanentError(problem)  # a result for content that is no longer there
+        elif not isinstance(outcome, BaseException) and time.monotonic() > tracker.deadline:
+            # Returned past its deadline without a report to stop it at: timed out all the
+            # same, its result not kept; the job's other parts stop too.
+            tracker.halt.stop(StopReason.TIMEOUT)
+            outcome = Stop(StopReason.TIMEOUT)
         if isinstance(outcome, Stop):
             if outcome.reason == StopReason.TIMEOUT:
                 limit, source = job.task_timeout, "the job's task_timeout"
@@ -814,7 +826,8 @@ class Workers:
                     self._check_disk()
             claim = jobs.Claim.of(job, self.owner)
             try:
-                jobs.release_run(claim, run, tracker.take_start(), partial)
+                with tracker.carrying_start() as started:
+                    jobs.release_run(claim, run, started, partial)
             finally:
                 if partial is not None:
                     partial.discard()  # not placed with the record: the job is lost
@@ -844,6 +857,13 @@ class Workers:
                     tracker.checkpoint,
                     out_dir,
                 )
+            except db.NotJSON as exc:
+                # Not kept as completed: no strict parser could read it. The model gives the
+                # same on every try, so not retried.
+                error = f"the result cannot be written: {exc}"
+                log.error("job %s: %s %s", job.task_id, run.processor, error)
+                fail(error, False)
+                return None
             except OSError as exc:
                 # A full or failing disk: the run fails for now and the job retries later;
                 # a full disk holds back new starts meanwhile (queue.min_free_disk_mb).
@@ -853,15 +873,16 @@ class Workers:
                 self._check_disk()
                 return None
             document.companions, tracker.extras = tracker.extras, []
-            done = jobs.Completion(run.id, str(document.path), tracker.take_start(), document)
             if last and tracker.halt.reason is None:
                 # The job's last run: recorded with the job's finish, in one commit. A crash
                 # before it leaves the run to do again, as a crash before complete_run would.
+                done = jobs.Completion(run.id, str(document.path), tracker.take_start(), document)
                 tracker.ledger.completions.append(done)
             else:
                 claim = jobs.Claim.of(job, self.owner)
                 try:
-                    jobs.complete_run(claim, run, done.output_path, done.started, document)
+                    with tracker.carrying_start() as started:
+                        jobs.complete_run(claim, run, str(document.path), started, document)
                 finally:
                     document.discard()  # not placed with the record: the job is lost
             log.info("job %s: %s completed", job.task_id, run.processor)
@@ -915,9 +936,14 @@ class Workers:
         """The failed document, to place; None when it could not be written."""
         try:
             partial = (checkpoint or {}).get("partial")
-            return self._stage_output(
-                job, run, processor, outputs.FAILED, partial, error, checkpoint, out_dir
-            )
+            try:
+                return self._stage_output(
+                    job, run, processor, outputs.FAILED, partial, error, checkpoint, out_dir
+                )
+            except db.NotJSON:  # a checkpoint saved before they were refused: without it
+                return self._stage_output(
+                    job, run, processor, outputs.FAILED, None, error, None, out_dir
+                )
         except OSError as exc:  # the failure is recorded in the database all the same
             log.warning(
                 "job %s: %s's failed document not written: %s", job.task_id, run.processor, exc
@@ -1103,6 +1129,11 @@ class _Reporter:
             self._reported = True
             self.workers.under_way(self.job.id)
         if checkpoint is not None:
+            try:
+                db.to_json(checkpoint)
+            except db.NotJSON as exc:
+                # The processor's own error, and the same on every try: its run fails.
+                raise PermanentError(f"its checkpoint cannot be saved: {exc}") from None
             self.checkpoint = checkpoint
             self._unsaved = True
         now = time.monotonic()
@@ -1134,24 +1165,22 @@ class _Reporter:
         holding = False
         while True:
             self._last_write = time.monotonic()
-            started = self.take_start()
             try:
-                cancel = jobs.report(
-                    self.job.id,
-                    self.run.id,
-                    self.workers.owner,
-                    current=current,
-                    total=total,
-                    checkpoint=self.checkpoint if self._unsaved else None,
-                    lease_seconds=lease,
-                    started_at=self.job.started_at,
-                    run_started=started,
-                )
+                with self.carrying_start() as started:
+                    cancel = jobs.report(
+                        self.job.id,
+                        self.run.id,
+                        self.workers.owner,
+                        current=current,
+                        total=total,
+                        checkpoint=self.checkpoint if self._unsaved else None,
+                        lease_seconds=lease,
+                        started_at=self.job.started_at,
+                        run_started=started,
+                    )
             except jobs.LeaseLost:
-                self._put_back(started)  # rolled back with the rest
                 raise self.halt.stop(StopReason.LEASE) from None
             except db.OUTAGE_ERRORS as exc:
-                self._put_back(started)  # not written: the next write carries it
                 db.after_outage()
                 pause = lease / 3
                 if not self.workers.lease_ran_out(self.job.id):
@@ -1189,9 +1218,18 @@ class _Reporter:
         """The run's start for the caller's write to carry, if it is not written yet."""
         return self.start.take() if self.start is not None else None
 
-    def _put_back(self, started: jobs.Started | None) -> None:
-        if self.start is not None and started is not None:
-            self.start.put_back(started)
+    @contextlib.contextmanager
+    def carrying_start(self) -> Iterator[jobs.Started | None]:
+        """``take_start`` for one write, put back if that write fails (rolled back with
+        it, or never sent), so that a later write carries it: however the run ends, its
+        attempt is counted, and its retries end at max_retries."""
+        started = self.take_start()
+        try:
+            yield started
+        except BaseException:
+            if self.start is not None and started is not None:
+                self.start.put_back(started)
+            raise
 
 
 class _Start:

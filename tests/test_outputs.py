@@ -12,6 +12,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
+import pytest
+from conftest import wait_for
 
 from momentry_edge import db, durable, outputs
 from momentry_edge.clock import iso
@@ -121,7 +123,7 @@ def test_a_document_is_indented_json_in_a_folder_made_for_it(tmp_path):
         "scenes": [{"start": 0.1, "end": 1e-7, "tags": []}, {"nested": {"deep": [1, [2, {}]]}}],
         "empty": {},
         "count": 3,
-        "ratio": float("nan"),
+        "ratio": 0.25,
         "flag": True,
     }
     folder = tmp_path / "results" / record.file_uuid  # neither folder there yet
@@ -134,6 +136,10 @@ def test_a_document_is_indented_json_in_a_folder_made_for_it(tmp_path):
     assert document["result"]["text"] == result["text"] and document["task_id"] == job.task_id
     assert (mode(path), mode(folder), mode(folder.parent)) == (0o640, 0o750, 0o750)
     assert [p.name for p in folder.iterdir()] == ["cut.json"]  # no temp file left
+    # Strict JSON: NaN is refused, and nothing is written.
+    with pytest.raises(db.NotJSON, match="NaN or Infinity"):
+        outputs.write_result(folder, job, "yolo", outputs.COMPLETED, {"ratio": float("nan")})
+    assert [p.name for p in folder.iterdir()] == ["cut.json"]
 
 
 def test_times_read_as_datetime_renders_them():
@@ -223,3 +229,30 @@ def test_the_queue_database_flushes_through_the_drive_cache(tmp_path):
     database.connect()
     pragmas = [database.execute_sql(f"PRAGMA {p}").fetchone()[0] for p in PRAGMAS]
     assert pragmas == [2, 1, 1]  # FULL; F_FULLFSYNC where the system has it (macOS)
+
+
+def strict(constant: str) -> None:
+    """json.loads's parse_constant: NaN, Infinity and -Infinity are not JSON."""
+    raise AssertionError(f"{constant} is not JSON")
+
+
+def test_a_result_holding_nan_or_infinity_fails_its_run_and_every_document_is_json(
+    start_service,
+):
+    svc = start_service(service={"plugins": ["workloads:NanResult", "workloads:Steps"]})
+    task = svc.submit("diverged.mp4", ["steps", "nan_result"])["task_id"]  # max_retries 3
+
+    def ended() -> dict | None:  # every answer on the way parses as strict JSON
+        job = json.loads(svc.client.get(f"/api/v1/jobs/{task}").text, parse_constant=strict)
+        return job if job["status"] in ("completed", "partial", "failed") else None
+
+    job = wait_for(ended)
+    # Not kept as completed, and not retried: the model gives the same on every try.
+    assert job["status"] == "partial", job
+    run = job["processors"]["nan_result"]
+    assert run["status"] == "failed" and run["attempts"] == 1, run
+    assert "cannot be written: it holds NaN or Infinity, which JSON cannot" in run["error"], run
+    reply = svc.client.get(f"/api/v1/files/{job['file_uuid']}/results/nan_result")
+    document = json.loads(reply.text, parse_constant=strict)
+    assert document["status"] == "failed" and document["result"] is None
+    assert document["error"] == run["error"]

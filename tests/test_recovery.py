@@ -22,6 +22,8 @@ def test_a_job_that_keeps_killing_the_service_is_parked(start_service):
         assert svc.wait_exit() == -signal.SIGKILL, "the poison job ran again and crashed"
     svc.start()
     job = svc.wait_status(task, "partial", "failed")
+    # steps completed before the crashes: the job is partial, as docs/api.md defines it.
+    assert job["status"] == "partial", job
     assert job["crash_count"] == 3 and job["retry_count"] == 0
     assert "stopped 3 times" in job["error_message"] and "crash" in job["error_message"]
     assert job["processors"]["crash"]["status"] == "failed"
@@ -131,3 +133,55 @@ def test_a_worker_stalled_past_its_lease_records_nothing_of_the_job_it_lost(
         assert out.read_text() == document and note.read_text() == "attempt 2\n"
         assert sorted(p.name for p in out.parent.iterdir()) == ["quiet.json", "quiet.txt"]
         assert f"job {task}: lease lost" in a.log()
+
+
+def test_a_checkpoint_that_cannot_be_saved_fails_its_run_after_one_attempt(start_service):
+    plugins = ["workloads:BadCheckpoint", "workloads:LoadFails"]
+    svc = start_service(service={"plugins": plugins}, queue={"max_retries": 0})
+    task = svc.submit("set.mp4", ["bad_checkpoint"])["task_id"]
+    job = svc.wait_status(task, "failed")
+    run = job["processors"]["bad_checkpoint"]
+    assert run["attempts"] == 1 and job["retry_count"] == 0, job
+    assert "checkpoint cannot be saved" in run["error"] and "set" in run["error"], run
+    # A processor whose model never loads ends too: each try is counted, none is free.
+    task = svc.submit("corrupt.mp4", ["load_fails"], max_retries=1)["task_id"]
+    job = svc.wait_status(task, "failed")
+    run = job["processors"]["load_fails"]
+    assert run["attempts"] == 2 and job["retry_count"] == 1, job
+    assert "the model file is corrupt" in run["error"], run
+
+
+def test_a_nan_checkpoint_fails_its_run_for_good(start_service):
+    svc = start_service(
+        service={"plugins": ["workloads:BadCheckpoint"]},
+        **{"processors.bad_checkpoint": {"holds": "nan"}},
+    )
+    task = svc.submit("nan.mp4", ["bad_checkpoint"])["task_id"]  # max_retries 3
+    job = svc.wait_status(task, "failed")
+    run = job["processors"]["bad_checkpoint"]
+    # The same bug on every try: not retried.
+    assert run["attempts"] == 1 and job["retry_count"] == 0, job
+    assert "NaN or Infinity" in run["error"], run
+    # Its failed document is strict JSON: the checkpoint was never taken.
+    text = (svc.data_dir / "results" / job["file_uuid"] / "bad_checkpoint.json").read_text()
+    assert json.loads(text, parse_constant=strict)["status"] == "failed"
+
+
+def strict(constant: str) -> None:
+    """json.loads's parse_constant: NaN, Infinity and -Infinity are not JSON."""
+    raise AssertionError(f"{constant} is not JSON")
+
+
+def test_a_run_that_returns_after_its_task_timeout_fails_timed_out(start_service):
+    svc = start_service(
+        service={"plugins": ["workloads:Sleep"]}, **{"processors.sleep": {"seconds": 3}}
+    )
+    # It never reports, so nothing stops it before it returns: 3 s into a 1 s budget.
+    task = svc.submit("long call.mp4", ["sleep"], task_timeout=1, max_retries=1)["task_id"]
+    job = svc.wait_status(task, "failed", "completed", timeout=60)
+    run = job["processors"]["sleep"]
+    assert job["status"] == "failed", job
+    assert "timed out after 1 s (the job's task_timeout)" in run["error"], run
+    assert run["attempts"] == 2 and job["retry_count"] == 1, job  # retried as a timeout is
+    document = svc.get(f"/api/v1/files/{job['file_uuid']}/results/sleep")
+    assert document["status"] == "failed" and document["result"] is None, document

@@ -181,3 +181,46 @@ class RaiseInFeed(FrameProcessor):
 
     def finish(self, done: int) -> dict[str, Any]:
         return {"frames": done}
+
+
+class BadCheckpoint(Processor):
+    """Reports a checkpoint no JSON can hold, as a processor with a bug would: a set, or
+    with ``holds = "nan"`` a score gone NaN."""
+
+    name = "bad_checkpoint"
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        value = float("nan") if self.settings.get("holds") == "nan" else {1, 2}
+        ctx.report(1, 3, {"frame": 1, "obj": value})
+        return {"reported": True}
+
+
+class NanResult(Processor):
+    """Returns a result holding NaN and Infinity, as a model whose scores diverged would."""
+
+    name = "nan_result"
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        return {"x": float("nan"), "big": float("inf")}
+
+
+class LoadFails(Processor):
+    """Its model never loads: ``load`` raises, every time."""
+
+    name = "load_fails"
+
+    def load(self) -> None:
+        raise RuntimeError("the model file is corrupt")
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        return {}
+
+
+class Sleep(Processor):
+    """Sleeps ``seconds`` without a report, as a model that takes one long call would."""
+
+    name = "sleep"
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        time.sleep(float(self.settings.get("seconds", 3)))
+        return {"slept": True}

@@ -74,9 +74,10 @@ class RunContext:
     def report(self, current: int, total: int, checkpoint: dict[str, Any] | None = None) -> None:
         """Record progress (and a checkpoint to resume from); raises ``Stop`` when told to stop.
 
-        A checkpoint is a JSON-able dict. ``frame`` and ``timestamp`` keys, when
-        present, are shown to users as ``last_checkpoint``; a ``partial`` key holds
-        the result so far, written out if the run is cancelled.
+        A checkpoint is a JSON-able dict, with no NaN or Infinity (in a job, one that is
+        not raises PermanentError, which fails the run). ``frame`` and ``timestamp``
+        keys, when present, are shown to users as ``last_checkpoint``; a ``partial`` key
+        holds the result so far, written out if the run is cancelled.
         """
         self._report(current, total, checkpoint)
 

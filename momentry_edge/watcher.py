@@ -262,6 +262,9 @@ class Watcher:
         # Each watched folder's watch, with the folder's (st_dev, st_ino) when it was made.
         self._scheduled: dict[Path, tuple[Any, tuple[int, int] | None]] = {}
         self._lost: set[Path] = set()  # watched folders gone since: watched again when back
+        # The watches of folders gone since, kept until their last events are delivered:
+        # a deleted folder's ends with the folder's own deletion, after its files'.
+        self._retiring: dict[Path, Any] = {}
         self._thread = threading.Thread(target=self._run, name="ingest", daemon=True)
         self._register = ThreadPoolExecutor(REGISTER_THREADS, thread_name_prefix="register")
         self._rescan_lock = threading.Lock()
@@ -429,6 +432,8 @@ class Watcher:
                 # Moved in from outside: its files are whole. Renamed inside the watch:
                 # each file's own move follows, saying whether a writer still has it.
                 self._touch_tree(dest or path, "moved" if kind == "moved" and not path else "")
+            if kind == "deleted":
+                self._retired(path)
             # A folder deleted or moved away: which known files went with it is a rescan's job.
             return kind == "deleted" or (kind == "moved" and bool(path))
         if self.tracker.reports_close:
@@ -504,8 +509,7 @@ class Watcher:
         log.info("%s can be read again; watching it", folder)
         with self._rescan_lock:
             for root in [r for r in self._scheduled if Path(folder).is_relative_to(r)]:
-                with contextlib.suppress(KeyError):
-                    self.observer.unschedule(self._scheduled.pop(root)[0])
+                self._unschedule(self._scheduled.pop(root)[0])
         return True  # the rescan watches it again, and takes what came meanwhile
 
     def _schedule(self) -> None:
@@ -523,13 +527,19 @@ class Watcher:
             if known is not None:
                 if known[1] == here:
                     continue
-                with contextlib.suppress(KeyError):  # watchdog may have dropped it already
-                    self.observer.unschedule(known[0])
                 del self._scheduled[root]
                 self._lost.add(root)
+                if here is None:
+                    # Unscheduled now, its files' deletions still on their way would be
+                    # dropped: let go once the folder's own deletion comes (or it is back).
+                    self._retiring[root] = known[0]
+                else:
+                    self._unschedule(known[0])
                 log.warning("watched folder %s is gone; watching it again once it is back", root)
             if root in self._lost and here is None:
                 continue
+            if root in self._retiring:
+                self._unschedule(self._retiring.pop(root))
             try:
                 if root not in self._lost:
                     root.mkdir(parents=True, exist_ok=True)
@@ -547,6 +557,18 @@ class Watcher:
             self._scheduled[root] = (watch, _identity(root))
             self._lost.discard(root)
             log.info("watching %s", root)
+
+    def _unschedule(self, watch: Any) -> None:
+        with contextlib.suppress(KeyError):  # watchdog may have dropped it already
+            self.observer.unschedule(watch)
+
+    def _retired(self, folder: str) -> None:
+        """A folder's own deletion: if it was a watched folder gone, all its watch had to
+        say has been said."""
+        with self._rescan_lock:
+            watch = self._retiring.pop(Path(folder), None)
+            if watch is not None:
+                self._unschedule(watch)
 
     def _guarded(self, action: Callable[..., Any], *args: Any) -> Any:
         try:

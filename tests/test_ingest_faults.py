@@ -540,6 +540,24 @@ def test_the_drop_folder_removed_and_made_again_is_watched_again_without_a_resta
     assert log_errors(svc) == []
 
 
+def test_the_files_of_a_drop_folder_deleted_are_missing_even_when_a_rescan_comes_at_once(
+    start_service,
+) -> None:
+    # The rescan finds the folder gone while its files' deletions are still on their way
+    # from the watch: they must still arrive. A race, so a few rounds.
+    svc = start_service(ingest=INGEST)
+    for round in range(4):
+        names = [f"r{round}-{n}.mp4" for n in range(10)]
+        for name in names:
+            svc.add_video(name)
+        wait_for(lambda names=names: all(name in files(svc) for name in names))
+        shutil.rmtree(svc.drop)
+        svc.call("POST", "/api/v1/files/rescan")
+        wait_for(lambda names=names: all(files(svc)[n]["state"] == "missing" for n in names))
+        svc.drop.mkdir()  # watched again: the next round's files are found through it
+    assert log_errors(svc) == []
+
+
 def test_a_registered_file_swapped_for_a_symlink_out_is_not_followed(start_service) -> None:
     svc = start_service(ingest=INGEST)
     svc.call("POST", "/api/v1/queue/pause")  # its job waits while the file is swapped

@@ -118,6 +118,7 @@ class ServiceProcess:
             [
                 *self.wrapper,
                 sys.executable,
+                *("-X", "faulthandler"),  # SIGABRT prints every thread's stack (stop)
                 *("-m", "momentry_edge.cli", "--config", str(self.config_path), "run"),
             ],
             env=self.env,
@@ -167,7 +168,14 @@ class ServiceProcess:
         """SIGTERM, as launchd or systemd would send; returns the exit code."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(timeout=60)
+        try:
+            code = self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGABRT)
+            self.proc.wait(timeout=30)
+            stacks = (self.root / "service.log").read_text(errors="replace")
+            message = f"no exit 60 s after SIGTERM; its threads:\n{stacks[-12000:]}"
+            raise AssertionError(message) from None
         self.client.close()
         return code
 

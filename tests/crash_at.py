@@ -17,6 +17,7 @@ under test runs as shipped, up to the instant the kernel stops it.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import runpy
@@ -70,8 +71,13 @@ def main() -> None:
         finally:
             busy = False
 
-    # What follows SPEC is the command line a test would run: <python> -m <module> ARGS.
-    _python, dash_m, module, *rest = sys.argv[2:]
+    # What follows SPEC is the command line a test would run: <python> -m <module> ARGS,
+    # perhaps with -X faulthandler before -m (conftest's), done here as python would.
+    _python, *command = sys.argv[2:]
+    if command[:2] == ["-X", "faulthandler"]:
+        faulthandler.enable()
+        command = command[2:]
+    dash_m, module, *rest = command
     assert dash_m == "-m", sys.argv
     sys.argv = [module, *rest]
     sys.addaudithook(hook)

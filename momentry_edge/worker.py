@@ -687,7 +687,18 @@ class Workers:
             for run in runs:
                 tracker = _Reporter(self, job, run, deadline, guard, halt, ledger)
                 try:
-                    processor = take(run.processor)
+                    # On a runner too: a model's load can hang as its run can.
+                    loaded = self._await(
+                        job,
+                        [run.processor],
+                        functools.partial(lambda name: [take(name)], run.processor),
+                        [tracker],
+                        deadline,
+                        halt,
+                    )
+                    if loaded is None:
+                        raise Stop(halt.reason or StopReason.TIMEOUT)
+                    (processor,) = loaded
                     begun = self._begin(job, run, processor, media_path, out_dir, tracker)
                 except Exception as exc:
                     if tracker.start is None:

@@ -216,3 +216,16 @@ def test_a_run_that_never_returns_is_given_up_and_its_job_ends(start_service):
     job = svc.job(requeued)
     # Back in line as a job stopped at shutdown is, not recovered as after a crash.
     assert (job["status"], job["crash_count"]) == ("pending", 0), job
+
+
+def test_a_model_whose_load_never_returns_is_given_up_too(start_service):
+    svc = start_service(
+        queue={"worker_threads": 1, "max_concurrent": 1},
+        service={"plugins": ["workloads:Noop", "workloads:HangOnLoad"]},
+    )
+    task = svc.submit("stuck load.mp4", ["noop", "hangload"], task_timeout=1, max_retries=0)
+    job = svc.wait_status(task["task_id"], "partial", "failed", timeout=60)
+    assert job["status"] == "partial", job
+    assert "timed out after 1 s" in job["processors"]["hangload"]["error"], job
+    after = svc.submit("after.mp4", ["noop"])["task_id"]
+    svc.wait_status(after, "completed")  # its one worker thread was free again

@@ -235,3 +235,15 @@ class Hang(Processor):
     def run(self, ctx: RunContext) -> dict[str, Any]:
         threading.Event().wait()
         return {}
+
+
+class HangOnLoad(Processor):
+    """Its model's load never returns, as one read from a stalled volume would."""
+
+    name = "hangload"
+
+    def load(self) -> None:
+        threading.Event().wait()
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        return {}

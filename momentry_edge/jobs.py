@@ -1051,6 +1051,20 @@ def report(
     return bool(cancel)
 
 
+def stop_asked(job_id: int, owner: str, started_at: float | None) -> str | None:
+    """For a run that has not reported for a while: "cancel" when a user asked the job to
+    stop, "lost" when it is no longer this claim's (another worker has it), else None."""
+    sql = "SELECT cancel_requested FROM job WHERE id = ? AND lease_owner = ? AND status = ?"
+    params: list[Any] = [job_id, owner, JobStatus.PROCESSING]
+    if started_at is not None:
+        sql += " AND started_at = ?"
+        params.append(started_at)
+    row = db.execute(sql, *params).fetchone()
+    if row is None:
+        return "lost"
+    return "cancel" if row[0] else None
+
+
 def job_progress(job_id: int) -> int:
     """Whole-job percent: each processor weighs the same."""
     runs = db.execute(

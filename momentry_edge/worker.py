@@ -9,7 +9,9 @@ or the next periodic kick, drains the table again.
 A job's independent parts (the speech branch, the frame pass, each other
 processor) run side by side on up to ``queue.job_threads`` threads, the job's
 worker thread among them; a ``Stop`` in one part stops the others at their next
-report, and the job is settled once, after all parts have ended.
+report, and the job is settled once, after all parts have ended. Each part's
+processors run on a thread of their own (runners) that the part's thread watches,
+so that a model stuck in a call can be given up and the job settled without it.
 
 The workers wake themselves: on the bus events after which a job may have become
 claimable (``on_event``) and at their own scheduled times (a retry or a start time
@@ -36,7 +38,7 @@ from huey import Huey
 from huey.consumer import Consumer
 from huey.storage import MemoryStorage
 
-from . import clock, cluster, db, ingest, jobs, logs, outputs
+from . import clock, cluster, db, ingest, jobs, logs, outputs, runners
 from .config import Config
 from .db import Job, JobStatus, ProcessorRun, QueueState
 from .events import Event, bus
@@ -59,6 +61,12 @@ REPORT_INTERVAL = 0.5  # seconds between progress writes that carry no checkpoin
 # A run's start is written with the run's next write (its first report, or how it ended);
 # one that has not written for this long is marked running on its own (_Starter).
 START_DELAY = 0.2
+# A job's processors run on threads of their own (runners) while its part thread watches
+# them: a run told to stop (past its task_timeout, cancelled, the service stopping) that
+# has not returned this many seconds later is given up, its thread left to it.
+ABANDON_GRACE = 10.0
+WATCH_TICK = 0.5  # seconds between the part thread's looks at a run it waits for
+STOP_POLL = 2.0  # seconds a run may say nothing before the database is asked for a cancel
 _CPUS = os.cpu_count() or 1
 # Local events after which a job may be claimable here: those that may free work for
 # other nodes too, and those that concern this node alone.
@@ -145,6 +153,7 @@ class Workers:
         self.coming: set[str] = set()
         self.update_processors()
         self._loaded = _Loaded(registry)
+        self._runners = runners.Runners("model")
         # The jobs worker threads are running now (the only leases the heartbeat renews),
         # each with the threads it runs on.
         self._in_hand: dict[int, int] = {}
@@ -672,12 +681,24 @@ class Workers:
         """Run one processor, or several sharing their work (one decode, one transcription).
         Each run keeps its own status, progress, checkpoint, error and output file; one
         failing does not fail the others. A ``Stop`` is raised after every run is recorded."""
-        with self._loaded.lending() as take:
+        with self._loaded.lending() as loan:
+            take = loan.take
             started = []
             for run in runs:
                 tracker = _Reporter(self, job, run, deadline, guard, halt, ledger)
                 try:
-                    processor = take(run.processor)
+                    # On a runner too: a model's load can hang as its run can.
+                    loaded = self._await(
+                        job,
+                        [run.processor],
+                        functools.partial(lambda name: [take(name)], run.processor),
+                        [tracker],
+                        deadline,
+                        halt,
+                    )
+                    if loaded is None:
+                        raise Stop(halt.reason or StopReason.TIMEOUT)
+                    (processor,) = loaded
                     begun = self._begin(job, run, processor, media_path, out_dir, tracker)
                 except Exception as exc:
                     if tracker.start is None:
@@ -692,18 +713,28 @@ class Workers:
                 else:
                     ledger.settled(run)  # skipped
             members = [(processor, ctx) for _, processor, ctx, _ in started]
-            if members and isinstance(members[0][0], FrameProcessor):
-                names = [run.processor for run, *_ in started]
-                outcomes = frames.run_shared(
-                    media_path,
-                    members,  # type: ignore[arg-type]
-                    threads=frame_threads,
-                    spare=lambda slot: take(names[slot]),  # type: ignore[arg-type,return-value]
-                )
-            elif len(members) > 1:
-                outcomes = asr.run_shared(media_path, members)  # type: ignore[arg-type]
-            else:
-                outcomes = [_outcome(processor, ctx) for processor, ctx in members]
+            names = [run.processor for run, *_ in started]
+
+            def outcomes_of_members() -> list[Any]:
+                try:
+                    if members and isinstance(members[0][0], FrameProcessor):
+                        return frames.run_shared(
+                            media_path,
+                            members,  # type: ignore[arg-type]
+                            threads=frame_threads,
+                            spare=lambda slot: take(names[slot]),  # type: ignore[arg-type,return-value]
+                        )
+                    if len(members) > 1:
+                        return asr.run_shared(media_path, members)  # type: ignore[arg-type]
+                    return [_outcome(processor, ctx) for processor, ctx in members]
+                finally:
+                    db.release_connection()
+
+            trackers = [tracker for *_, tracker in started]
+            outcomes = self._await(job, names, outcomes_of_members, trackers, deadline, halt)
+            if outcomes is None:  # given up: its processors are not lent again
+                loan.lost = True
+                outcomes = [Stop(halt.reason or StopReason.TIMEOUT)] * len(started)
             stop = None
             for (run, processor, _, tracker), outcome in zip(started, outcomes, strict=True):
                 try:
@@ -728,6 +759,65 @@ class Workers:
                         extra.discard()
             if stop is not None:
                 raise stop
+
+    def _await(
+        self,
+        job: Job,
+        names: list[str],
+        body: Callable[[], list[Any]],
+        trackers: list[_Reporter],
+        deadline: float,
+        halt: _Halt,
+    ) -> list[Any] | None:
+        """``body``'s outcomes, run on a runner thread; None when it was given up: told to
+        stop (see ``_stop_reason``) and still not returned ABANDON_GRACE later."""
+        if not trackers:
+            return []
+        call = self._runners.start(body)
+        looked = time.monotonic()
+        give_up_at = None
+        while not call.done.wait(WATCH_TICK):
+            now = time.monotonic()
+            if give_up_at is None:
+                silent = now - max(looked, *(t.last_write for t in trackers)) >= STOP_POLL
+                if silent:
+                    looked = now
+                if reason := self._stop_reason(job, deadline, halt, now, silent):
+                    halt.stop(reason)  # a run that reports stops at its next report
+                    give_up_at = now + ABANDON_GRACE
+            elif now >= give_up_at:
+                for tracker in trackers:
+                    tracker.abandoned = True  # a late report writes nothing, and stops it
+                log.error(
+                    "job %s: %s did not return %g s after it was told to stop (%s); its"
+                    " thread is left to it, and the job goes on without it",
+                    job.task_id,
+                    ", ".join(names),
+                    ABANDON_GRACE,
+                    halt.reason,
+                )
+                return None
+        return call.result()
+
+    def _stop_reason(
+        self, job: Job, deadline: float, halt: _Halt, now: float, ask: bool
+    ) -> StopReason | None:
+        """Why a running batch should stop, if it should; ``ask``: the database too (a
+        cancel, the job taken over), which a run that reports hears at its report."""
+        if halt.reason is not None:
+            return halt.reason
+        if self.stopping.is_set():
+            return StopReason.SHUTDOWN
+        if now > deadline:
+            return StopReason.TIMEOUT
+        if not ask:
+            return None
+        try:
+            asked = jobs.stop_asked(job.id, self.owner, job.started_at)
+        except db.OUTAGE_ERRORS:
+            db.after_outage()
+            return None  # asked again later; the heartbeat keeps the lease meanwhile
+        return {"cancel": StopReason.CANCELLED, "lost": StopReason.LEASE}.get(asked or "")
 
     def _begin(
         self,
@@ -1064,20 +1154,15 @@ class _Loaded:
             self._idle.setdefault(name, []).append(processor)
 
     @contextlib.contextmanager
-    def lending(self) -> Iterator[Callable[[str], Processor]]:
-        """``take`` for one use; what it took is given back at the end."""
-        taken: list[tuple[str, Processor]] = []
-
-        def take(name: str) -> Processor:
-            processor = self.take(name)
-            taken.append((name, processor))
-            return processor
-
+    def lending(self) -> Iterator[_Loan]:
+        """A loan for one use; what it took is given back at the end, unless it was lost."""
+        loan = _Loan(self)
         try:
-            yield take
+            yield loan
         finally:
-            for name, processor in taken:
-                self.give(name, processor)
+            if not loan.lost:
+                for name, processor in loan.taken:
+                    self.give(name, processor)
 
     def peek(self, name: str) -> Processor:
         """An instance to look at (its class, its settings), not to run."""
@@ -1086,6 +1171,21 @@ class _Loaded:
             if idle:
                 return idle[-1]
         return self._registry.create(name)
+
+
+class _Loan:
+    """Processors taken for one batch; ``lost`` when a thread that was given up may still
+    be using them."""
+
+    def __init__(self, loaded: _Loaded) -> None:
+        self._loaded = loaded
+        self.taken: list[tuple[str, Processor]] = []
+        self.lost = False
+
+    def take(self, name: str) -> Processor:
+        processor = self._loaded.take(name)
+        self.taken.append((name, processor))
+        return processor
 
 
 def _outcome(processor: Processor, ctx: RunContext) -> Any:
@@ -1123,8 +1223,15 @@ class _Reporter:
         self._quiet_until = 0.0  # after a failed write, no writes until then
         self._unsaved = False  # a checkpoint given during that pause is still to be saved
         self._reported = False  # the run's first report tells the workers (under_way)
+        self.abandoned = False  # given up (Workers._await): its settled run is not touched
+
+    @property
+    def last_write(self) -> float:
+        return self._last_write
 
     def report(self, current: int, total: int, checkpoint: dict[str, Any] | None = None) -> None:
+        if self.abandoned:
+            raise Stop(self.halt.reason or StopReason.TIMEOUT)
         if not self._reported:
             self._reported = True
             self.workers.under_way(self.job.id)

@@ -185,3 +185,47 @@ def test_a_run_that_returns_after_its_task_timeout_fails_timed_out(start_service
     assert run["attempts"] == 2 and job["retry_count"] == 1, job  # retried as a timeout is
     document = svc.get(f"/api/v1/files/{job['file_uuid']}/results/sleep")
     assert document["status"] == "failed" and document["result"] is None, document
+
+
+def test_a_run_that_never_returns_is_given_up_and_its_job_ends(start_service):
+    # A model stuck in a call: past its task_timeout, cancelled, or at shutdown, the job
+    # ends as it would have with a run that stopped, and the worker goes on.
+    svc = start_service(
+        queue={"worker_threads": 1, "max_concurrent": 1},
+        service={"plugins": ["workloads:Noop", "workloads:Hang"]},
+    )
+    timed = svc.submit("hung.mp4", ["noop", "hang"], task_timeout=1, max_retries=0)["task_id"]
+    job = svc.wait_status(timed, "partial", "failed", timeout=60)
+    assert job["status"] == "partial", job
+    assert "timed out after 1 s" in job["processors"]["hang"]["error"], job
+    assert job["processors"]["noop"]["status"] == "completed", job
+
+    cancelled = svc.submit("hung again.mp4", ["hang"])["task_id"]
+    svc.wait_status(cancelled, "processing")
+    svc.call("DELETE", f"/api/v1/queue/task/{cancelled}")
+    svc.wait_status(cancelled, "cancelled", timeout=60)
+    after = svc.submit("after.mp4", ["noop"])["task_id"]
+    svc.wait_status(after, "completed")  # its one worker thread was free again
+    assert "its thread is left to it" in svc.log()
+
+    requeued = svc.submit("hung at shutdown.mp4", ["hang"])["task_id"]
+    svc.wait_status(requeued, "processing")
+    assert svc.stop() == 0
+    svc.extra_env["MOMENTRY_WORKER_ENABLED"] = "false"  # to see it waiting in line
+    svc.start()
+    job = svc.job(requeued)
+    # Back in line as a job stopped at shutdown is, not recovered as after a crash.
+    assert (job["status"], job["crash_count"]) == ("pending", 0), job
+
+
+def test_a_model_whose_load_never_returns_is_given_up_too(start_service):
+    svc = start_service(
+        queue={"worker_threads": 1, "max_concurrent": 1},
+        service={"plugins": ["workloads:Noop", "workloads:HangOnLoad"]},
+    )
+    task = svc.submit("stuck load.mp4", ["noop", "hangload"], task_timeout=1, max_retries=0)
+    job = svc.wait_status(task["task_id"], "partial", "failed", timeout=60)
+    assert job["status"] == "partial", job
+    assert "timed out after 1 s" in job["processors"]["hangload"]["error"], job
+    after = svc.submit("after.mp4", ["noop"])["task_id"]
+    svc.wait_status(after, "completed")  # its one worker thread was free again

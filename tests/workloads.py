@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -224,3 +225,25 @@ class Sleep(Processor):
     def run(self, ctx: RunContext) -> dict[str, Any]:
         time.sleep(float(self.settings.get("seconds", 3)))
         return {"slept": True}
+
+
+class Hang(Processor):
+    """Never returns and never reports, as a model stuck in a call would."""
+
+    name = "hang"
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        threading.Event().wait()
+        return {}
+
+
+class HangOnLoad(Processor):
+    """Its model's load never returns, as one read from a stalled volume would."""
+
+    name = "hangload"
+
+    def load(self) -> None:
+        threading.Event().wait()
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        return {}

@@ -277,6 +277,10 @@ class MlxEngine:
         # float16 on the GPU; MLX's CPU backend computes float32 faster than float16.
         self.fp16 = mx.default_device().type == mx.DeviceType.gpu
         self.model = load_model(self.path, dtype=mx.float16 if self.fp16 else mx.float32)
+        # Every array read in now, the positional embeddings too (not parameters): MLX
+        # cannot evaluate an array on a thread other than the one that made it, and the
+        # model runs on a runner thread (worker.py), not this one.
+        mx.eval([v for m in self.model.modules() for v in m.values() if isinstance(v, mx.array)])
 
     def transcribe(
         self, samples: np.ndarray, *, language: str | None, word_timestamps: bool

@@ -687,18 +687,9 @@ class Workers:
             for run in runs:
                 tracker = _Reporter(self, job, run, deadline, guard, halt, ledger)
                 try:
-                    # On a runner too: a model's load can hang as its run can.
-                    loaded = self._await(
-                        job,
-                        [run.processor],
-                        functools.partial(lambda name: [take(name)], run.processor),
-                        [tracker],
-                        deadline,
-                        halt,
+                    processor = loan.take_idle(run.processor) or self._load(
+                        job, run.processor, take, tracker, deadline, halt
                     )
-                    if loaded is None:
-                        raise Stop(halt.reason or StopReason.TIMEOUT)
-                    (processor,) = loaded
                     begun = self._begin(job, run, processor, media_path, out_dir, tracker)
                 except Exception as exc:
                     if tracker.start is None:
@@ -759,6 +750,22 @@ class Workers:
                         extra.discard()
             if stop is not None:
                 raise stop
+
+    def _load(
+        self,
+        job: Job,
+        name: str,
+        take: Callable[[str], Processor],
+        tracker: _Reporter,
+        deadline: float,
+        halt: _Halt,
+    ) -> Processor:
+        """A new instance of processor ``name``, loaded on a runner: a model's load can hang
+        as its run can."""
+        loaded = self._await(job, [name], lambda: [take(name)], [tracker], deadline, halt)
+        if loaded is None:
+            raise Stop(halt.reason or StopReason.TIMEOUT)
+        return loaded[0]
 
     def _await(
         self,
@@ -1138,16 +1145,20 @@ class _Loaded:
         self._lock = threading.Lock()
         self._idle: dict[str, list[Processor]] = {}
 
-    def take(self, name: str) -> Processor:
-        """An idle instance, else a new one, loaded if ready; ``give`` it back after use."""
+    def take_idle(self, name: str) -> Processor | None:
+        """An idle instance, loaded already, if there is one (nothing here can hang)."""
         with self._lock:
             idle = self._idle.get(name)
-            if idle:
-                return idle.pop()
+            return idle.pop() if idle else None
+
+    def create(self, name: str) -> tuple[Processor, bool]:
+        """A new instance, and whether it was loaded: only when it is ready, else it is
+        there to say why not."""
         processor = self._registry.create(name)
-        if processor.readiness().ready:
-            processor.load()
-        return processor
+        if not processor.readiness().ready:
+            return processor, False
+        processor.load()
+        return processor, True
 
     def give(self, name: str, processor: Processor) -> None:
         with self._lock:
@@ -1179,12 +1190,23 @@ class _Loan:
 
     def __init__(self, loaded: _Loaded) -> None:
         self._loaded = loaded
-        self.taken: list[tuple[str, Processor]] = []
+        self.taken: list[tuple[str, Processor]] = []  # loaded instances, given back after
         self.lost = False
 
+    def take_idle(self, name: str) -> Processor | None:
+        processor = self._loaded.take_idle(name)
+        if processor is not None:
+            self.taken.append((name, processor))
+        return processor
+
     def take(self, name: str) -> Processor:
-        processor = self._loaded.take(name)
-        self.taken.append((name, processor))
+        """An idle instance, else a new one, loaded if ready. One that was not ready is
+        not kept: the model may be in place by the next run, which must load it first."""
+        processor = self.take_idle(name)
+        if processor is None:
+            processor, loaded = self._loaded.create(name)
+            if loaded:
+                self.taken.append((name, processor))
         return processor
 
 

@@ -151,6 +151,23 @@ def test_a_checkpoint_that_cannot_be_saved_fails_its_run_after_one_attempt(start
     assert "the model file is corrupt" in run["error"], run
 
 
+def test_a_model_put_in_place_after_its_job_failed_is_loaded_for_the_retry(start_service, tmp_path):
+    model = tmp_path / "model.bin"
+    svc = start_service(
+        queue={"worker_threads": 1, "max_concurrent": 1},  # one thread, one instance
+        service={"plugins": ["workloads:ModelFile"]},
+        **{"processors.model_file": {"model_path": str(model)}},
+    )
+    task = svc.submit("early.mp4", ["model_file"])["task_id"]
+    job = svc.wait_status(task, "failed")
+    assert "is not there yet" in job["processors"]["model_file"]["error"], job
+    model.write_text("weights v1")
+    svc.call("POST", f"/api/v1/jobs/{task}/retry")
+    job = svc.wait_status(task, "completed")
+    result = svc.get(f"/api/v1/files/{job['file_uuid']}/results/model_file")["result"]
+    assert result == {"model": "weights v1"}
+
+
 def test_a_nan_checkpoint_fails_its_run_for_good(start_service):
     svc = start_service(
         service={"plugins": ["workloads:BadCheckpoint"]},

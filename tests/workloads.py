@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from momentry_edge import media
-from momentry_edge.processors.base import Processor, ProcessorError, RunContext
+from momentry_edge.processors.base import Processor, ProcessorError, Readiness, RunContext
 from momentry_edge.processors.frames import FramePlan, FrameProcessor
 
 
@@ -215,6 +215,25 @@ class LoadFails(Processor):
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
         return {}
+
+
+class ModelFile(Processor):
+    """Ready once the file named by ``model_path`` exists; ``load`` reads it, and ``run``
+    needs what ``load`` read, as a studio's own model would (``load`` before the first run)."""
+
+    name = "model_file"
+    _model: str | None = None
+
+    def readiness(self) -> Readiness:
+        path = Path(self.settings["model_path"])
+        return Readiness(path.is_file(), f"{path} is not there yet")
+
+    def load(self) -> None:
+        self._model = Path(self.settings["model_path"]).read_text()
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        assert self._model is not None, "run before load"
+        return {"model": self._model}
 
 
 class Sleep(Processor):

@@ -36,9 +36,8 @@ from typing import Any
 from urllib.parse import unquote, urlparse, urlunparse
 
 import peewee as pw
-import psutil
 
-from . import __version__, db, durable
+from . import __version__, db, durable, runfile
 from .config import Config
 from .events import bus
 
@@ -543,15 +542,10 @@ def _backup_file(source: Path) -> Path:
 
 def refuse_if_running(cfg: Config) -> None:
     """Raise BackupError while a service uses this data dir or database."""
-    run_file = cfg.data_dir / "run.json"
-    try:
-        info = json.loads(run_file.read_text(encoding="utf-8"))
-        pid = int(info["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pid = 0  # no run file: stopped cleanly (or never started)
-    if pid and pid != os.getpid() and psutil.pid_exists(pid):
+    info = runfile.holder(cfg.data_dir)  # None: stopped (or killed), or never started
+    if info is not None and info["pid"] != os.getpid():
         raise BackupError(
-            f"the service is running (pid {pid}, {info.get('url', '')}); stop it first "
+            f"the service is running (pid {info['pid']}, {info.get('url', '')}); stop it first "
             "(Ctrl-C or kill -TERM; `momentry-edge service uninstall` when it starts at login)"
         )
     target = sqlite_path(cfg)

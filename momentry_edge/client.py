@@ -10,13 +10,13 @@ broken proxy) becomes UnexpectedReply: it is never taken for a success.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
+from . import runfile
 from .config import Config
 
 DEFAULT_TIMEOUT = 15.0
@@ -259,9 +259,6 @@ def default_url(cfg: Config) -> str:
     The run file matters when the port is 0 (chosen at start-up) or was changed
     by an environment variable the client does not see.
     """
-    try:
-        info = json.loads((cfg.data_dir / "run.json").read_text(encoding="utf-8"))
-        os.kill(int(info["pid"]), 0)
-        return str(info["url"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return cfg.url
+    info = runfile.holder(cfg.data_dir)
+    url = info.get("url") if isinstance(info, dict) else None
+    return url if isinstance(url, str) else cfg.url

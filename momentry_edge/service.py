@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import ipaddress
-import json
 import logging
 import os
 import secrets
@@ -14,7 +13,19 @@ import threading
 import time
 from typing import Any
 
-from . import __version__, backup, cluster, db, housekeeping, ingest, jobs, logs, models, views
+from . import (
+    __version__,
+    backup,
+    cluster,
+    db,
+    housekeeping,
+    ingest,
+    jobs,
+    logs,
+    models,
+    runfile,
+    views,
+)
 from .alerts import AlertSender
 from .api import make_app
 from .callbacks import CallbackSender
@@ -226,6 +237,7 @@ class Service:
         every = {
             "sample": SAMPLE_EVERY,
             "heartbeat": self.config.queue.lease_seconds / 3,
+            "run_file": self.config.queue.lease_seconds / 3,
             "reap": self.config.queue.poll_interval,
             "poll": self.config.queue.poll_interval,
             "health": HEALTH_EVERY,
@@ -258,6 +270,8 @@ class Service:
                     self.node, self.owner, self.workers.policy, in_hand=self.workers.in_hand()
                 )
                 self.workers.document_failures(reaped)
+            elif task == "run_file":
+                self._keep_run_file()
             elif task == "poll":
                 self.workers.poll()
             elif task == "health" and self.config.queue.worker_enabled:
@@ -309,7 +323,7 @@ class Service:
             self.mirror.stop()  # after the requeues above, which it writes on its way out
         if self.alerts is not None:
             self.alerts.stop()
-        self._remove_run_file()
+        runfile.remove(self.config.data_dir, self.owner)
         db.Job._meta.database.close()
         log.info("stopped")
 
@@ -325,26 +339,22 @@ class Service:
         self._threads.append(self._http)
 
     def _write_run_file(self) -> None:
-        info = {
+        runfile.write(self.config.data_dir, self._run_info())
+
+    def _keep_run_file(self) -> None:
+        """Write run.json again if no live process holds it: services sharing a data dir,
+        the last started has it, and once that one has stopped and removed it, another."""
+        if runfile.holder(self.config.data_dir) is None:
+            self._write_run_file()
+
+    def _run_info(self) -> dict[str, Any]:
+        return {
             "pid": os.getpid(),
             "url": self.url,
             "node": self.node,
             "owner": self.owner,  # whose file it is: only that process removes it
             "started_at": iso(time.time()),
         }
-        path = self.config.data_dir / "run.json"
-        path.write_text(json.dumps(info) + "\n", encoding="utf-8")
-
-    def _remove_run_file(self) -> None:
-        """Remove run.json if this process wrote it: a start that failed on a data dir
-        another instance serves must not take away the file the CLI finds that one by."""
-        path = self.config.data_dir / "run.json"
-        try:
-            info = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return
-        if isinstance(info, dict) and info.get("owner") == self.owner:
-            path.unlink(missing_ok=True)
 
 
 def run(config: Config) -> int:

@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -116,6 +117,28 @@ def test_restore_refuses_while_the_service_runs(start_service, database_url, tmp
     assert "service is running" in refused.stderr and "stop it first" in refused.stderr
     assert task_ids(svc) == submitted  # untouched, still serving
     assert not list(svc.data_dir.glob("*before-restore*"))
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_run_file_left_by_a_killed_service_whose_pid_is_taken_since_does_not_stop_a_restore(
+    start_service, tmp_path
+):
+    svc = start_service()
+    submitted = submit_steps(svc, 1)
+    momentry(svc, "backup", str(tmp_path / "backup"))
+    svc.kill()  # its run.json stays
+    run_file = svc.data_dir / "run.json"
+    left = json.loads(run_file.read_text())
+    # Its pid is another program's now: one started after the file was written.
+    with subprocess.Popen(["sleep", "60"]) as other:
+        try:
+            run_file.write_text(json.dumps(left | {"pid": other.pid}))
+            os.utime(run_file, (time.time() - 30, time.time() - 30))
+            momentry(svc, "restore", str(tmp_path / "backup"))
+        finally:
+            other.kill()
+    svc.start()
+    assert task_ids(svc) == submitted
 
 
 def test_restore_refuses_while_another_data_dir_s_service_uses_the_database(

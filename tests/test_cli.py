@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from broken_server import BrokenServer
-from conftest import wait_for
+from conftest import ServiceProcess, wait_for
 
 TASK_ID = re.compile(r"task_[0-9a-f]{12}")
 
@@ -182,6 +182,34 @@ def test_a_failed_start_leaves_the_running_services_run_file(start_service, cli)
 
     assert svc.stop() == 0
     assert not (svc.data_dir / "run.json").exists()  # its own, it does remove
+
+
+def test_of_two_services_on_one_data_dir_the_one_left_running_is_found_again(
+    start_service, cli, database_url, tmp_path
+) -> None:
+    quick = {"lease_seconds": 3}  # a heartbeat a second
+    first = start_service("first", queue=quick)
+    config = ("--config", str(first.config_path))
+    data_dir = {"MOMENTRY_DATA_DIR": str(first.data_dir)}  # the cli fixture sets its own
+    second = ServiceProcess(
+        tmp_path / "second",
+        database_url,
+        {"service": {"node_id": "second", "data_dir": str(first.data_dir)}, "queue": quick},
+    )
+    second.data_dir = first.data_dir
+    second.start()  # the CLI finds the newest: run.json is its now
+    assert second.stop() == 0
+    # The first writes run.json again once it sees it gone.
+    run_file = first.data_dir / "run.json"
+
+    def first_has_it() -> bool:
+        return run_file.exists() and json.loads(run_file.read_text())["pid"] == first.proc.pid
+
+    wait_for(first_has_it)
+    status = json.loads(cli(*config, "status", "--json", env=data_dir).stdout)
+    assert status["pending_count"] == 0
+    assert first.stop() == 0
+    assert not run_file.exists()
 
 
 def test_rescan_registers_what_no_event_announced(start_service, cli) -> None:

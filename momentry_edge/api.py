@@ -380,11 +380,11 @@ def make_app(service: Core) -> bottle.Bottle:
     def thumbnail(file_uuid: str, index: str) -> Any:
         record = _file(file_uuid)
         folders = outputs.result_folders(service.config.data_dir, record)
-        path = outputs.scene_thumbnail(folders, index)
-        if path is None:
+        picture = outputs.scene_thumbnail(folders, index)
+        if picture is None:
             raise NotFound(f"file {file_uuid} has no thumbnail for scene {index!r}")
         response.content_type = "image/jpeg"
-        return path.read_bytes()
+        return picture
 
     def _cancel(ref: str) -> dict:
         was = jobs.cancel(jobs.find_job(ref))

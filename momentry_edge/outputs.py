@@ -17,6 +17,7 @@ service runs with (a web server, the studio's tools) can read results.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -308,12 +309,32 @@ def read_result(folders: list[Path], processor: str) -> bytes | None:
             aside_path(folder, processor, PARTIAL),
             document_path(folder, processor),
         ):
-            with contextlib.suppress(FileNotFoundError, IsADirectoryError, NotADirectoryError):
-                return path.read_bytes()
+            document = _read_own(path)
+            if document is not None:
+                return document
     return None
 
 
-def scene_thumbnail(folders: list[Path], index: str) -> Path | None:
+def _read_own(path: Path) -> bytes | None:
+    """The bytes of the file the service wrote at ``path``; None when there is none.
+
+    A link, or anything but a regular file, counts as none: a link put in a results folder
+    (by hand, or by a backup restored) could point anywhere on the machine, and a FIFO
+    would hold the request for ever.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # the last part of the path is a link
+            return None
+        raise
+    with open(fd, "rb") as file:
+        return file.read() if stat.S_ISREG(os.fstat(fd).st_mode) else None
+
+
+def scene_thumbnail(folders: list[Path], index: str) -> bytes | None:
     """The JPEG of scene ``index`` (as given in a URL) that cut.json names, in the first of
     ``folders`` that has a cut.json, if there is one."""
     # At most 18 digits: int() refuses a string of thousands, and no cut has that many scenes.
@@ -321,10 +342,14 @@ def scene_thumbnail(folders: list[Path], index: str) -> Path | None:
         return None
     for folder in folders:
         try:
-            document = json.loads(document_path(folder, "cut").read_text(encoding="utf-8"))
-        except FileNotFoundError:
+            cut = _read_own(document_path(folder, "cut"))
+        except OSError:
+            return None
+        if cut is None:
             continue
-        except (OSError, ValueError):
+        try:
+            document = json.loads(cut)
+        except ValueError:
             return None
         try:
             name = document["result"]["scenes"][int(index)]["thumbnail"]
@@ -332,8 +357,10 @@ def scene_thumbnail(folders: list[Path], index: str) -> Path | None:
             return None
         if not isinstance(name, str) or not name.startswith(f"{THUMBNAILS}/") or ".." in name:
             return None
-        path = folder / name
-        return path if path.is_file() else None
+        try:
+            return _read_own(folder / name)
+        except OSError:
+            return None
     return None
 
 

@@ -1,4 +1,5 @@
 import io
+import os
 import shutil
 from itertools import pairwise
 from pathlib import Path
@@ -208,3 +209,34 @@ def test_the_api_serves_each_scene_thumbnail(start_service, clip):
     for index in ("4", "x", "9" * 20, "-1", "9" * 5000, "0" * 4999 + "1"):
         reply = svc.client.get(f"{base}/{index}")
         assert reply.status_code == 404 and reply.json()["error"]["code"] == "not_found"
+
+
+def test_links_and_fifos_put_in_a_results_folder_are_never_served(start_service, clip, tmp_path):
+    """A results folder holds only what the service wrote; a link there (made by hand, or
+    brought in by a restored backup) could point anywhere on the machine."""
+    svc = start_service()
+    shutil.copy(clip, svc.drop / "four scenes.mp4")
+    task = svc.submit("four scenes.mp4", ["cut"])
+    job = svc.wait_status(task["task_id"], "completed", "partial", "failed", timeout=120)
+    assert job["status"] == "completed", job
+    file_uuid = task["file_uuid"]
+    folder = svc.data_dir / "results" / file_uuid
+    secret = tmp_path / "secret.txt"
+    secret.write_text('{"secret": true}')
+
+    thumbnails = sorted((folder / "cut.thumbnails").iterdir())
+    thumbnails[0].unlink()
+    thumbnails[0].symlink_to(secret)
+    thumbnails[1].unlink()
+    os.mkfifo(thumbnails[1])
+    base = f"/api/v1/files/{file_uuid}/thumbnails"
+    for index in (0, 1):
+        reply = svc.client.get(f"{base}/{index}", timeout=10)
+        assert reply.status_code == 404 and reply.json()["error"]["code"] == "not_found"
+    assert svc.client.get(f"{base}/2").headers["content-type"] == "image/jpeg"
+
+    (folder / "cut.json").rename(tmp_path / "cut.json")
+    (folder / "cut.json").symlink_to(secret)
+    reply = svc.client.get(f"/api/v1/files/{file_uuid}/results/cut")
+    assert reply.status_code == 404 and b"secret" not in reply.content
+    assert svc.client.get(f"{base}/2").status_code == 404

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
 import httpx
@@ -52,11 +52,39 @@ class UnexpectedReply(Exception):
 
 
 # The fields each reply must carry, with their JSON types: what callers read from it.
-Shape = Mapping[str, type | tuple[type, ...]]
+# ListOf(kind) is a list of that kind; Maybe(kind) a field that may be left out or null.
+class ListOf(NamedTuple):
+    item: Kind
+
+
+class Maybe(NamedTuple):
+    kind: Kind
+
+
+Kind = type | tuple[type, ...] | ListOf | Maybe | Mapping[str, Any]
+Shape = Mapping[str, Kind]
 OPTIONAL_INT = (int, type(None))
+NUMBER = (int, float)
 DONE: Shape = {"success": bool}
 PAUSED: Shape = {"success": bool, "paused": bool}
 PLACED: Shape = {"success": bool, "task_id": str, "position": OPTIONAL_INT}
+JOB: Shape = {"task_id": str, "status": str, "file_name": str}
+# An entry of the queue (status) or of a job list: what `status` and `jobs` show of it.
+LISTED: Shape = JOB | {
+    "priority": str,
+    "processors": ListOf(str),
+    "failed": Maybe(ListOf(str)),
+    "position": Maybe(int),
+    "progress": Maybe(NUMBER),
+    "node": Maybe(str),
+    "created_at": Maybe(str),
+}
+NODE: Shape = {"id": str, "active": int, "max_concurrent": int}
+STATISTICS: Shape = {
+    "total_processed": Maybe(int),
+    "total_failed": Maybe(int),
+    "average_time": Maybe(NUMBER),
+}
 QUEUE_STATUS: Shape = {
     "paused": bool,
     "active_count": int,
@@ -64,7 +92,10 @@ QUEUE_STATUS: Shape = {
     "max_concurrent": int,
     "dynamic_concurrency": bool,
     "pending_count": int,
-    "queue": list,
+    "retrying_count": Maybe(int),
+    "queue": ListOf(LISTED),
+    "nodes": Maybe(ListOf(NODE)),
+    "statistics": Maybe(STATISTICS),
 }
 CONCURRENCY: Shape = {
     "success": bool,
@@ -76,10 +107,7 @@ RESCAN: Shape = {
     "success": bool,
     **dict.fromkeys(("new", "changed", "missing", "unchanged", "settling"), int),
 }
-JOBS: Shape = {"jobs": list, "total": int}
-JOB: Shape = {"task_id": str, "status": str, "file_name": str}
-# An entry of the queue (status) or of a job list.
-LISTED: Shape = JOB | {"priority": str, "processors": list}
+JOBS: Shape = {"jobs": ListOf(LISTED), "total": int}
 CANCELLED: Shape = {"success": bool, "message": str, "status": str}
 REGISTERED: Shape = {
     "success": bool,
@@ -216,20 +244,31 @@ def _shape_problem(data: Any, shape: Shape) -> str | None:
     if "success" in data and data["success"] is not True:
         return f"success is {json.dumps(data['success'])[:40]}"
     for key, kind in shape.items():
-        value = data.get(key)
-        kinds = kind if isinstance(kind, tuple) else (kind,)
-        # JSON true is not a number here: a count of True is as wrong as a missing one.
-        if (
-            key not in data
-            or not isinstance(value, kinds)
-            or (isinstance(value, bool) and bool not in kinds)
-        ):
-            return f"{key!r} is missing or not {_json_type(kinds)}"
-    for key in ("queue", "jobs"):
-        for item in data[key] if key in shape else ():
-            problem = _shape_problem(item, LISTED)
+        if isinstance(kind, Maybe):
+            if data.get(key) is None:
+                continue
+            kind = kind.kind
+        problem = _kind_problem(data.get(key), kind) if key in data else "missing"
+        if problem:
+            return f"{key!r}: {problem}"
+    return None
+
+
+def _kind_problem(value: Any, kind: Kind) -> str | None:
+    if isinstance(kind, Mapping):
+        return _shape_problem(value, kind)
+    if isinstance(kind, ListOf):
+        if not isinstance(value, list):
+            return "not a list"
+        for item in value:
+            problem = _kind_problem(item, kind.item)
             if problem:
-                return f"an entry of {key!r}: {problem}"
+                return f"an entry: {problem}"
+        return None
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    # JSON true is not a number here: a count of True is as wrong as a missing one.
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        return f"not {_json_type(kinds)}"
     return None
 
 

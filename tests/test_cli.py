@@ -365,6 +365,45 @@ def test_a_reply_not_of_the_documented_shape_is_an_error(broken, cli, body, head
         assert failed.stdout == "", f"{command}: a success message for a broken reply"
 
 
+def _listing(**changes: object) -> dict:
+    """A reply that is both a good queue status and a good job list, with ``changes``."""
+    entry = {"task_id": "task_1", "status": "failed", "file_name": "a.mp4", "priority": "normal"}
+    entry |= {"processors": ["cut"], "failed": ["cut"], "position": 1, "progress": 40}
+    entry |= {"created_at": "2026-12-04T01:02:03Z", "node": "mini-1"}
+    entry |= {k: v for k, v in changes.items() if k in entry}
+    nodes = [{"id": f"mini-{n}", "active": 0, "max_concurrent": 1} for n in (1, 2)]
+    reply = {"paused": False, "active_count": 0, "effective_concurrency": 1}
+    reply |= {"max_concurrent": 1, "dynamic_concurrency": False, "pending_count": 1}
+    reply |= {"statistics": {"total_processed": 3, "total_failed": 1, "average_time": 2.5}}
+    reply |= {"queue": [entry], "jobs": [entry], "total": 1, "nodes": nodes}
+    return reply | {k: v for k, v in changes.items() if k not in entry}
+
+
+@pytest.mark.parametrize(
+    "changes, commands",
+    [
+        ({"statistics": {"total_processed": 3, "average_time": "fast"}}, ["status"]),
+        ({"nodes": [{"id": 1}, {"id": 2}]}, ["status"]),
+        ({"processors": [1, 2]}, ["status", "jobs"]),
+        ({"failed": [1]}, ["status", "jobs"]),
+        ({"created_at": 5}, ["status", "jobs"]),
+        ({"progress": "half"}, ["status", "jobs"]),
+    ],
+    ids=["average-time", "nodes", "processors", "failed", "created-at", "progress"],
+)
+def test_a_reply_whose_entries_are_not_of_the_documented_shape_is_an_error(
+    broken, cli, changes, commands
+) -> None:
+    broken.answer(json.dumps(_listing()).encode())
+    for command in ("status", "jobs"):
+        assert "a.mp4" in cli(command, "--url", broken.url).stdout  # the good reply is shown
+    broken.answer(json.dumps(_listing(**changes)).encode())
+    for command in commands:
+        failed = cli(command, "--url", broken.url, expect=1)  # and no traceback
+        assert failed.stderr.startswith(f"error: unexpected reply from {broken.url}"), failed
+        assert failed.stdout == "", f"{command}: part of a broken reply shown"
+
+
 def test_a_token_no_http_header_can_carry_is_a_usage_error(broken, cli, tmp_path) -> None:
     url = ("--url", broken.url)  # a server that would answer: the request is never made
     for token in ("pässwörd", "a\nb", "two words"):

@@ -81,13 +81,28 @@ def to_json(value: Any, **options: Any) -> str:
     """``json.dumps(value, ensure_ascii=False, **options)``, but strict: NotJSON, saying
     why, for what JSON cannot carry."""
     try:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False, **options)
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, **options)
     except ValueError as exc:
         if str(exc).startswith("Out of range float"):
             raise NotJSON("it holds NaN or Infinity, which JSON cannot carry") from None
         raise NotJSON(str(exc)) from None  # a circular reference
     except TypeError as exc:  # e.g. "Object of type set is not JSON serializable"
         raise NotJSON(str(exc)) from None
+    except RecursionError:
+        raise NotJSON("it is nested too deep to be written") from None
+    return utf8(text)
+
+
+def utf8(text: str) -> str:
+    """``text``, or NotJSON if UTF-8 cannot carry it (a lone surrogate such as '\\udc80':
+    neither a file nor the database could store the text)."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = exc.object[exc.start : exc.end]
+            raise NotJSON(f"it holds {bad!a}, which UTF-8 cannot carry") from None
+    return text
 
 
 class JSONField(pw.TextField):

@@ -193,7 +193,7 @@ def _indented(data: Any) -> str:
         else:
             text = db.to_json(value)
         items.append(f"  {_string(key)}: {text}")
-    return "{\n" + ",\n".join(items) + "\n}"
+    return db.utf8("{\n" + ",\n".join(items) + "\n}")  # the strings written as they are
 
 
 def write_result(

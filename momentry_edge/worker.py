@@ -431,7 +431,7 @@ class Workers:
         except jobs.LeaseLost:
             # Another worker may run it now: nothing of this run was written into the job.
             log.warning("job %s: lease lost, another worker has it", job.task_id)
-        except (Exception, SystemExit) as exc:  # a library's sys.exit: this thread goes on
+        except BaseException as exc:  # a library's sys.exit or a stray KeyboardInterrupt too
             self._give_back(job, exc)
         finally:
             with self._hand_lock:
@@ -445,7 +445,7 @@ class Workers:
     def _give_back(self, job: Job, exc: BaseException) -> str:
         """After an error outside the processors (recording a run failed even after the
         retries): release the job rather than leave it held by no one."""
-        error = f"{type(exc).__name__}: {exc}"
+        error = _describe(exc)
         log.error("job %s: the worker failed: %s", job.task_id, error, exc_info=exc)
         try:
             status = jobs.give_back(job, self.owner, self.policy, error)
@@ -691,7 +691,7 @@ class Workers:
                         job, run.processor, take, tracker, deadline, halt
                     )
                     begun = self._begin(job, run, processor, media_path, out_dir, tracker)
-                except Exception as exc:
+                except BaseException as exc:  # a plugin's own, whatever it raises
                     if tracker.start is None:
                         # It failed before it began (its processor would not load, or is
                         # not ready): an attempt all the same, or it would retry for ever.
@@ -737,7 +737,7 @@ class Workers:
                     raise
                 except Exception as exc:  # e.g. its output cannot be written: others settle
                     log.error("job %s: %s not recorded", job.task_id, run.processor, exc_info=exc)
-                    error = f"{type(exc).__name__}: {exc}"
+                    error = _describe(exc)
                     jobs.fail_run(
                         jobs.Claim.of(job, self.owner),
                         run,
@@ -931,14 +931,13 @@ class Workers:
             return outcome
         if isinstance(outcome, ProcessorError):
             # A read error because the file went away is reported as just that.
-            error = problem or str(outcome) or type(outcome).__name__
+            error = problem or _message(outcome) or type(outcome).__name__
             log.warning("job %s: %s failed: %s", job.task_id, run.processor, error)
             transient = outcome.transient and not problem
             fail(error, transient)
         elif isinstance(outcome, BaseException):
             log.error("job %s: %s crashed", job.task_id, run.processor, exc_info=outcome)
-            error = f"{type(outcome).__name__}: {outcome}"
-            fail(error, True)
+            fail(_describe(outcome), True)
             if isinstance(outcome, OSError):
                 self._check_disk()
         else:
@@ -957,14 +956,14 @@ class Workers:
             except db.NotJSON as exc:
                 # Not kept as completed: no strict parser could read it. The model gives the
                 # same on every try, so not retried.
-                error = f"the result cannot be written: {exc}"
+                error = f"the result cannot be written: {_message(exc)}"
                 log.error("job %s: %s %s", job.task_id, run.processor, error)
                 fail(error, False)
                 return None
             except OSError as exc:
                 # A full or failing disk: the run fails for now and the job retries later;
                 # a full disk holds back new starts meanwhile (queue.min_free_disk_mb).
-                error = f"cannot write the result: {exc}"
+                error = f"cannot write the result: {_message(exc)}"
                 log.error("job %s: %s %s", job.task_id, run.processor, error)
                 fail(error, True)
                 self._check_disk()
@@ -1094,7 +1093,7 @@ def _side_by_side(branches: list[Callable[[], None]], threads: int) -> BaseExcep
                 return
             try:
                 branch()
-            except (Exception, SystemExit) as exc:  # SystemExit would end a helper silently
+            except BaseException as exc:  # SystemExit and the like would end a helper silently
                 errors.append(exc)
 
     def helper() -> None:
@@ -1210,11 +1209,27 @@ class _Loan:
         return processor
 
 
+def _message(exc: BaseException) -> str:
+    """``str(exc)``, whatever that does: an exception whose ``__str__`` raises still ends
+    its run with a reason, and what UTF-8 cannot carry (a lone surrogate, a file name's
+    undecodable bytes) is escaped, so that the reason can be stored and written."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = "(its message cannot be read)"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {_message(exc)}"
+
+
 def _outcome(processor: Processor, ctx: RunContext) -> Any:
     """``processor.run(ctx)``'s result, or the exception it raised."""
     try:
         return processor.run(ctx)
-    except (Exception, SystemExit) as exc:  # a library's sys.exit ends the run, not the thread
+    # Whatever it raises (a library's sys.exit, a KeyboardInterrupt) ends the run, not the thread.
+    except BaseException as exc:
         return exc
 
 

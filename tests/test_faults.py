@@ -444,7 +444,9 @@ PLUGINS = [
 
 
 @on_sqlite
-@pytest.mark.parametrize("raises", ["MemoryError", "SystemExit"])
+@pytest.mark.parametrize(
+    "raises", ["MemoryError", "SystemExit", "KeyboardInterrupt", "GeneratorExit", "Unprintable"]
+)
 def test_a_model_that_runs_out_of_memory_or_exits_fails_its_job_and_the_service_goes_on(
     start_service, raises
 ):
@@ -457,6 +459,8 @@ def test_a_model_that_runs_out_of_memory_or_exits_fails_its_job_and_the_service_
     job = svc.wait_status(task, "failed", timeout=30)
     assert raises in job["processors"]["raise"]["error"], job
     assert job["processors"]["raise"]["attempts"] == 2, job  # tried again once, then ended
+    document = svc.get(f"/api/v1/files/{job['file_uuid']}/results/raise")
+    assert document["status"] == "failed" and raises in document["error"], document
     # The worker that ran it goes on: the next jobs complete.
     for name in ("after1.mp4", "after2.mp4"):
         svc.wait_status(svc.submit(name, ["noop"])["task_id"], "completed", timeout=30)
@@ -465,22 +469,29 @@ def test_a_model_that_runs_out_of_memory_or_exits_fails_its_job_and_the_service_
 
 
 @on_sqlite
-def test_a_frame_model_that_exits_beside_another_part_ends_its_job_not_a_thread(start_service):
+@pytest.mark.parametrize("raises", ["SystemExit", "KeyboardInterrupt"])
+def test_a_frame_model_that_exits_beside_another_part_ends_its_job_not_a_thread(
+    start_service, raises
+):
     # A frame pass (this member and cut) beside steps, on two threads: a sys.exit in the
     # pass must not end the thread it ran on, with its job left running or its runs undone.
     svc = start_service(
         service={"plugins": PLUGINS},
         queue={"max_crashes": 2, "lease_seconds": 2, "job_threads": 2},
         **{
-            "processors.raise_in_feed": {"raises": "SystemExit", "at": 2},
+            "processors.raise_in_feed": {"raises": raises, "at": 2},
             "processors.steps": {"steps": 3, "step_seconds": 0.05},
         },
     )
     task = svc.submit("exits.mp4", ["steps", "raise_in_feed", "cut"])["task_id"]
-    # Parked after its crashes; steps had completed, so the job is partial.
+    # The member's own failure, not a crash of the service: the other member of its pass
+    # and the other part complete, so the job is partial.
     job = svc.wait_status(task, "partial", timeout=60)
-    assert "SystemExit" in job["error_message"], job
+    assert job["crash_count"] == 0, job
+    failed = job["processors"]["raise_in_feed"]
+    assert failed["status"] == "failed" and f"{raises}: the frame model gave up" in failed["error"]
     assert job["processors"]["steps"]["status"] == "completed", job
+    assert job["processors"]["cut"]["status"] == "completed", job
     for name in ("after1.mp4", "after2.mp4"):
         svc.wait_status(svc.submit(name, ["noop"])["task_id"], "completed", timeout=30)
     assert svc.get("/healthz")["status"] == "ok"

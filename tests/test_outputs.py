@@ -236,11 +236,23 @@ def strict(constant: str) -> None:
     raise AssertionError(f"{constant} is not JSON")
 
 
-def test_a_result_holding_nan_or_infinity_fails_its_run_and_every_document_is_json(
-    start_service,
+@pytest.mark.parametrize(
+    "holds, error",
+    [
+        ("nan", "it holds NaN or Infinity, which JSON cannot carry"),
+        ("surrogate", "it holds '\\udce9', which UTF-8 cannot carry"),
+        ("deep", "it is nested too deep to be written"),
+    ],
+    ids=["nan", "surrogate", "deep"],
+)
+def test_a_result_no_json_can_hold_fails_its_run_and_every_document_is_json(
+    start_service, holds, error
 ):
-    svc = start_service(service={"plugins": ["workloads:NanResult", "workloads:Steps"]})
-    task = svc.submit("diverged.mp4", ["steps", "nan_result"])["task_id"]  # max_retries 3
+    svc = start_service(
+        service={"plugins": ["workloads:UnwritableResult", "workloads:Steps"]},
+        **{"processors.unwritable_result": {"holds": holds}},
+    )
+    task = svc.submit("diverged.mp4", ["steps", "unwritable_result"])["task_id"]  # max_retries 3
 
     def ended() -> dict | None:  # every answer on the way parses as strict JSON
         job = json.loads(svc.client.get(f"/api/v1/jobs/{task}").text, parse_constant=strict)
@@ -249,10 +261,10 @@ def test_a_result_holding_nan_or_infinity_fails_its_run_and_every_document_is_js
     job = wait_for(ended)
     # Not kept as completed, and not retried: the model gives the same on every try.
     assert job["status"] == "partial", job
-    run = job["processors"]["nan_result"]
+    run = job["processors"]["unwritable_result"]
     assert run["status"] == "failed" and run["attempts"] == 1, run
-    assert "cannot be written: it holds NaN or Infinity, which JSON cannot" in run["error"], run
-    reply = svc.client.get(f"/api/v1/files/{job['file_uuid']}/results/nan_result")
+    assert run["error"] == f"the result cannot be written: {error}", run
+    reply = svc.client.get(f"/api/v1/files/{job['file_uuid']}/results/unwritable_result")
     document = json.loads(reply.text, parse_constant=strict)
     assert document["status"] == "failed" and document["result"] is None
     assert document["error"] == run["error"]

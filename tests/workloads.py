@@ -159,7 +159,17 @@ class Raise(Processor):
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
         ctx.report(1, 2, {"frame": 1})
-        raise getattr(builtins, self.settings["raises"])("the model gave up")
+        kind = self.settings["raises"]
+        raise (Unprintable if kind == "Unprintable" else getattr(builtins, kind))(
+            "the model gave up"
+        )
+
+
+class Unprintable(Exception):
+    """An exception whose message cannot be read: its ``__str__`` raises."""
+
+    def __str__(self) -> str:
+        raise ValueError("no message for you")
 
 
 class RaiseInFeed(FrameProcessor):
@@ -196,12 +206,22 @@ class BadCheckpoint(Processor):
         return {"reported": True}
 
 
-class NanResult(Processor):
-    """Returns a result holding NaN and Infinity, as a model whose scores diverged would."""
+class UnwritableResult(Processor):
+    """Returns a result no JSON document can hold, as a model with a bug would: NaN and
+    Infinity (scores diverged; the default), with ``holds = "surrogate"`` a string with a
+    lone surrogate (text decoded wrongly), with ``holds = "deep"`` lists nested 100,000 deep."""
 
-    name = "nan_result"
+    name = "unwritable_result"
 
-    def run(self, ctx: RunContext) -> dict[str, Any]:
+    def run(self, ctx: RunContext) -> Any:
+        holds = self.settings.get("holds", "nan")
+        if holds == "surrogate":
+            return {"text": "caf\udce9"}
+        if holds == "deep":
+            deep: list = []
+            for _ in range(100_000):
+                deep = [deep]
+            return {"nested": deep}
         return {"x": float("nan"), "big": float("inf")}
 
 

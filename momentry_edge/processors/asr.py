@@ -556,7 +556,7 @@ class _Transcription:
             self._transcribe()
         except _NobodyLeft:
             pass
-        except Exception as exc:  # Stop, or an error every member shares (media, model)
+        except BaseException as exc:  # Stop, or an error every member shares (media, model)
             for slot in self.active:
                 self.outcomes[slot] = exc
         return self.outcomes  # type: ignore[return-value]
@@ -675,7 +675,7 @@ class _Transcription:
                 self.outcomes[slot] = _result(
                     state.language, state.probability, self.duration, segments
                 )
-            except Exception as exc:
+            except BaseException as exc:
                 self.outcomes[slot] = exc
 
     def _report(
@@ -696,7 +696,7 @@ class _Transcription:
                 ctx.report(current, total, saved)
             except Stop as stop:
                 first_stop = first_stop or stop  # job-wide: the others still save theirs
-            except Exception as exc:
+            except BaseException as exc:
                 self.outcomes[slot] = exc
                 self.active.remove(slot)
         if first_stop is not None:

@@ -217,7 +217,7 @@ def run_shared(
         try:
             m.processor.output_dir = m.ctx.output_dir
             m.plan = m.processor.plan(info, m.ctx.checkpoint)
-        except Exception as exc:
+        except BaseException as exc:
             outcomes[m.slot] = exc
             active.remove(m)
     if not active:
@@ -257,7 +257,7 @@ def run_shared(
     for m in list(active):
         try:
             outcomes[m.slot] = m.processor.finish(done)
-        except Exception as exc:
+        except BaseException as exc:
             outcomes[m.slot] = exc
             active.remove(m)
     # The last checkpoint holds the whole result (what finish added included: cut's
@@ -283,7 +283,7 @@ def _lanes(
                 return []
             other.output_dir = m.ctx.output_dir
             plan = other.plan(info, None)
-        except Exception as exc:  # the member still runs, on one thread
+        except BaseException as exc:  # the member still runs, on one thread
             log.warning("no spare %s for the frame pass: %s", m.processor.name, exc)
             return []
         assert m.plan is not None
@@ -483,7 +483,7 @@ class _Parallel:
             for index, (seconds, what) in found:
                 try:
                     m.processor.take(index, seconds, what)
-                except Exception as exc:
+                except BaseException as exc:
                     self._fail(m, index, exc)
                     break
 
@@ -594,7 +594,7 @@ class _Parallel:
                     m.found[index] = (seconds, found)
             else:
                 m.processor.feed(index, seconds, image)
-        except Exception as exc:
+        except BaseException as exc:
             self._fail(m, index, exc)
         spent = time.perf_counter() - started
         if not m.lanes:
@@ -631,7 +631,7 @@ class _Parallel:
         try:
             # A copy: it is reported after this thread has fed the member more frames.
             return copy.deepcopy(m.processor.checkpoint(done)), _save_clock() - cpu
-        except Exception as exc:
+        except BaseException as exc:
             self._fail(m, done - 1, exc)  # no report at this mark
             return None, 0.0
 
@@ -715,7 +715,7 @@ def _feed(
     started = time.perf_counter()
     try:
         m.processor.feed(index, seconds, images[m.key])
-    except Exception as exc:
+    except BaseException as exc:
         outcomes[m.slot] = exc
         return False
     finally:
@@ -749,7 +749,7 @@ def _report_all(
         except Stop as stop:
             # Job-wide: the others still save their state, then the pass ends.
             first_stop = first_stop or stop
-        except Exception as exc:
+        except BaseException as exc:
             outcomes[m.slot] = exc
             members.remove(m)
             continue

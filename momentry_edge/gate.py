@@ -92,16 +92,23 @@ class Gate:
         self._blocked: str | None = None  # why nothing may start, besides a pause
         psutil.cpu_percent(None)  # primes the counter; the first real reading comes later
 
-    def check_disk(self, folder: Path) -> str | None:
-        """Stop admitting jobs while ``folder``'s disk is below ``queue.min_free_disk_mb``."""
-        free_mb = shutil.disk_usage(folder).free / 2**20
+    def check_disk(self, *folders: Path) -> str | None:
+        """Stop admitting jobs while the disk of any of ``folders`` (each may be a disk of
+        its own) is below ``queue.min_free_disk_mb``. One not made yet is skipped: it will
+        be made on a disk of another."""
         need_mb = self._queue.min_free_disk_mb
         reason = None
-        if free_mb < need_mb:
-            reason = (
-                f"low disk space: {free_mb:,.0f} MB free for {folder}, "
-                f"below queue.min_free_disk_mb = {need_mb:,.0f} MB"
-            )
+        for folder in folders:
+            try:
+                free_mb = shutil.disk_usage(folder).free / 2**20
+            except FileNotFoundError:
+                continue
+            if free_mb < need_mb:
+                reason = (
+                    f"low disk space: {free_mb:,.0f} MB free for {folder}, "
+                    f"below queue.min_free_disk_mb = {need_mb:,.0f} MB"
+                )
+                break
         with self._lock:
             was = self._blocked
             self._blocked = reason

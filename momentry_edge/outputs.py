@@ -48,6 +48,12 @@ def results_root(data_dir: Path) -> Path:
     return data_dir / "results"
 
 
+def written_folders(data_dir: Path) -> tuple[Path, Path]:
+    """The folders the service writes to, each maybe on a disk of its own: the data dir
+    (the database, logs) and the results (often put on a larger or shared disk)."""
+    return data_dir, results_root(data_dir)
+
+
 def results_dir(data_dir: Path, file_uuid: str) -> Path:
     """The folder of one file's results."""
     return results_root(data_dir) / file_uuid

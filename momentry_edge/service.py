@@ -23,6 +23,7 @@ from . import (
     jobs,
     logs,
     models,
+    outputs,
     runfile,
     views,
 )
@@ -212,7 +213,7 @@ class Service:
         if self.mirror is not None:
             bus.listen(self.mirror.on_event)
             self.mirror.start()  # its first act is a full resync from the job table
-        self.gate.check_disk(self.config.data_dir)
+        self.gate.check_disk(*outputs.written_folders(self.config.data_dir))
         recovered = jobs.reap(self.node, self.owner, self.workers.policy)
         self.workers.document_failures(recovered)
         if recovered:
@@ -258,7 +259,8 @@ class Service:
         try:
             if task == "sample":
                 # The disk first: it needs no database, which may be what is failing.
-                self.gate.check_disk(self.config.data_dir)  # queue.unblocked wakes the workers
+                # queue.unblocked wakes the workers.
+                self.gate.check_disk(*outputs.written_folders(self.config.data_dir))
                 self.gate.sample(jobs.queue_state(self.node).max_concurrent)
             elif task == "heartbeat":
                 self.workers.renew_leases()

@@ -1050,7 +1050,7 @@ class Workers:
     def _check_disk(self) -> None:
         """A write failed: if the disk is full, stop admitting jobs now, not at the next sample."""
         with contextlib.suppress(OSError):
-            self.gate.check_disk(self.config.data_dir)
+            self.gate.check_disk(*outputs.written_folders(self.config.data_dir))
 
     def _stage_output(
         self,

@@ -157,11 +157,15 @@ def test_a_cancel_asked_before_a_kill_9_ends_the_job_cancelled(start_service):
     assert svc.status()["active_count"] == 0
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A real 16 MiB filesystem (tmpfs) as the data dir of the service named "node"."""
-    with small_filesystem(tmp_path / "node" / "data") as data:
-        yield data
+@pytest.fixture(params=["data dir", "results folder"])
+def small_disk(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
+    """A real 16 MiB filesystem (tmpfs) as the data dir of the service named "node", or as
+    its results folder alone (results on a disk of their own, as the README suggests)."""
+    folder = tmp_path / "node" / "data"
+    if request.param == "results folder":
+        folder /= "results"
+    with small_filesystem(folder) as disk:
+        yield disk
 
 
 def test_a_full_disk_holds_jobs_back_and_loses_none(small_disk, start_service):

@@ -6,6 +6,7 @@ once per job through a context variable, so processors need not pass it along.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import logging.handlers
@@ -68,7 +69,36 @@ class RotatingFile(logging.handlers.RotatingFileHandler):
     line is written: the base formats every line twice and stats the file twice a line
     to check. A file rotates once it has reached ``maxBytes`` (its last line may end past it)."""
 
+    _failing = False  # the last line could not be written
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._failed = False
+        super().emit(record)  # calls handleError when the line cannot be written
+        if self._failing and not self._failed:
+            self._failing = False
+            sys.stderr.write(f"momentry-edge: writing to {self.baseFilename} again\n")
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError):
+            super().handleError(record)
+            return
+        # A full or failing disk: one line on stderr, not a traceback for every record.
+        self._failed = True
+        if self.stream is not None:  # what it buffered is dropped; reopened for the next
+            with contextlib.suppress(OSError):
+                self.stream.close()
+            self.stream = None
+        if not self._failing:
+            self._failing = True
+            sys.stderr.write(
+                f"momentry-edge: cannot write to {self.baseFilename} ({error}); "
+                "its lines are lost until it can be written again\n"
+            )
+
     def _open(self) -> Any:
+        if self._failing:
+            _drop_cut_line(self.baseFilename)
         stream = super()._open()
         # Only a regular file rotates (the base class's rule, bpo-45401), looked at once.
         self._regular = os.path.isfile(self.baseFilename)
@@ -78,6 +108,17 @@ class RotatingFile(logging.handlers.RotatingFileHandler):
         if self.stream is None:  # delayed, or closed by a rollover that failed
             self.stream = self._open()
         return self.maxBytes > 0 and self._regular and self.stream.tell() >= self.maxBytes
+
+
+def _drop_cut_line(path: str) -> None:
+    """Cut back a line that a failed write left half written, to the end of the last
+    whole line, so that every line of the file stays one JSON object."""
+    with contextlib.suppress(FileNotFoundError), open(path, "rb+") as file:
+        end = file.seek(0, os.SEEK_END)
+        start = file.seek(max(0, end - (1 << 20)))
+        last = file.read().rfind(b"\n")
+        if last >= 0 or start == 0:
+            file.truncate(start + last + 1)
 
 
 def setup(data_dir: Path, level: str) -> Path:

@@ -7,6 +7,7 @@ lost or run as a second job, and a cancel asked meanwhile is honoured.
 from __future__ import annotations
 
 import contextlib
+import json
 import sqlite3
 import threading
 import time
@@ -193,6 +194,34 @@ def test_a_full_disk_holds_jobs_back_and_loses_none(small_disk, start_service):
     assert job["retry_count"] + job["crash_count"] >= 1, job  # it did fail, then ran again
     assert svc.status()["blocked_reason"] is None
     assert_nothing_lost_or_doubled(svc, tasks)
+
+
+@on_sqlite
+def test_a_full_log_disk_is_said_once_and_the_log_goes_on_once_there_is_room(
+    tmp_path, start_service
+):
+    with small_filesystem(tmp_path / "node" / "data" / "logs", size="1m") as logs:
+        svc = start_service(service={"plugins": PLUGINS})
+        filler = fill(logs)
+        stderr = svc.root / "service.log"
+        for n in range(200):  # each job logs a few lines: the file's last page fills up
+            svc.wait_status(svc.submit(f"{n}.mp4", ["noop"])["task_id"], "completed")
+            if "cannot write to" in stderr.read_text():
+                break
+        for n in range(5):  # lines lost while the disk stays full
+            svc.wait_status(svc.submit(f"more{n}.mp4", ["noop"])["task_id"], "completed")
+        filler.unlink()
+        after = svc.submit("after.mp4", ["noop"])["task_id"]
+        svc.wait_status(after, "completed")
+        log_file = logs / "momentry-edge.log"
+        wait_for(lambda: after in log_file.read_text())
+        lines = log_file.read_text().splitlines()
+        stderr = stderr.read_text()
+    assert stderr.count("cannot write to") == 1 and "No space left on device" in stderr, stderr
+    assert "writing to" in stderr and "again" in stderr, stderr
+    assert "Logging error" not in stderr and "Traceback" not in stderr, stderr[-3000:]
+    for line in lines:  # no line cut short is left behind
+        json.loads(line)
 
 
 @on_postgres

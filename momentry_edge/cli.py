@@ -371,7 +371,7 @@ def _source_kind(value: str) -> str:
 
 def _job_ref(value: str) -> str:
     if not value.strip():
-        raise argparse.ArgumentTypeError("expected a task id, job id or file uuid, got ''")
+        raise argparse.ArgumentTypeError(f"expected a task id, job id or file uuid, got {value!r}")
     return value
 
 
@@ -387,6 +387,8 @@ def _service_url(value: str) -> str:
         raise argparse.ArgumentTypeError(f"{value!r} is not a valid URL: {exc}") from None
     if not url.host:
         raise argparse.ArgumentTypeError(f"expected http://host:port, got {value!r}")
+    if url.port is not None and not 0 < url.port < 65536:
+        raise argparse.ArgumentTypeError(f"{value!r}: a port is 1 to 65535")
     return value
 
 

@@ -154,7 +154,10 @@ def test_without_a_service(cli) -> None:
     for bad in ("http://[::1", "http://host:port"):
         failed = cli("status", "--url", bad, expect=2)
         assert "is not a valid URL" in failed.stderr and "Traceback" not in failed.stderr
+    for port in ("0", "99999"):
+        assert "a port is 1 to 65535" in cli("status", "--url", f"http://h:{port}", expect=2).stderr
     assert "expected a task id" in cli("cancel", "", "--url", url, expect=2).stderr
+    assert "got '  '" in cli("cancel", "  ", "--url", url, expect=2).stderr
 
 
 def test_a_failed_start_leaves_the_running_services_run_file(start_service, cli) -> None:

@@ -14,8 +14,6 @@ import threading
 import time
 from typing import Any
 
-import peewee as pw
-
 from . import (
     __version__,
     backup,
@@ -208,7 +206,8 @@ class Service:
             jobs.init_queue_state(
                 q.max_concurrent, q.dynamic_concurrency, self.node, ceiling=q.worker_threads
             )
-        except (OSError, sqlite3.Error, pw.DatabaseError, pw.InterfaceError) as exc:
+        # Operational errors only: any other is a bug, and its traceback is wanted.
+        except (OSError, sqlite3.OperationalError, *db.OUTAGE_ERRORS) as exc:
             raise database_error(self.config, exc) from None
         self.notifier = cluster.Notifier(database, on_wake=self.workers.kick)
         bus.listen(self.notifier.on_event)

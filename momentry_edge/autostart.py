@@ -97,7 +97,8 @@ def executable() -> list[str]:
 
 def _path(first: Path, current: str) -> str:
     parts = [str(first), *current.split(os.pathsep), *filter(os.path.isdir, SYSTEM_PATH)]
-    return os.pathsep.join(dict.fromkeys(p for p in parts if p))
+    # An entry with a control character is no folder a service needs, and no plist holds it.
+    return os.pathsep.join(dict.fromkeys(p for p in parts if p and not _has_control(p)))
 
 
 # -- rendering ------------------------------------------------------------------------------------
@@ -128,7 +129,10 @@ def render_plist(spec: Spec) -> str:
     }
     plist = _fill(template, values, spec.program)
     plist["EnvironmentVariables"] |= spec.environment
-    return plistlib.dumps(plist, sort_keys=False).decode()
+    try:
+        return plistlib.dumps(plist, sort_keys=False).decode()
+    except ValueError as exc:  # XML 1.0 has no control characters (config.load refuses them)
+        raise AutostartError(f"cannot write the plist: {exc} (in a path or PATH)") from None
 
 
 def _fill(node: Any, values: dict[str, str], program: tuple[str, ...]) -> Any:
@@ -156,8 +160,7 @@ def render_unit(spec: Spec) -> str:
         "[Service]",
         "Type=simple",
         f"ExecStart={' '.join(_quote(arg, exec_line=True) for arg in (*spec.program, 'run'))}",
-        # A path setting: taken literally to the end of the line, no quotes.
-        f"WorkingDirectory={str(spec.data_dir).replace('%', '%%')}",
+        f"WorkingDirectory={_literal_path(spec.data_dir)}",
         *environment,
         # Like launchd's KeepAlive, except after exit code 2: a bad config stays stopped
         # (with its message in the journal) instead of restarting forever.
@@ -175,13 +178,34 @@ def render_unit(spec: Spec) -> str:
 
 
 def _quote(value: str, exec_line: bool = False) -> str:
+    """One value of an ExecStart= or Environment= line, as systemd reads it back."""
     # systemd expands %specifiers everywhere, and $VARS in ExecStart; both must be doubled.
     value = value.replace("%", "%%")
     if exec_line:
         value = value.replace("$", "$$")
-    if value and not any(c in value for c in " \t\"\\'"):
+    if value and not any(c in value for c in " \t\"\\';") and not _has_control(value):
         return value
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    # In quotes systemd reads C escapes: a newline written as \x0a cannot end the line.
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return '"' + "".join(f"\\x{ord(c):02x}" if _has_control(c) else c for c in escaped) + '"'
+
+
+def _literal_path(path: Path) -> str:
+    """A path setting (WorkingDirectory=), which systemd takes literally to the end of the
+    line: no quotes or escapes, only %% for %. What it cannot carry is refused."""
+    text = str(path)
+    if _has_control(text) or text != text.strip() or text.endswith("\\"):
+        # A newline would start a line of its own, a trailing backslash join the next one
+        # and outer spaces be stripped.
+        raise AutostartError(
+            f"the path {text!r} cannot be written into a systemd unit (control characters, "
+            "a trailing backslash or outer spaces); use another data dir"
+        )
+    return text.replace("%", "%%")
+
+
+def _has_control(text: str) -> bool:
+    return any(ord(c) < 0x20 or ord(c) == 0x7F for c in text)
 
 
 # -- install / uninstall / status -----------------------------------------------------------------

@@ -866,6 +866,13 @@ def check(path: Path, cfg: Config) -> None:
     except FileNotFoundError:
         return  # a new service: connect makes it
     if header and header != SQLITE_HEADER:
+        if cfg.service.database_url:
+            # A file the URL names, not one the service made: most likely the wrong file.
+            raise cfg.error(
+                "service.database_url",
+                f"{path} is not an SQLite database (it does not begin as one does); "
+                "name the queue's database file, or a new one",
+            )
         raise damaged(path, "its header is not SQLite's", cfg)
     conn = sqlite3.connect(path, timeout=15)
     try:

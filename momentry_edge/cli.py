@@ -599,8 +599,9 @@ def main(argv: list[str] | None = None) -> int:
             except backup.DatabaseDamaged as exc:
                 print(f"momentry-edge: {exc}", file=sys.stderr)
                 return EXIT_USAGE
-            except service.PortInUse as exc:
-                # Exit 1, not 2: the service manager retries, and the port may be free then.
+            except service.StartFailed as exc:
+                # Exit 1, not 2: the service manager retries, and the port may be free then
+                # (the disk have room, the database server be up).
                 _error(f"momentry-edge: {exc}")
                 return EXIT_REFUSED
         with _client(cfg, args) as api:

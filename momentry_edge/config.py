@@ -9,15 +9,18 @@ value is reported the same way wherever it came from.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import errno
 import math
 import os
 import re
+import stat
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 DEFAULT_DATA_DIR = "~/.momentry-edge"
 CONFIG_NAME = "momentry.toml"
@@ -70,7 +73,9 @@ def _header_safe(token: str) -> str | None:
 def _redis_db_number(url: str) -> str | None:
     """redis-py takes a database path that is not a number for db 0: a typo (/l3) would
     mix this queue's keys into another application's database."""
-    parts = urlsplit(url)
+    parts, problem = _split_url(url)
+    if parts is None:
+        return problem
     if parts.scheme not in ("redis", "rediss"):
         return None  # a unix:// path names the socket; redis-py checks the scheme
     db = parts.path.strip("/")
@@ -80,6 +85,55 @@ def _redis_db_number(url: str) -> str | None:
     return None
 
 
+def _database_url(url: str) -> str | None:
+    """The shape of service.database_url; libpq reads the rest of a PostgreSQL one at
+    start-up (db.postgres), as psql would."""
+    if not url:
+        return None  # SQLite in the data dir
+    # Not the port: libpq takes several hosts (h1:5432,h2:5433), which urlsplit cannot.
+    parts, problem = _split_url(url, port=False)
+    if parts is None:
+        return problem
+    if parts.scheme in ("postgres", "postgresql"):
+        return None
+    if parts.scheme != "sqlite":
+        return f"unsupported scheme {parts.scheme!r}: use postgresql://… or sqlite:///path"
+    if parts.netloc or not parts.path.strip("/") or parts.path.endswith("/"):
+        return "a sqlite URL names a file by its absolute path: sqlite:///path/to/momentry.db"
+    if _has_control(parts.path):
+        return "the path must not contain control characters"
+    return None
+
+
+def _http_url(url: str) -> str | None:
+    """alerts.url is POSTed to over HTTP: anything else would fail at every alert, unseen."""
+    if not url:
+        return None
+    parts, problem = _split_url(url)
+    if parts is None:
+        return problem
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "expected an http:// or https:// URL with a host"
+    return None
+
+
+def _split_url(url: str, port: bool = True) -> tuple[SplitResult | None, str]:
+    """``url`` split, or None and what is wrong with it (never the URL: it may hold a
+    password)."""
+    try:
+        parts = urlsplit(url)
+        if port:
+            parts.port  # noqa: B018 - a bad port (not a number, > 65535) raises only when read
+    except ValueError as exc:  # e.g. "Invalid IPv6 URL", "Port out of range 0-65535"
+        return None, f"not a valid URL: {exc}"
+    return parts, ""
+
+
+def _has_control(text: str) -> bool:
+    """C0 controls and DEL: no unit file, plist or log line carries them safely."""
+    return any(ord(char) < 0x20 or ord(char) == 0x7F for char in text)
+
+
 @dataclass(frozen=True)
 class ServiceConfig:
     data_dir: Path = _setting(Path(DEFAULT_DATA_DIR), env="MOMENTRY_DATA_DIR")
@@ -87,7 +141,7 @@ class ServiceConfig:
     host: str = _setting("127.0.0.1")
     port: int = _setting(8765, minimum=0, maximum=65535)  # 0: any free port
     token: str = _setting("", env="MOMENTRY_API_TOKEN", check=_header_safe)
-    database_url: str = _setting("", env="DATABASE_URL")
+    database_url: str = _setting("", env="DATABASE_URL", check=_database_url)
     # Set: job state is mirrored into the Momentry system's momentry:* Redis keys (mirror.py).
     redis_url: str = _setting("", env="REDIS_URL", check=_redis_db_number)
     # How long a write waits for another's lock on the SQLite file before it fails.
@@ -158,7 +212,7 @@ class ModelsConfig:
 @dataclass(frozen=True)
 class AlertsConfig:
     # POSTed a short plain-text message (ntfy-compatible) when something needs an operator.
-    url: str = _setting("")
+    url: str = _setting("", check=_http_url)
 
 
 SECTIONS: dict[str, type] = {
@@ -225,6 +279,7 @@ def load(
     unknown = set(raw) - set(SECTIONS) - {"processors"}
     if unknown:
         raise ConfigError(f"unknown section [{sorted(unknown)[0]}] in {file_path}")
+    _refuse_unknown_variables(env)
     origins: dict[str, str] = {}
     # Relative paths in the file are the file's neighbours, wherever it is run from.
     file_dir = file_path.parent.absolute() if file_path is not None else Path.cwd()
@@ -247,18 +302,73 @@ def load(
 
 
 def _config_path(path: str | os.PathLike[str] | None, env: Mapping[str, str]) -> Path | None:
+    origin = "--config"
     if path is None:
-        path = env.get("MOMENTRY_CONFIG")
+        path, origin = env.get("MOMENTRY_CONFIG"), "environment variable MOMENTRY_CONFIG"
     if path:
-        explicit = Path(path).expanduser()
-        if not explicit.exists():
-            raise ConfigError(f"config file {explicit} does not exist")
-        if not explicit.is_file():
+        if _has_control(str(path)):
+            # It is written into the unit file `service install` makes, which cannot carry them.
+            raise ConfigError(
+                f"config file: the path must not contain control characters ({origin})"
+            )
+        explicit = _expand(str(path), f"config file {path}")
+        try:
+            mode = explicit.stat().st_mode
+        except OSError as exc:
+            raise ConfigError(f"config file {explicit}: {_why(exc)}") from None
+        if not stat.S_ISREG(mode):
             raise ConfigError(f"config file {explicit} is not a file")
         return explicit
-    data_dir = env.get("MOMENTRY_SERVICE_DATA_DIR") or env.get("MOMENTRY_DATA_DIR")
-    candidate = Path(data_dir or DEFAULT_DATA_DIR).expanduser() / CONFIG_NAME
-    return candidate if candidate.is_file() else None
+    var = next((v for v in ("MOMENTRY_SERVICE_DATA_DIR", "MOMENTRY_DATA_DIR") if env.get(v)), "")
+    origin = f"environment variable {var}" if var else "default"
+    data_dir = env.get(var) or DEFAULT_DATA_DIR
+    candidate = _expand(data_dir, "service.data_dir", origin) / CONFIG_NAME
+    try:
+        return candidate if stat.S_ISREG(candidate.stat().st_mode) else None
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return None  # no settings file: the defaults
+        if exc.errno == errno.ELOOP:
+            problem = f"{candidate.parent} {_why(exc)}"
+            raise ConfigError(f"service.data_dir: {problem} ({origin})") from None
+        raise ConfigError(f"config file {candidate}: {_why(exc)}") from None
+
+
+def _why(exc: OSError) -> str:
+    """What an OSError on a path the user gave means, in their words."""
+    if exc.errno == errno.ENOENT:
+        return "does not exist"
+    if exc.errno == errno.ELOOP:
+        return "is a symlink loop (a link that leads back to itself)"
+    return f"cannot be read: {exc.strerror}"
+
+
+def _expand(path: str, key: str, origin: str = "") -> Path:
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:  # ~name of a user this machine does not have
+        where = f" ({origin})" if origin else ""
+        user = path.split("/")[0]
+        raise ConfigError(f"{key}: cannot expand {user!r}: no such user{where}") from None
+
+
+def _refuse_unknown_variables(env: Mapping[str, str]) -> None:
+    """MOMENTRY_<SECTION>_<KEY> with a KEY the section does not have is a typo; other
+    MOMENTRY_ names (MOMENTRY_CONFIG, the short names, other tools' own) are not ours."""
+    short = {f.metadata["env"] for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
+    for var in sorted(env):
+        for section, cls in SECTIONS.items():
+            prefix = f"MOMENTRY_{section.upper()}_"
+            if not var.startswith(prefix) or var in short:
+                continue
+            names = {f"{prefix}{f.name.upper()}": f.name for f in dataclasses.fields(cls)}
+            if var in names:
+                continue
+            typed = var[len(prefix) :].lower()
+            close = difflib.get_close_matches(typed, names.values(), n=1)
+            hint = f"; did you mean {prefix}{close[0].upper()}?" if close else ""
+            key = f"{section}.{typed}"
+            raise ConfigError(f"{var}: unknown key {key} (environment variable){hint}")
 
 
 def _build_section(
@@ -274,7 +384,9 @@ def _build_section(
     known = {f.name: f for f in dataclasses.fields(cls)}
     for key in values:
         if key not in known:
-            raise ConfigError(f"unknown key {section}.{key}")
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f" (did you mean {section}.{close[0]}?)" if close else ""
+            raise ConfigError(f"unknown key {section}.{key}{hint}")
     kwargs = {}
     for name, f in known.items():
         value, origin, base = values.get(name, dataclasses.MISSING), "config file", file_dir
@@ -320,14 +432,19 @@ def _coerce(key: str, f: dataclasses.Field, value: Any, origin: str, base: Path)
         elif kind == "Path":
             if not isinstance(value, str | Path) or not str(value).strip():
                 raise ValueError
-            result = _absolute(str(value), base)
+            result = _absolute(key, str(value), base, origin)
         elif kind.startswith("tuple"):
             items = _to_list(value)
             if any(not item.strip() for item in items):
                 raise ValueError  # an empty path would mean the working directory
-            result = tuple(_absolute(i, base) for i in items) if "Path" in kind else tuple(items)
+            if "Path" in kind:
+                result = tuple(_absolute(key, i, base, origin) for i in items)
+            else:
+                result = tuple(items)
         else:  # pragma: no cover - a new setting type needs a branch here
             raise TypeError(kind)
+    except ConfigError:
+        raise  # a path no service can use: it says why
     except (ValueError, TypeError):
         raise ConfigError(f"{key}: expected {_describe(kind)}, got {value!r} ({origin})") from None
     meta = f.metadata
@@ -349,8 +466,18 @@ def _coerce(key: str, f: dataclasses.Field, value: Any, origin: str, base: Path)
     return result
 
 
-def _absolute(path: str, base: Path) -> Path:
-    return Path(os.path.abspath(base / Path(path).expanduser()))
+def _absolute(key: str, path: str, base: Path, origin: str) -> Path:
+    """``path`` made absolute, or a ConfigError saying why no service can use it."""
+    if _has_control(path):
+        # A newline would end the line of the unit file `service install` writes.
+        raise ConfigError(f"{key}: the path must not contain control characters ({origin})")
+    result = Path(os.path.abspath(base / _expand(path, key, origin)))
+    try:
+        os.stat(result)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # missing is fine (made at start); a loop never resolves
+            raise ConfigError(f"{key}: {result} {_why(exc)} ({origin})") from None
+    return result
 
 
 def _number(limit: float) -> str:

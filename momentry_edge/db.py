@@ -452,12 +452,18 @@ def open_database(database_url: str, data_dir: Path, busy_timeout: float = 15.0)
     if not database_url:
         data_dir.mkdir(parents=True, exist_ok=True)
         return sqlite(data_dir / "momentry.db", busy_timeout)
-    url = urlparse(database_url)
+    try:
+        url = urlparse(database_url)
+    except ValueError as exc:  # e.g. "Invalid IPv6 URL"; config.load refuses these first
+        raise ConfigError(f"service.database_url: not a valid URL: {exc}") from None
     if url.scheme in ("postgres", "postgresql"):
         answer_timeout = busy_timeout
         return postgres(database_url)
     if url.scheme == "sqlite":
-        return sqlite(Path(unquote(url.path)), busy_timeout)
+        path = Path(unquote(url.path))
+        if not path.name:  # sqlite:// or sqlite:///: no file
+            raise ConfigError("service.database_url: a sqlite URL names a file: sqlite:///path")
+        return sqlite(path, busy_timeout)
     raise ConfigError(f"service.database_url: unsupported scheme {url.scheme!r}")
 
 
@@ -483,7 +489,12 @@ def postgres(database_url: str) -> PooledPostgresqlDatabase:
     try:  # libpq's own parser: the URL means what it means to psql
         params = CONNECTION_DEFAULTS | conninfo_to_dict(database_url)
     except psycopg.Error as exc:
-        raise ConfigError(f"service.database_url: {exc}") from None
+        # libpq ends its messages with a newline.
+        raise ConfigError(f"service.database_url: {str(exc).strip()}") from None
+    # libpq parses the port only when it connects, and then says "connection is bad".
+    for port in str(params.get("port") or "").split(","):
+        if port and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+            raise ConfigError(f"service.database_url: the port must be 1..65535, got {port!r}")
     dbname = params.pop("dbname", None) or "postgres"
     # Threads borrow connections from a bounded pool and give them back when idle
     # (release_connection), so a node holds a few connections, not one per thread.

@@ -9,6 +9,7 @@ import os
 import secrets
 import signal
 import socket
+import sqlite3
 import threading
 import time
 from typing import Any
@@ -191,18 +192,24 @@ class Service:
             raise self.config.error(
                 "service.data_dir", f"cannot write logs to {exc.filename}: {exc.strerror}"
             ) from None
-        # A damaged SQLite file stops the start here, before anything reads or writes it.
-        database = backup.connect_checked(self.config)
-        cluster.sync_clock(database)  # before anything is stamped with the queue's time
         q = self.config.queue
+        # The database's own errors at start (a file that cannot be opened or written, a
+        # full disk, a server that is down) become one line here, not one try per step.
         try:
-            cluster.register_node(self.node, self.owner, sorted(self.workers.can_run))
-        except Conflict as exc:
-            raise ConfigError(f"service.node_id: {exc.message}") from None
-        # Into its row; one kept from the API is cut to the threads there are now.
-        jobs.init_queue_state(
-            q.max_concurrent, q.dynamic_concurrency, self.node, ceiling=q.worker_threads
-        )
+            # A damaged SQLite file stops the start here, before anything reads or writes it.
+            database = backup.connect_checked(self.config)
+            cluster.sync_clock(database)  # before anything is stamped with the queue's time
+            try:
+                cluster.register_node(self.node, self.owner, sorted(self.workers.can_run))
+            except Conflict as exc:
+                raise ConfigError(f"service.node_id: {exc.message}") from None
+            # Into its row; one kept from the API is cut to the threads there are now.
+            jobs.init_queue_state(
+                q.max_concurrent, q.dynamic_concurrency, self.node, ceiling=q.worker_threads
+            )
+        # Operational errors only: any other is a bug, and its traceback is wanted.
+        except (OSError, sqlite3.OperationalError, *db.OUTAGE_ERRORS) as exc:
+            raise database_error(self.config, exc) from None
         self.notifier = cluster.Notifier(database, on_wake=self.workers.kick)
         bus.listen(self.notifier.on_event)
         bus.listen(self.callbacks.on_event)
@@ -382,9 +389,62 @@ def run(config: Config) -> int:
     return 0
 
 
-class PortInUse(Exception):
+class StartFailed(Exception):
+    """A state of the machine stops the start (a full disk, a database server that is
+    down), not a setting: exit 1, and the service manager tries again later."""
+
+
+class PortInUse(StartFailed):
     """The API's port is taken. Not a configuration error: the holder may be an instance
     that is stopping, so a restart (the service manager's, after exit 1) can help."""
+
+
+def database_error(config: Config, exc: Exception) -> Exception:
+    """What an error opening the queue database at start means, in one line: a
+    ConfigError (exit 2) when a setting or the files' permissions must change, else
+    StartFailed (exit 1) for what may pass (a full disk, a server that is down)."""
+    url = config.service.database_url
+    key = "service.database_url" if url else "service.data_dir"
+    text = _one_line(exc)
+    if url.startswith(("postgres://", "postgresql://")):
+        where = backup._safe_url(url)
+        text = text.split("; ")[0]  # libpq's hint lines ("Is the server running ...") aside
+        if "authentication failed" in text or "does not exist" in text:
+            return config.error(key, f"{where}: {text}")
+        return StartFailed(
+            f"cannot connect to the database at {where}: {text}; check that the server is "
+            f"running and reachable, and {key} ({config.origin(key)})"
+        )
+    path = backup.sqlite_path(config)
+    code = getattr(exc, "errno", None)
+    lowered = text.lower()
+    if code in (errno.ENOSPC, errno.EDQUOT) or "disk is full" in lowered:
+        return StartFailed(f"cannot start: the disk holding {path} is full; free some space")
+    if code in (errno.EACCES, errno.EPERM):
+        return config.error(key, f"cannot open {exc.filename or path}: {exc.strerror}")
+    if code == errno.EISDIR or (path is not None and os.path.isdir(path)):
+        return config.error(key, f"{path} is a directory, not a database file")
+    if "readonly" in lowered:
+        return config.error(
+            key, f"{path} is read-only: the service's user must be able to write it and its folder"
+        )
+    if "unable to open" in lowered and path is not None:
+        if not os.path.isdir(path.parent):
+            return config.error(key, f"cannot open {path}: the folder {path.parent} does not exist")
+        return config.error(
+            key,
+            f"cannot open {path}: the service's user must be able to read and write it and "
+            "its folder",
+        )
+    # An I/O error, a lock held past the timeout: what a restart may get past.
+    return StartFailed(f"cannot open the database {path}: {text}")
+
+
+def _one_line(exc: Exception) -> str:
+    """A driver's message (psycopg's run over lines) as one line."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
 
 
 def _bind_error(config: Config, exc: OSError) -> Exception:

@@ -195,3 +195,40 @@ def test_no_launchctl_is_reported(sandbox: Path) -> None:
     assert report == autostart.Report(
         autostart.NO_MANAGER, "autostart is not available here: launchd is not here (no launchctl)"
     )
+
+
+def unit_keys(unit: str) -> list[str]:
+    return [row.split("=", 1)[0] for row in unit.splitlines() if "=" in row and row[0] != "#"]
+
+
+def test_no_value_can_add_a_line_to_the_unit(tmp_path: Path) -> None:
+    config = tmp_path / "conf\nExecStartPre=/bin/touch /tmp/pwn" / "momentry.toml"
+    path = "/usr/bin:/weird\nExecStartPre=/bin/false:/bin"
+    spec = autostart.spec(tmp_path / "data", str(config), env={"PATH": path})
+    unit = autostart.render("linux", spec)
+    clean = autostart.spec(tmp_path / "data", str(tmp_path / "x.toml"), env={"PATH": "/bin"})
+    assert unit_keys(unit) == unit_keys(autostart.render("linux", clean))
+    assert "ExecStartPre" not in unit_keys(unit)
+    # systemd reads the escapes back: the config path arrives whole.
+    escaped = str(config).replace("\n", "\\x0a")
+    assert f'--config "{escaped}" run' in unit
+    assert "/weird" not in unit  # a PATH entry no folder could be is left out
+    unit_file = tmp_path / "momentry-edge.service"
+    unit_file.write_text(unit)
+    checked = subprocess.run(
+        ["systemd-analyze", "verify", str(unit_file)], capture_output=True, text=True
+    )
+    assert "ExecStartPre" not in checked.stderr and "Unknown key" not in checked.stderr, checked
+
+
+@pytest.mark.parametrize("name", ["data\nExecStartPre=/bin/touch /tmp/pwn", "data\\", "data "])
+def test_a_data_dir_no_unit_can_carry_is_refused_not_written(tmp_path: Path, name: str) -> None:
+    spec = autostart.spec(tmp_path / name, None, env={"PATH": "/bin"})
+    with pytest.raises(autostart.AutostartError, match="cannot be written into a systemd unit"):
+        autostart.render("linux", spec)
+
+
+def test_a_control_character_in_the_plist_is_an_error_not_a_traceback(tmp_path: Path) -> None:
+    spec = autostart.spec(tmp_path / "data\x01", None, env={"PATH": "/bin"})
+    with pytest.raises(autostart.AutostartError, match="cannot write the plist"):
+        autostart.render("macos", spec)

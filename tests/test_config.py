@@ -282,3 +282,127 @@ def test_an_unknown_database_url_parameter_is_a_configuration_error(tmp_path, da
     assert (
         'configuration error: service.database_url: invalid URI query parameter: "sslmod"' in said
     )
+
+
+def momentry(
+    args: list[str], env: dict[str, str], cwd: Path | None = None
+) -> subprocess.CompletedProcess:
+    """`momentry-edge ARGS` with only ``env``'s MOMENTRY_ variables (and DATABASE_URL...)."""
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("MOMENTRY_") and k not in ("DATABASE_URL", "REDIS_URL")
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "momentry_edge.cli", *args],
+        env=clean | env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def one_line_error(done: subprocess.CompletedProcess, code: int, start: str) -> str:
+    """The single line a refused start printed, checked: its exit code, its beginning."""
+    assert done.returncode == code, done.stderr
+    assert "Traceback" not in done.stderr and "\\x0a" not in done.stderr, done.stderr
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith(start), done.stderr
+    return done.stderr
+
+
+@pytest.mark.parametrize("command", [["status"], ["run"], ["backup"]])
+@pytest.mark.parametrize(
+    ("var", "value", "key"),
+    [
+        ("REDIS_URL", "redis://[::1", "service.redis_url: not a valid URL: Invalid IPv6 URL"),
+        ("REDIS_URL", "redis://h:99999/1", "service.redis_url: not a valid URL: Port out of range"),
+        ("DATABASE_URL", "postgresql://[::1", "service.database_url: not a valid URL"),
+        ("DATABASE_URL", "sqlite://", "service.database_url: a sqlite URL names a file"),
+        ("DATABASE_URL", "mysql://h/db", "service.database_url: unsupported scheme 'mysql'"),
+        ("MOMENTRY_ALERTS_URL", "ntfy.sh/topic", "alerts.url: expected an http:// or https://"),
+    ],
+)
+def test_a_url_that_is_no_url_is_a_configuration_error_for_every_command(
+    tmp_path, command, var, value, key
+):
+    env = {"MOMENTRY_DATA_DIR": str(tmp_path / "data"), "MOMENTRY_SERVICE_PORT": "0", var: value}
+    said = one_line_error(momentry(command, env), 2, f"momentry-edge: configuration error: {key}")
+    assert f"(environment variable {var})" in said
+    assert not (tmp_path / "data").exists()  # refused before anything started
+
+
+def test_an_unknown_key_in_the_environment_is_refused_naming_the_key_meant(tmp_path):
+    env = {"MOMENTRY_DATA_DIR": str(tmp_path), "MOMENTRY_QUEUE_MAX_CONCURENT": "3"}
+    for command in (["status"], ["run"]):
+        said = one_line_error(momentry(command, env), 2, "momentry-edge: configuration error: ")
+        assert said == (
+            "momentry-edge: configuration error: MOMENTRY_QUEUE_MAX_CONCURENT: unknown key "
+            "queue.max_concurent (environment variable); did you mean "
+            "MOMENTRY_QUEUE_MAX_CONCURRENT?\n"
+        )
+    # A file's typo is named with the key meant too.
+    path = write(tmp_path, "[queue]\nmax_concurent = 3\n")
+    with pytest.raises(config.ConfigError, match=r"did you mean queue\.max_concurrent\?"):
+        config.load(path, env={})
+
+
+def test_momentry_variables_that_are_not_settings_keys_are_not_refused():
+    # Every MOMENTRY_ name the project uses (scripts/test, scripts/build, the tests, ...):
+    # those of other tools share the prefix and must not stop the service.
+    root = Path(__file__).resolve().parent.parent
+    found = subprocess.run(
+        ["git", "grep", "-ohE", r"MOMENTRY_[A-Z0-9_]+"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    # Less the typo this file and docs/configuration.md show refused.
+    names = set(found) - {"MOMENTRY_", "MOMENTRY_QUEUE_MAX_CONCURENT"}
+    assert {"MOMENTRY_TEST_WORKERS", "MOMENTRY_BUILD_BACKENDS", "MOMENTRY_CONFIG"} <= names
+    for name in sorted(names):
+        try:
+            config.load(env={"MOMENTRY_DATA_DIR": "/nonexistent-dir", name: "1"})
+        except config.ConfigError as exc:
+            assert "unknown key" not in str(exc), name  # a bad value of a real key is fine
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "key"),
+    [
+        ([], {"MOMENTRY_DATA_DIR": "/tmp/x\nExecStartPre=/bin/touch /tmp/pwn"}, "service.data_dir"),
+        ([], {"MOMENTRY_SERVICE_WATCH": "/tmp/drop\x01"}, "service.watch"),
+        (["--config", "/tmp/a\nb.toml"], {}, "config file"),
+        ([], {"MOMENTRY_CONFIG": "/tmp/a\rb.toml"}, "config file"),
+    ],
+)
+def test_a_path_with_a_control_character_is_refused(tmp_path, args, env, key):
+    env = {"HOME": str(tmp_path), "MOMENTRY_DATA_DIR": str(tmp_path / "data")} | env
+    for platform in ("linux", "macos"):
+        done = momentry([*args, "service", "render", "--platform", platform], env)
+        said = one_line_error(done, 2, f"momentry-edge: configuration error: {key}: ")
+        assert "must not contain control characters" in said
+        assert done.stdout == ""  # no unit or plist
+
+
+def test_a_symlink_loop_is_named_as_one(tmp_path):
+    (tmp_path / "l1").symlink_to(tmp_path / "l2")
+    (tmp_path / "l2").symlink_to(tmp_path / "l1")
+    loop = str(tmp_path / "l1")
+    for args, env, key in (
+        (["run"], {"MOMENTRY_DATA_DIR": loop}, "service.data_dir"),
+        (["status"], {"MOMENTRY_DATA_DIR": loop}, "service.data_dir"),
+        (["run"], {"MOMENTRY_SERVICE_WATCH": loop}, "service.watch"),
+        (["--config", loop, "status"], {}, f"config file {loop}"),
+    ):
+        env = {"MOMENTRY_DATA_DIR": str(tmp_path / "data"), "MOMENTRY_SERVICE_PORT": "0"} | env
+        said = one_line_error(momentry(args, env), 2, f"momentry-edge: configuration error: {key}")
+        assert f"{loop} is a symlink loop" in said or f"{loop}: is a symlink loop" in said
+
+
+def test_a_home_folder_of_no_user_is_a_configuration_error(tmp_path):
+    env = {"MOMENTRY_DATA_DIR": "~no-such-user-here/data"}
+    said = one_line_error(momentry(["status"], env), 2, "momentry-edge: configuration error: ")
+    assert "service.data_dir: cannot expand '~no-such-user-here': no such user" in said

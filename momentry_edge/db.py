@@ -434,15 +434,25 @@ def connect(database_url: str, data_dir: Path, busy_timeout: float = 15.0) -> pw
 
 def open_database(database_url: str, data_dir: Path, busy_timeout: float = 15.0) -> pw.Database:
     global answer_timeout
-    if not database_url:
-        data_dir.mkdir(parents=True, exist_ok=True)
-        return sqlite(data_dir / "momentry.db", busy_timeout)
-    url = urlparse(database_url)
-    if url.scheme in ("postgres", "postgresql"):
+    path = sqlite_file(database_url, data_dir)
+    if path is None:
         answer_timeout = busy_timeout
         return postgres(database_url)
+    if not database_url:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    return sqlite(path, busy_timeout)
+
+
+def sqlite_file(database_url: str, data_dir: Path) -> Path | None:
+    """The SQLite file ``database_url`` names (empty: the data dir's), None for PostgreSQL;
+    nothing is opened or made."""
+    if not database_url:
+        return data_dir / "momentry.db"
+    url = urlparse(database_url)
+    if url.scheme in ("postgres", "postgresql"):
+        return None
     if url.scheme == "sqlite":
-        return sqlite(Path(unquote(url.path)), busy_timeout)
+        return Path(unquote(url.path))
     raise ConfigError(f"service.database_url: unsupported scheme {url.scheme!r}")
 
 

@@ -9,10 +9,11 @@ the copy is written straight into it with no second pass to pack it, restore che
 the database where it lies, and rsync or Time Machine copy only what changed.
 
 A backup is written into ``<folder>.partial`` and renamed into place once it is whole
-and on disk, and a restore copies into ``<name>.restoring`` first: a crash at any step
-leaves either what was there before or the finished result, and a leftover with one of
-these names, which is never taken for a backup and is removed later ("what a crash
-left", below, says when).
+and on disk (into an empty folder already there, which cannot be renamed onto, through
+``STAGING`` inside it: see _claim_named), and a restore copies into ``<name>.restoring``
+first: a crash at any step leaves either what was there before or the finished result,
+and a leftover with one of these names, which is never taken for a backup and is
+removed later ("what a crash left", below, says when).
 """
 
 from __future__ import annotations
@@ -23,13 +24,16 @@ import itertools
 import json
 import logging
 import os
+import queue
 import shlex
 import shutil
 import sqlite3
+import stat
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -37,16 +41,21 @@ from urllib.parse import unquote, urlparse, urlunparse
 
 import peewee as pw
 
-from . import __version__, db, durable, runfile
+from . import __version__, db, durable, outputs, runfile
 from .config import Config
 from .events import bus
 
 log = logging.getLogger(__name__)
 
 SQLITE_NAME, DUMP_NAME, MANIFEST = "momentry.db", "momentry.pgdump", "manifest.json"
-SETTINGS_NAME = "momentry.toml"
 # A backup's folder until it is whole, and a restore's copies until they are put in place.
 PARTIAL, RESTORING = ".partial", ".restoring"
+# A backup into an existing empty folder (a mounted drive, a link to a folder), which
+# cannot be renamed into place, is written in this folder inside it first.
+STAGING = ".momentry-backup" + PARTIAL
+SETTINGS_NAME = "momentry.toml"
+# What a backup puts in its folder.
+OURS = (SQLITE_NAME, DUMP_NAME, SETTINGS_NAME, "results", MANIFEST)
 SIDECARS = ("-wal", "-shm", "-journal")  # SQLite's files beside a database
 SQLITE_HEADER = b"SQLite format 3\x00"
 # Pages copied per backup step (4 MiB at SQLite's default page size).
@@ -71,6 +80,7 @@ class Backup:
     settings: bool
     results: bool
     seconds: float
+    skipped: tuple[str, ...] = ()  # links in results, not copied
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "path": str(self.path)}
@@ -83,6 +93,7 @@ class Restored:
     jobs: int | None
     results_aside: str | None
     settings: str | None  # the backup's settings file, left for the user to compare
+    skipped: tuple[str, ...] = ()  # links in the backup's results, not restored
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -99,25 +110,37 @@ def take(
     cfg: Config, dest: Path | None = None, *, results: bool = False, scheduled: bool = False
 ) -> Backup:
     """Copy the database (consistently, while the service runs), the settings, and results."""
+    try:
+        return _take(cfg, dest, results, scheduled)
+    except OSError as exc:  # one no step below expected (a folder on the way unreadable...)
+        raise _failed("cannot take the backup", exc) from None
+
+
+def _take(cfg: Config, dest: Path | None, results: bool, scheduled: bool) -> Backup:
     started = time.monotonic()
+    _check_data_dir(cfg.data_dir)
+    sqlite_file = sqlite_path(cfg)
+    if sqlite_file is not None and not sqlite_file.is_file():
+        # Before anything is made: a backup of nothing leaves nothing behind.
+        raise BackupError(f"there is no database at {sqlite_file} yet")
     parent = backups_dir(cfg.data_dir)
     remove_leftovers(parent)  # first: the room they take counts for this backup
     # A scheduled backup also leaves the room the queue keeps free for results.
     keep_free = cfg.queue.min_free_disk_mb * MB if scheduled else 0
     if dest is None:
-        _check_room(cfg, parent / "new", results, keep_free)
-        folder, handle = _claim_new(parent)
+        made = _make_folders(parent)
+        try:
+            folder, handle = _claim_new(parent)
+        except BaseException:
+            _remove_made(made)
+            raise
+        work = _partial(folder)
     else:
-        folder = dest.expanduser().absolute()
-        if folder.name.endswith(PARTIAL):
-            raise BackupError(f"{folder}: a name ending {PARTIAL} marks an unfinished backup")
-        if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-            raise BackupError(f"{folder} exists and is not an empty folder; give a new one")
-        _check_room(cfg, folder, results, keep_free)
-        handle = _claim_named(folder)
-    work = _partial(folder)
+        folder = _named(dest)
+        _refuse_inside_results(folder, cfg.data_dir)
+        folder, work, handle, made = _claim_named(folder)
     try:
-        sqlite_file = sqlite_path(cfg)
+        _check_room(cfg, work, folder, results, keep_free)
         if sqlite_file is None:
             kind, copy, jobs = "postgresql", work / DUMP_NAME, None
             _dump_postgres(cfg.service.database_url, copy)
@@ -126,9 +149,10 @@ def take(
             jobs = _copy_sqlite(sqlite_file, copy)
         if cfg.source is not None:
             shutil.copy2(cfg.source, work / SETTINGS_NAME)
+        skipped: list[str] = []
         if results and (cfg.data_dir / "results").is_dir():
             # Result files are written to a temp name and renamed, so each copy is whole.
-            shutil.copytree(cfg.data_dir / "results", work / "results", symlinks=True)
+            _copy_tree(cfg.data_dir / "results", work / "results", skipped)
         backup = Backup(
             path=folder,
             database=kind,
@@ -137,6 +161,7 @@ def take(
             settings=cfg.source is not None,
             results=(work / "results").is_dir(),
             seconds=round(time.monotonic() - started, 3),
+            skipped=tuple(skipped),
         )
         manifest = {
             **backup.as_dict(),
@@ -148,14 +173,114 @@ def take(
         # On disk before the rename: after a power cut, a folder by the backup's name holds
         # every file whole, not a manifest over files the disk never got.
         _sync_tree(work)
-        work.rename(folder)  # also in place of the empty folder the user named, in one step
-        _sync(folder.parent)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
+        if work.parent == folder:
+            _move_inside(work, folder)
+        else:
+            work.rename(folder)
+            _sync(folder.parent)
+    except BaseException as exc:
+        _discard_work(work, folder)
+        _remove_made(made)
+        if isinstance(exc, OSError):
+            raise _failed(f"cannot write the backup {folder}", exc) from None
         raise
     finally:
         os.close(handle)  # lets go of the lock
     return backup
+
+
+def _check_data_dir(data_dir: Path) -> None:
+    if data_dir.exists() and not data_dir.is_dir():
+        raise BackupError(f"the data dir {data_dir} is not a folder (service.data_dir)")
+
+
+def _named(dest: Path) -> Path:
+    """The DEST a user gave, absolute, its parent's ``..`` and links resolved (so that
+    ``bk/b2/../b3`` makes no ``bk/b2``), its own name kept."""
+    folder = dest.expanduser().absolute()
+    if folder.name in ("", ".."):
+        folder = folder.resolve()
+    return Path(os.path.realpath(folder.parent)) / folder.name
+
+
+def _refuse_inside_results(folder: Path, data_dir: Path) -> None:
+    # A backup there would copy itself (with --results) and be served as results.
+    root = Path(os.path.realpath(data_dir / "results"))
+    if Path(os.path.realpath(folder)).is_relative_to(root):
+        raise BackupError(
+            f"{folder} is inside the results folder {root}, which a backup copies; "
+            "give a DEST outside it"
+        )
+
+
+def _failed(what: str, exc: OSError) -> BackupError:
+    """``what`` with the reason and the path an OSError names, for a message."""
+    path = exc.filename2 if exc.filename2 is not None else exc.filename
+    return BackupError(f"{what}: {exc.strerror or exc}" + (f" ({path})" if path else ""))
+
+
+def _make_folders(folder: Path) -> list[Path]:
+    """Make ``folder`` and its missing parents; returns those made, for _remove_made."""
+    missing = []
+    there = folder
+    while not (there.exists() or there.is_symlink()):
+        missing.append(there)
+        there = there.parent
+    if not there.is_dir():
+        raise BackupError(f"{there} is not a folder")
+    made: list[Path] = []
+    for path in reversed(missing):
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue  # made meanwhile
+        except OSError as exc:
+            _remove_made(made)
+            raise BackupError(f"{path.parent} is not writable ({exc.strerror})") from None
+        made.append(path)
+    return made
+
+
+def _remove_made(made: list[Path]) -> None:
+    for path in reversed(made):
+        with contextlib.suppress(OSError):
+            path.rmdir()  # only while empty: what another process put there stays
+
+
+def _move_inside(work: Path, folder: Path) -> None:
+    """Move the finished backup from ``work`` into ``folder``, the manifest last: up to
+    then ``folder`` holds ``work``, which marks it unfinished (_unfinished)."""
+    names = sorted(p.name for p in work.iterdir() if p.name != MANIFEST)
+    for name in [*names, MANIFEST]:
+        os.rename(work / name, folder / name)
+    _sync(folder)
+    with contextlib.suppress(OSError):
+        work.rmdir()  # left empty beside the manifest, it marks nothing
+
+
+def _discard_work(work: Path, folder: Path) -> None:
+    """Remove what a backup that failed wrote, in ``work`` and (written inside the folder
+    the user gave) what it moved into ``folder`` before its manifest."""
+    if work.parent == folder and not (folder / MANIFEST).exists():
+        for name in OURS:
+            _remove_path(folder / name)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def _remove_path(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def _unfinished(folder: Path) -> bool:
+    """A backup cut off before it was whole: its .partial folder, or a folder it was being
+    written into (STAGING there, and no manifest yet)."""
+    if folder.name.endswith(PARTIAL):
+        return True
+    return (folder / STAGING).exists() and not (folder / MANIFEST).exists()
 
 
 def scheduled(cfg: Config) -> Backup | None:
@@ -177,30 +302,32 @@ def scheduled(cfg: Config) -> Backup | None:
     return backup
 
 
-def estimate(cfg: Config, results: bool = False) -> int:
+def estimate(cfg: Config, results: bool = False, block: int = 1) -> int:
     """Bytes a backup takes, at most: the database (with its WAL; on PostgreSQL its size on
-    the server, which the compressed dump does not exceed), the settings, the results."""
+    the server, which the compressed dump does not exceed), the settings, the results.
+    Each file and folder counted in whole ``block``s, as the disk written to stores them."""
     sqlite_file = sqlite_path(cfg)
     if sqlite_file is None:
-        size = _postgres_size(cfg)
+        size = _blocks(_postgres_size(cfg), block)
     else:
-        size = sum(
-            _size(p) for p in (sqlite_file, sqlite_file.with_name(sqlite_file.name + "-wal"))
-        )
+        wal = sqlite_file.with_name(sqlite_file.name + "-wal")
+        size = _tree_size(sqlite_file, block) + _tree_size(wal, block)
     if cfg.source is not None:
-        size += _size(cfg.source)
+        size += _tree_size(cfg.source, block)
     if results:
-        size += sum(_size(p) for p in (cfg.data_dir / "results").rglob("*"))
-    return size
+        size += _tree_size(cfg.data_dir / "results", block)
+    return size + block  # the backup's folder
 
 
-def _check_room(cfg: Config, folder: Path, results: bool, keep_free: float) -> None:
-    need = estimate(cfg, results)
-    where = next(p for p in folder.parents if p.exists())
-    free = shutil.disk_usage(where).free
+def _check_room(cfg: Config, work: Path, folder: Path, results: bool, keep_free: float) -> None:
+    """Measured on the folder being written (so on the drive mounted at DEST, not beside)."""
+    usage = os.statvfs(work)
+    free = usage.f_bavail * usage.f_frsize
+    need = estimate(cfg, results, usage.f_frsize)
     if free - need >= keep_free:
         return
-    said = f"a backup needs up to {need / MB:,.1f} MB and {where} has {free / MB:,.1f} MB free"
+    said = f"a backup needs up to {need / MB:,.1f} MB and the disk of {folder} has "
+    said += f"{free / MB:,.1f} MB free"
     if keep_free:
         raise BackupError(
             f"{said}; it would leave less than queue.min_free_disk_mb = {keep_free / MB:,.0f} MB"
@@ -208,11 +335,31 @@ def _check_room(cfg: Config, folder: Path, results: bool, keep_free: float) -> N
     raise BackupError(f"{said}; free some space or give another DEST")
 
 
-def _size(path: Path) -> int:
+def _blocks(size: int, block: int) -> int:
+    return -(-size // block) * block
+
+
+def _tree_size(path: Path, block: int) -> int:
+    """The bytes the file or folder ``path`` takes copied, in whole blocks (a folder one
+    block, and each file in it rounded up: many small results take a block each); links
+    count nothing, as they are not copied. Files gone meanwhile count nothing either."""
     try:
-        return path.stat().st_size if path.is_file() else 0
-    except OSError:  # gone meanwhile
+        st = path.stat()  # ``path`` itself followed: the data dir's results may be a link
+    except OSError:
         return 0
+    if stat.S_ISREG(st.st_mode):
+        return _blocks(st.st_size, block)
+    if not stat.S_ISDIR(st.st_mode):
+        return 0
+    total = 0
+    for top, _, names in os.walk(path):
+        total += block
+        for name in names:
+            with contextlib.suppress(OSError):
+                entry = os.lstat(os.path.join(top, name))
+                if stat.S_ISREG(entry.st_mode):
+                    total += _blocks(entry.st_size, block)
+    return total
 
 
 def _postgres_size(cfg: Config) -> int:
@@ -290,11 +437,16 @@ def _partial(folder: Path) -> Path:
 def _claim(work: Path) -> int:
     """Make the folder ``work`` and lock it; returns its descriptor, whose close lets go.
 
-    FileExistsError when the folder is there already. Between the mkdir and the lock, a
-    removal (which locks first) may take the folder: the check after the lock finds that.
+    FileExistsError when the folder is there already (its parent must be). Between the
+    mkdir and the lock, a removal (which locks first) may take the folder: the check after
+    the lock finds that.
     """
-    work.parent.mkdir(parents=True, exist_ok=True)
-    work.mkdir()
+    try:
+        work.mkdir()
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        raise BackupError(f"{work.parent} is not writable ({exc.strerror})") from None
     try:
         fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY)
     except FileNotFoundError:
@@ -332,17 +484,42 @@ def _claim_new(parent: Path) -> tuple[Path, int]:
     raise AssertionError("unreachable")
 
 
-def _claim_named(folder: Path) -> int:
-    """The claimed .partial folder of the DEST a user gave."""
-    work = _partial(folder)
-    _remove_leftover(work)
+def _claim_named(folder: Path) -> tuple[Path, Path, int, list[Path]]:
+    """The folder a user gave, the claimed folder its backup is written in, the lock, and
+    the parents made for it (for _remove_made).
+
+    A new DEST: written beside it (DEST.partial) and renamed to it, in one step. An empty
+    folder already there (a mounted drive, a link to a folder) cannot be renamed onto:
+    written in it (STAGING) and moved out of that, the manifest last.
+    """
+    if folder.exists():
+        if not folder.is_dir():
+            raise BackupError(f"{folder} exists and is not an empty folder; give a new one")
+        work = folder / STAGING
+        # What a backup cut off there left (its staging folder, what it moved out of it).
+        also = [] if (folder / MANIFEST).exists() else [folder / name for name in OURS]
+        _remove_leftover(work, also)
+        made: list[Path] = []
+    else:
+        if folder.is_symlink():
+            raise BackupError(f"{folder} is a link to nothing; give a new folder")
+        work = _partial(folder)
+        _remove_leftover(work)
+        made = _make_folders(folder.parent)
     try:
-        return _claim(work)
-    except FileExistsError:
-        raise BackupError(
-            f"a backup into {folder} is under way ({work} is held); wait for it or give "
-            "another DEST"
-        ) from None
+        if work.parent == folder and any(p != work for p in folder.iterdir()):
+            raise BackupError(f"{folder} exists and is not an empty folder; give a new one")
+        try:
+            handle = _claim(work)
+        except FileExistsError:
+            raise BackupError(
+                f"a backup into {folder} is under way ({work} is held); wait for it or give "
+                "another DEST"
+            ) from None
+    except BaseException:
+        _remove_made(made)
+        raise
+    return folder, work, handle, made
 
 
 def remove_leftovers(folder: Path) -> list[Path]:
@@ -354,8 +531,9 @@ def remove_leftovers(folder: Path) -> list[Path]:
     return [path for path in found if _remove_leftover(path)]
 
 
-def _remove_leftover(path: Path) -> bool:
-    """Remove the folder ``path`` unless a process holds it locked; True when removed."""
+def _remove_leftover(path: Path, also: Collection[Path] = ()) -> bool:
+    """Remove the folder ``path`` unless a process holds it locked; True when removed.
+    ``also``: paths removed first, under the lock (what a backup moved out of it)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError:
@@ -370,6 +548,8 @@ def _remove_leftover(path: Path) -> bool:
             return False
         if not _same_file(fd, path):
             return False  # removed and made again meanwhile: that one is someone else's
+        for other in also:
+            _remove_path(other)
         shutil.rmtree(path, ignore_errors=True)
     finally:
         os.close(fd)
@@ -413,10 +593,46 @@ def _sync_tree(root: Path) -> None:
         _sync(folder)
 
 
+def _copy_tree(
+    source: Path, target: Path, skipped: list[str], modes: tuple[int, int] | None = None
+) -> None:
+    """Copy the folder ``source`` (followed if a link) to the new folder ``target``: its
+    folders and regular files. Links in it are neither copied nor followed, only listed in
+    ``skipped``: the service writes none (duplicates are hard links), and one followed
+    would bring in what it points at (/etc/shadow, another whole folder). ``modes``: the
+    (file, folder) modes to give, else each keeps its own. An OSError names the path."""
+    try:
+        os.mkdir(target)
+        with os.scandir(source) as entries:
+            found = sorted(entries, key=lambda e: e.name)
+    except OSError as exc:
+        raise _failed(f"cannot copy {source}", exc) from None
+    for entry in found:
+        there = target / entry.name
+        if entry.is_dir(follow_symlinks=False):
+            _copy_tree(Path(entry.path), there, skipped, modes)
+            continue
+        if not entry.is_file(follow_symlinks=False):
+            skipped.append(entry.path)  # a link, a socket, a device...
+            continue
+        try:
+            shutil.copy2(entry.path, there, follow_symlinks=False)
+            if modes:
+                os.chmod(there, modes[0])
+        except OSError as exc:
+            raise BackupError(f"cannot copy {entry.path} to {there}: {exc.strerror}") from None
+    try:
+        if modes:
+            os.chmod(target, modes[1])
+        else:
+            shutil.copystat(source, target)
+    except OSError as exc:
+        raise _failed(f"cannot copy {source}", exc) from None
+
+
 def sqlite_path(cfg: Config) -> Path | None:
-    """The SQLite file the service uses, or None on PostgreSQL."""
-    database = db.open_database(cfg.service.database_url, cfg.data_dir)
-    return Path(database.database) if isinstance(database, pw.SqliteDatabase) else None
+    """The SQLite file the service uses, or None on PostgreSQL; nothing is made."""
+    return db.sqlite_file(cfg.service.database_url, cfg.data_dir)
 
 
 def _copy_sqlite(source: Path, target: Path) -> int | None:
@@ -482,9 +698,17 @@ def restore(cfg: Config, source: Path) -> Restored:
     renames, so a crash at any step leaves the database there was or the restored one,
     and running the restore again finishes it.
     """
+    try:
+        return _restore(cfg, source)
+    except OSError as exc:  # one no step below expected (a folder on the way unreadable...)
+        raise _failed(f"cannot restore {source}", exc) from None
+
+
+def _restore(cfg: Config, source: Path) -> Restored:
     source = source.expanduser().absolute()
+    _check_data_dir(cfg.data_dir)
     folder = source if source.is_dir() else source.parent
-    if folder.name.endswith(PARTIAL):
+    if _unfinished(folder):
         raise BackupError(
             f"{folder} is an unfinished backup, cut off before it was whole (the next "
             "backup removes it); restore a complete one"
@@ -496,29 +720,49 @@ def restore(cfg: Config, source: Path) -> Restored:
         raise BackupError(f"{copy} is a PostgreSQL dump; this service uses SQLite ({target})")
     if target is None and not copy.name.endswith(".pgdump"):
         raise BackupError(f"{copy} is a SQLite database; this service uses PostgreSQL")
+    if target is not None:
+        _check_header(copy)  # before a byte is copied: a large file that is none goes nowhere
     results = folder / "results" if source.is_dir() else None
+    skipped: list[str] = []
+    if results is not None and results.is_symlink():
+        skipped.append(str(results))  # not followed: it could lead anywhere
+        results = None
+    if results is not None and not results.is_dir():
+        results = None
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    with _restore_lock(cfg.data_dir):
-        staged = [_stage_sqlite(copy, target)] if target is not None else []
-        try:
-            if target is None:
-                _check_dump(copy)
-            if results is not None and results.is_dir():
-                staged.append(_stage_results(results, cfg.data_dir))
-            # Nothing was changed up to here.
-            if target is not None:
-                aside = _swap_sqlite(staged[0], target, stamp)
-                jobs, where = _count_jobs(target), str(target)
-            else:
-                aside, jobs = _restore_postgres(copy, cfg.service.database_url, stamp)
-                where = _safe_url(cfg.service.database_url)
-        except BaseException:
-            for path in staged:
-                _remove_staged(path)
-            raise
-        results_aside = None
-        if staged and staged[-1].name == f"results{RESTORING}":
-            results_aside = _swap_results(staged[-1], cfg.data_dir, stamp)
+    made = _make_folders(cfg.data_dir)
+    if target is not None:
+        made += _make_folders(target.parent)
+    try:
+        with _restore_lock(cfg.data_dir):
+            _check_restore_room(copy if target is not None else None, target, results, cfg.data_dir)
+            staged = []
+            try:
+                if target is not None:
+                    staged.append(_stage_sqlite(copy, target))
+                else:
+                    _check_dump(copy)
+                if results is not None:
+                    staged.append(_stage_results(results, cfg.data_dir, skipped))
+                # Nothing was changed up to here.
+                if target is not None:
+                    aside = _swap_sqlite(staged[0], target, stamp)
+                    jobs, where = _count_jobs(target), str(target)
+                else:
+                    aside, jobs = _restore_postgres(copy, cfg.service.database_url, stamp)
+                    where = _safe_url(cfg.service.database_url)
+            except BaseException:
+                for path in staged:
+                    _remove_staged(path)
+                raise
+            results_aside = None
+            if staged and staged[-1].name == f"results{RESTORING}":
+                results_aside = _swap_results(staged[-1], cfg.data_dir, stamp)
+    except BaseException as exc:
+        _remove_made(made)  # only folders still empty: never one a restore put a file in
+        if isinstance(exc, OSError):
+            raise _failed(f"cannot restore {source}", exc) from None
+        raise
     settings = folder / SETTINGS_NAME
     return Restored(
         database=where,
@@ -526,7 +770,48 @@ def restore(cfg: Config, source: Path) -> Restored:
         jobs=jobs,
         results_aside=results_aside,
         settings=str(settings) if source.is_dir() and settings.is_file() else None,
+        skipped=tuple(skipped),
     )
+
+
+def _check_header(copy: Path) -> None:
+    try:
+        with copy.open("rb") as f:
+            header = f.read(len(SQLITE_HEADER))
+    except OSError as exc:
+        raise _failed(f"cannot read {copy}", exc) from None
+    if header != SQLITE_HEADER:
+        raise BackupError(
+            f"{copy} is not a usable backup (not a SQLite database: its header is not "
+            "SQLite's); nothing was changed"
+        )
+
+
+def _check_restore_room(
+    copy: Path | None, target: Path | None, results: Path | None, data_dir: Path
+) -> None:
+    """Room for the copies a restore makes (the database beside its place, the results in
+    the data dir) on each disk they go to, before any is made: the databases and results
+    they replace are renamed, which takes none."""
+    wants = []
+    if copy is not None and target is not None:
+        wants.append((target.parent, copy))
+    if results is not None:
+        wants.append((data_dir, results))
+    needs: dict[int, tuple[Path, int]] = {}
+    for where, what in wants:
+        usage = os.statvfs(where)
+        device = os.stat(where).st_dev
+        first, need = needs.get(device, (where, 0))
+        needs[device] = (first, need + _tree_size(what, usage.f_frsize))
+    for where, need in needs.values():
+        usage = os.statvfs(where)
+        free = usage.f_bavail * usage.f_frsize
+        if need > free:
+            raise BackupError(
+                f"a restore needs up to {need / MB:,.1f} MB and the disk of {where} has "
+                f"{free / MB:,.1f} MB free; free some space. Nothing was changed"
+            )
 
 
 def _backup_file(source: Path) -> Path:
@@ -570,9 +855,7 @@ def refuse_if_running(cfg: Config) -> None:
 
 def _refuse_if_nodes(cfg: Config) -> None:
     """A shared PostgreSQL queue: refuse while any node's heartbeat is recent."""
-    import psycopg
-
-    with psycopg.connect(cfg.service.database_url, autocommit=True) as conn:
+    with _postgres(cfg.service.database_url) as conn:
         if not conn.execute("SELECT to_regclass('public.node') IS NOT NULL").fetchone()[0]:
             return
         # By the server's clock, which the nodes' heartbeats keep (cluster.sync_clock).
@@ -587,10 +870,22 @@ def _refuse_if_nodes(cfg: Config) -> None:
 
 
 @contextlib.contextmanager
+def _postgres(url: str) -> Iterator[Any]:
+    """A psycopg connection (autocommit); a server that cannot be reached is a BackupError."""
+    import psycopg  # only restore into PostgreSQL needs it directly
+
+    try:
+        conn = psycopg.connect(url, autocommit=True)
+    except psycopg.Error as exc:
+        raise BackupError(f"cannot reach the database {_safe_url(url)}: {exc}") from None
+    with conn:
+        yield conn
+
+
+@contextlib.contextmanager
 def _restore_lock(data_dir: Path) -> Iterator[None]:
     """Held for a whole restore: a second one is refused, and the service's start leaves
     the copies a restore is making alone (remove_restore_leftovers)."""
-    data_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(data_dir, os.O_RDONLY | os.O_DIRECTORY)
     try:
         try:
@@ -640,19 +935,21 @@ def _stage_sqlite(copy: Path, target: Path) -> Path:
     """The backup's database copied beside ``target`` and checked there."""
     staging = target.with_name(target.name + RESTORING)
     _remove_sqlite(staging)  # what an interrupted restore left
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(copy, staging)
     try:
+        shutil.copyfile(copy, staging)
         _sync_file(staging)
         conn = sqlite3.connect(staging)
         try:
-            problems = _problems(conn, "integrity_check")
-            if not problems and _job_count(conn) is None:
-                problems = "it has no job table"
+            problems = _problems(conn, "integrity_check") or _sqlite_not_a_queue(conn)
         finally:
             conn.close()
     except sqlite3.DatabaseError as exc:
         problems = str(exc)
+    except BaseException as exc:
+        _remove_sqlite(staging)
+        if isinstance(exc, OSError):
+            raise BackupError(f"cannot copy {copy} to {staging}: {exc.strerror}") from None
+        raise
     if problems:
         _remove_sqlite(staging)
         raise BackupError(f"{copy} is not a usable backup ({problems}); nothing was changed")
@@ -718,15 +1015,19 @@ def _free_name(path: Path, suffixes: tuple[str, ...] = ()) -> Path:
     raise AssertionError("unreachable")
 
 
-def _stage_results(source: Path, data_dir: Path) -> Path:
+def _stage_results(source: Path, data_dir: Path, skipped: list[str]) -> Path:
+    """The backup's results copied beside the results folder, with the modes the service
+    gives results (outputs.py), whatever modes the backup's files have."""
     staged = data_dir / f"results{RESTORING}"
-    shutil.rmtree(staged, ignore_errors=True)  # what an interrupted restore left
+    _remove_staged(staged)  # what an interrupted restore left
     try:
-        shutil.copytree(source, staged, symlinks=True)
+        _copy_tree(source, staged, skipped, (outputs.FILE_MODE, outputs.DIR_MODE))
         _sync_tree(staged)
-    except OSError as exc:
-        shutil.rmtree(staged, ignore_errors=True)
-        raise BackupError(f"cannot copy {source} ({exc}); nothing was changed") from None
+    except BaseException as exc:
+        _remove_staged(staged)
+        if isinstance(exc, BackupError):
+            raise BackupError(f"{exc}; nothing was changed") from None
+        raise
     return staged
 
 
@@ -765,15 +1066,15 @@ def _restore_postgres(dump: Path, url: str, stamp: str) -> tuple[str | None, int
     """The dump in place of the ``public`` schema, which is kept under another name.
 
     All in one transaction, run by psql: the rename, a new ``public``, the dump's
-    statements (pg_restore writes them out), and COMMIT, sent only once pg_restore has
-    written them all. Whatever stops it first (an error, a kill here, a power cut here or
-    on the server) ends the session without COMMIT, and the server rolls all of it back.
+    statements (pg_restore writes them out), the check that what they made is a queue
+    (_not_a_queue, asked through psql inside the transaction), and COMMIT, sent only once
+    all that went through. Whatever stops it first (an error, a dump of another database,
+    a kill here, a power cut here or on the server) ends the session without COMMIT, and
+    the server rolls all of it back.
     """
-    import psycopg  # only restore into PostgreSQL needs it directly
-
     script_command, _ = _pg_command("pg_restore", "")
     psql_command, env = _pg_command("psql", url)
-    with psycopg.connect(url, autocommit=True) as conn:
+    with _postgres(url) as conn:
         had_tables = conn.execute("SELECT to_regclass('public.job') IS NOT NULL").fetchone()[0]
         names = {row[0] for row in conn.execute("SELECT nspname FROM pg_namespace")}
     aside = None
@@ -786,14 +1087,25 @@ def _restore_postgres(dump: Path, url: str, stamp: str) -> tuple[str | None, int
             if name not in names
         )
         begin += f"ALTER SCHEMA public RENAME TO {aside};\nCREATE SCHEMA public;\n"
+    problem, jobs = "", None
     with tempfile.TemporaryFile() as script_err, tempfile.TemporaryFile() as psql_err:
         psql = subprocess.Popen(
-            [*psql_command, "--no-psqlrc", "--quiet", "--set=ON_ERROR_STOP=1", "--file=-"],
+            # Unaligned rows without headers: the check's answers, one line each.
+            [
+                *psql_command,
+                *("--no-psqlrc", "--quiet", "--no-align", "--tuples-only"),
+                *("--set=ON_ERROR_STOP=1", "--file=-"),
+            ],
             env=env,
             stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
             stderr=psql_err,
         )
+        # psql's output read as it comes: the dump's statements print lines too (setval),
+        # and a full pipe would stop psql while this writes to it.
+        lines: queue.Queue[bytes] = queue.Queue()
+        reader = threading.Thread(target=_read_lines, args=(psql.stdout, lines), daemon=True)
+        reader.start()
         script = subprocess.Popen(
             [script_command[0], "--no-owner", "--file=-", str(dump)],
             stdout=subprocess.PIPE,
@@ -803,7 +1115,9 @@ def _restore_postgres(dump: Path, url: str, stamp: str) -> tuple[str | None, int
             psql.stdin.write(begin.encode())
             shutil.copyfileobj(script.stdout, psql.stdin)
             if script.wait() == 0:
-                psql.stdin.write(b"COMMIT;\n")
+                problem, jobs = _check_restored(psql.stdin, lines)
+                if not problem:
+                    psql.stdin.write(b"COMMIT;\n")
         except BrokenPipeError:
             pass  # psql stopped at an error: its message says which
         finally:
@@ -813,6 +1127,8 @@ def _restore_postgres(dump: Path, url: str, stamp: str) -> tuple[str | None, int
             script.wait()
             script.stdout.close()
             psql.wait()
+            reader.join()
+            psql.stdout.close()
         if script.returncode or psql.returncode:
             said = []
             for stream in (script_err, psql_err):
@@ -820,9 +1136,86 @@ def _restore_postgres(dump: Path, url: str, stamp: str) -> tuple[str | None, int
                 said.append(stream.read().decode(errors="replace").strip())
             detail = "; ".join(filter(None, said)) or f"exit {script.returncode or psql.returncode}"
             raise BackupError(f"pg_restore failed, nothing changed: {detail}")
-    with psycopg.connect(url, autocommit=True) as conn:
-        jobs = conn.execute("SELECT count(*) FROM job").fetchone()[0]
+    if problem:
+        raise BackupError(f"{dump} is not a usable backup ({problem}); nothing was changed")
     return (f"schema {aside}" if aside else None), jobs
+
+
+ANSWER = "momentry-check:"  # marks the check's answers among what psql prints
+
+
+def _read_lines(stream: Any, lines: queue.Queue[bytes]) -> None:
+    for line in iter(stream.readline, b""):
+        lines.put(line)
+    lines.put(b"")  # the end: psql exited
+
+
+def _check_restored(to_psql: Any, lines: queue.Queue[bytes]) -> tuple[str, int | None]:
+    """Whether the restored ``public`` schema is a queue (_not_a_queue), asked through
+    psql inside its transaction; and its jobs. ("", None) when psql stopped meanwhile: its
+    exit code and message then say why."""
+
+    def ask(query: str) -> str | None:
+        # The dump set search_path to '': names are written with their schema.
+        to_psql.write(f"SELECT '{ANSWER}' || coalesce(({query})::text, '');\n".encode())
+        to_psql.flush()
+        while line := lines.get():
+            text = line.decode(errors="replace").rstrip("\n")
+            if text.startswith(ANSWER):
+                return text[len(ANSWER) :]
+        return None
+
+    listed = ask(
+        "SELECT string_agg(tablename, ' ') FROM pg_catalog.pg_tables WHERE schemaname = 'public'"
+    )
+    if listed is None:
+        return "", None
+    tables = set(listed.split())
+    version = None
+    if VERSION_TABLE in tables:
+        version = ask(f"SELECT max(version) FROM public.{VERSION_TABLE}")
+    problem = _not_a_queue(tables, version)
+    if problem:
+        return problem, None
+    jobs = ask("SELECT count(*) FROM public.job")
+    return "", int(jobs) if jobs else None
+
+
+# The tables a queue has from its first schema version on, and where the version is kept.
+VERSION_TABLE = db.SchemaVersion._meta.table_name
+QUEUE_TABLES = (
+    VERSION_TABLE,
+    *(model._meta.table_name for model in (db.QueueState, db.MediaFile, db.Job, db.ProcessorRun)),
+)
+
+
+def _not_a_queue(tables: Collection[str], version: object) -> str:
+    """Why a database (SQLite's file, PostgreSQL's restored schema) is not a queue this
+    service can run on, given its tables and its schema version; "" when it is one. A
+    queue of an older version is one: the service brings it up to date at its start."""
+    missing = [name for name in QUEUE_TABLES if name not in tables]
+    if missing:
+        return f"not a momentry-edge queue: it has no table {', '.join(missing)}"
+    try:
+        number = int(str(version))
+    except ValueError:
+        number = 0
+    if number < 1:
+        return "not a momentry-edge queue: it records no schema version"
+    if number > len(db.MIGRATIONS):
+        return (
+            f"its schema version is {number}, newer than this momentry-edge's "
+            f"{len(db.MIGRATIONS)}: upgrade momentry-edge to restore it"
+        )
+    return ""
+
+
+def _sqlite_not_a_queue(conn: sqlite3.Connection) -> str:
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    version = None
+    if VERSION_TABLE in tables:
+        version = conn.execute(f"SELECT max(version) FROM {VERSION_TABLE}").fetchone()[0]
+    return _not_a_queue(tables, version)
 
 
 def _safe_url(url: str) -> str:

@@ -152,7 +152,14 @@ def cmd_backup(cfg: config_module.Config, args: argparse.Namespace) -> int:
     if made.results:
         held.append("results")
     print(f"backup written to {made.path}: {', '.join(held)}, in {made.seconds:.1f} s")
+    _skipped(made.skipped)
     return EXIT_OK
+
+
+def _skipped(links: tuple[str, ...]) -> None:
+    if links:
+        named = ", ".join(links[:5]) + (f" and {len(links) - 5} more" if len(links) > 5 else "")
+        print(f"warning: links are not copied, skipped {named}", file=sys.stderr)
 
 
 def cmd_restore(cfg: config_module.Config, args: argparse.Namespace) -> int:
@@ -174,6 +181,7 @@ def cmd_restore(cfg: config_module.Config, args: argparse.Namespace) -> int:
         print(f"results restored; the previous results are kept as {done.results_aside}")
     if done.settings:
         print(f"the backup's settings are in {done.settings} (your settings file is unchanged)")
+    _skipped(done.skipped)
     return EXIT_OK
 
 

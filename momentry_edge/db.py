@@ -449,21 +449,31 @@ def connect(database_url: str, data_dir: Path, busy_timeout: float = 15.0) -> pw
 
 def open_database(database_url: str, data_dir: Path, busy_timeout: float = 15.0) -> pw.Database:
     global answer_timeout
+    path = sqlite_file(database_url, data_dir)
+    if path is None:
+        answer_timeout = busy_timeout
+        return postgres(database_url)
     if not database_url:
         data_dir.mkdir(parents=True, exist_ok=True)
-        return sqlite(data_dir / "momentry.db", busy_timeout)
+    return sqlite(path, busy_timeout)
+
+
+def sqlite_file(database_url: str, data_dir: Path) -> Path | None:
+    """The SQLite file ``database_url`` names (empty: the data dir's), None for PostgreSQL;
+    nothing is opened or made."""
+    if not database_url:
+        return data_dir / "momentry.db"
     try:
         url = urlparse(database_url)
     except ValueError as exc:  # e.g. "Invalid IPv6 URL"; config.load refuses these first
         raise ConfigError(f"service.database_url: not a valid URL: {exc}") from None
     if url.scheme in ("postgres", "postgresql"):
-        answer_timeout = busy_timeout
-        return postgres(database_url)
+        return None
     if url.scheme == "sqlite":
         path = Path(unquote(url.path))
         if not path.name:  # sqlite:// or sqlite:///: no file
             raise ConfigError("service.database_url: a sqlite URL names a file: sqlite:///path")
-        return sqlite(path, busy_timeout)
+        return path
     raise ConfigError(f"service.database_url: unsupported scheme {url.scheme!r}")
 
 

@@ -614,5 +614,309 @@ def test_a_second_restore_while_one_runs_is_refused(start_service, tmp_path):
     assert task_ids(svc) == restored
 
 
+# -- what is not a backup, or cannot be written where it is asked ---------------------------------
+
+
+def stopped_with_jobs(start_service, *names: str) -> tuple[ServiceProcess, list[str]]:
+    """A service that completed jobs on videos ``names``, then was stopped."""
+    svc = start_service()
+    submitted = completed_steps(svc, *names)
+    svc.stop()
+    return svc, submitted
+
+
+def restored_task_ids(svc: ServiceProcess) -> list[str]:
+    """The jobs the service serves after a start (it is stopped again)."""
+    svc.start()
+    try:
+        return task_ids(svc)
+    finally:
+        svc.stop()
+
+
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+def test_a_postgresql_dump_of_another_database_is_refused_and_the_queue_is_untouched(
+    start_service, database_url, tmp_path
+):
+    if not _has("pg_dump"):
+        pytest.skip("pg_dump is not installed")
+    import psycopg
+
+    svc, submitted = stopped_with_jobs(start_service, "a")
+    src = tmp_path / "other"
+    src.mkdir()
+    with scratch_postgres() as other:
+        with psycopg.connect(other, autocommit=True) as conn:
+            conn.execute("CREATE TABLE other (a int)")
+        subprocess.run(
+            ["pg_dump", "--format=custom", "--file", str(src / "momentry.pgdump"), other],
+            check=True,
+        )
+
+    refused = momentry(svc, "restore", str(src), expect=2).stderr
+
+    assert "not a momentry-edge queue" in refused and "nothing was changed" in refused
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        schemas = [row[0] for row in conn.execute("SELECT nspname FROM pg_namespace")]
+        assert conn.execute("SELECT to_regclass('public.other')").fetchone()[0] is None
+    assert not [name for name in schemas if name.startswith("momentry_before_restore")]
+    assert restored_task_ids(svc) == submitted
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("kind", ["a table job", "a newer version", "not sqlite"])
+def test_a_sqlite_file_that_is_not_a_queue_is_refused_and_nothing_changes(
+    start_service, tmp_path, kind
+):
+    svc, submitted = stopped_with_jobs(start_service, "a")
+    src = tmp_path / "other.db"
+    if kind == "not sqlite":
+        src.write_bytes(os.urandom(4 << 20))
+    elif kind == "a table job":
+        with contextlib.closing(sqlite3.connect(src)) as conn:
+            conn.execute("CREATE TABLE job (a)")
+    else:  # a backup taken by a later momentry-edge
+        momentry(svc, "backup", str(tmp_path / "later"))
+        shutil.copyfile(tmp_path / "later" / "momentry.db", src)
+        with contextlib.closing(sqlite3.connect(src)) as conn, conn:
+            conn.execute("INSERT INTO schema_version (version, applied_at) VALUES (999, 0)")
+    before = sorted(p.name for p in svc.data_dir.iterdir())
+
+    refused = momentry(svc, "restore", str(src), expect=2).stderr
+
+    said = {
+        "a table job": "not a momentry-edge queue: it has no table schema_version",
+        "a newer version": "upgrade momentry-edge",
+        "not sqlite": "not a SQLite database",
+    }[kind]
+    assert said in refused and "nothing was changed" in refused, refused
+    assert sorted(p.name for p in svc.data_dir.iterdir()) == before
+    assert restored_task_ids(svc) == submitted
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("link", ["a file in results", "results itself"])
+def test_a_restore_brings_in_no_links_and_gives_results_the_service_s_modes(
+    start_service, tmp_path, link
+):
+    svc, submitted = stopped_with_jobs(start_service, "a")
+    src = tmp_path / "backup"
+    momentry(svc, "backup", "--results", str(src))
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "shadow").write_text("root:secret\n")
+    (document,) = (src / "results").glob("*/steps.json")
+    expected = tree(src / "results")
+    if link == "a file in results":
+        document.chmod(0o666)
+        document.parent.chmod(0o777)
+        (document.parent / "asr.json").symlink_to(secret / "shadow")
+        (document.parent / "elsewhere").symlink_to(secret)
+    else:
+        shutil.rmtree(src / "results")
+        (src / "results").symlink_to(secret)
+    results = svc.data_dir / "results"
+    before = tree(results)
+
+    said = momentry(svc, "restore", str(src))
+
+    assert "links are not copied" in said.stderr
+    assert not [p for p in results.rglob("*") if p.is_symlink()]
+    assert "root:secret" not in str(tree(results))
+    if link == "results itself":
+        assert "results" in said.stderr and tree(results) == before, "not followed"
+    else:
+        assert "asr.json" in said.stderr and "elsewhere" in said.stderr
+        assert tree(results) == expected
+        for path in [results, *results.rglob("*")]:
+            mode = path.stat().st_mode & 0o777
+            assert mode == (0o750 if path.is_dir() else 0o640), path
+    assert restored_task_ids(svc) == submitted
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_backup_skips_links_in_results(start_service, tmp_path):
+    svc, _ = stopped_with_jobs(start_service, "a")
+    (document,) = (svc.data_dir / "results").glob("*/steps.json")
+    (document.parent / "link.json").symlink_to("/etc/hostname")
+
+    said = momentry(svc, "backup", "--results", str(tmp_path / "backup"))
+
+    assert "links are not copied" in said.stderr and "link.json" in said.stderr
+    copied = tmp_path / "backup" / "results"
+    assert (copied / document.relative_to(svc.data_dir / "results")).is_file()
+    assert not [p for p in copied.rglob("*") if p.is_symlink()]
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("dest", ["a mounted drive", "a link to an empty folder"])
+def test_a_backup_into_an_existing_empty_folder_is_written_there(start_service, tmp_path, dest):
+    svc, submitted = stopped_with_jobs(start_service, "a")
+    with contextlib.ExitStack() as stack:
+        if dest == "a mounted drive":
+            folder = stack.enter_context(small_filesystem(tmp_path / "drive"))
+        else:
+            (tmp_path / "empty").mkdir()
+            folder = tmp_path / "link"
+            folder.symlink_to(tmp_path / "empty")
+        beside = sorted(folder.parent.iterdir())
+
+        momentry(svc, "backup", "--results", str(folder))
+
+        assert sorted(p.name for p in folder.iterdir()) == [
+            "manifest.json",
+            "momentry.db",
+            "momentry.toml",
+            "results",
+        ]
+        assert sorted(folder.parent.iterdir()) == beside, "nothing written beside it"
+        momentry(svc, "restore", str(folder))
+        assert restored_task_ids(svc) == submitted
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_mounted_drive_with_too_little_room_is_refused_by_its_own_free_space(
+    start_service, tmp_path
+):
+    svc, _ = stopped_with_jobs(start_service, "a")
+    # Many small results: a block each on the disk, far more than their bytes.
+    many = svc.data_dir / "results" / "many"
+    many.mkdir()
+    for n in range(1500):
+        (many / f"{n}.json").write_text("{}")
+    with small_filesystem(tmp_path / "drive", "4m") as drive:
+        said = momentry(svc, "backup", "--results", str(drive), expect=2).stderr
+        assert "needs up to" in said and f"the disk of {drive}" in said, said
+        assert not list(drive.iterdir()), "nothing left behind"
+    with small_filesystem(tmp_path / "small", "4m") as small:
+        said = momentry(svc, "backup", "--results", str(small / "new"), expect=2).stderr
+        assert "needs up to" in said and "MB free" in said, said
+        assert not list(small.iterdir())
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_backup_into_a_mounted_drive_cut_off_is_never_taken_for_one(start_service, tmp_path):
+    svc, submitted = stopped_with_jobs(start_service, "a")
+    with small_filesystem(tmp_path / "drive") as drive:
+        # Killed as it moves its manifest, the last of its files, out of its staging folder.
+        cut = at_fault("kill", ["os.rename"], ".momentry-backup.partial/manifest.json")
+        momentry(svc, "backup", "--results", str(drive), wrapper=cut, expect=KILLED)
+        assert (drive / "momentry.db").is_file() and not (drive / "manifest.json").exists()
+
+        for src in (drive, drive / "momentry.db"):
+            refused = momentry(svc, "restore", str(src), expect=2).stderr
+            assert "unfinished" in refused
+
+        momentry(svc, "backup", "--results", str(drive))  # what the cut-off one left goes
+        assert (drive / "manifest.json").is_file()
+        assert not (drive / ".momentry-backup.partial").exists()
+        momentry(svc, "restore", str(drive))
+    assert restored_task_ids(svc) == submitted
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_backup_into_the_results_it_copies_is_refused(start_service):
+    svc, _ = stopped_with_jobs(start_service, "a")
+    results = svc.data_dir / "results"
+    before = tree(results)
+    (folder,) = results.iterdir()
+    for args in (["--results", str(results / "bk")], [str(folder / "bk")]):
+        said = momentry(svc, "backup", *args, expect=2).stderr
+        assert "inside the results folder" in said
+    assert tree(results) == before and sorted(results.iterdir()) == [folder]
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_restore_onto_a_full_disk_is_refused_and_leaves_nothing(start_service, tmp_path):
+    with small_filesystem(tmp_path / "disk") as disk:
+        svc = ServiceProcess(disk / "node", "", {"queue": {"min_free_disk_mb": 0}})
+        svc.start()
+        try:
+            submitted = completed_steps(svc, "a")
+            src = tmp_path / "backup"
+            momentry(svc, "backup", "--results", str(src))
+            completed_steps(svc, "b")
+        finally:
+            svc.stop()
+        fill(disk)
+        before = sorted(p.name for p in svc.data_dir.iterdir())
+
+        said = momentry(svc, "restore", str(src), expect=2).stderr
+
+        assert "a restore needs up to" in said and "Nothing was changed" in said
+        assert sorted(p.name for p in svc.data_dir.iterdir()) == before
+        (disk / "filler").unlink()
+        momentry(svc, "restore", str(src))
+        assert restored_task_ids(svc) == submitted
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_odd_paths_get_a_clear_error_and_nothing_is_made(start_service, tmp_path):
+    svc, _ = stopped_with_jobs(start_service, "a")
+    src = tmp_path / "backup"
+    momentry(svc, "backup", str(src))
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for dest, said in [
+        (a_file / "x", "is not a folder"),
+        ("/dev/null/x", "is not a folder"),
+        ("/proc/momentry-backup", "/proc is not writable"),
+    ]:
+        refused = momentry(svc, "backup", str(dest), expect=2).stderr
+        assert said in refused and "under way" not in refused, refused
+    assert not Path("/proc/momentry-backup.partial").exists()
+
+    momentry(svc, "backup", str(tmp_path / "bk" / "b2" / ".." / "b3"))
+    assert sorted(p.name for p in (tmp_path / "bk").iterdir()) == ["b3"]
+
+    for data_dir, said in [(a_file, "is not a folder"), (tmp_path / "none", "no database")]:
+        other = ServiceProcess(tmp_path / "other", "", {"service": {"data_dir": str(data_dir)}})
+        assert said in momentry(other, "backup", expect=2).stderr
+        if data_dir == a_file:
+            assert said in momentry(other, "restore", str(src), expect=2).stderr
+    assert not (tmp_path / "none").exists(), "a backup of nothing makes nothing"
+    assert a_file.read_text() == "x"
+
+
+def test_a_restore_into_an_unreachable_postgresql_says_so(tmp_path):
+    src = tmp_path / "backup"
+    src.mkdir()
+    (src / "momentry.pgdump").write_bytes(b"PGDMP")
+    closed = ServiceProcess(tmp_path / "node", "postgresql://postgres@127.0.0.1:1/none", {})
+    said = momentry(closed, "restore", str(src), expect=2).stderr
+    assert "cannot reach the database" in said
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_folders_that_cannot_be_written_get_a_clear_error(start_service, tmp_path, unprivileged):
+    svc, submitted = stopped_with_jobs(start_service, "a")
+    src = tmp_path / "backup"
+    momentry(svc, "backup", "--results", str(src))
+    read_only = tmp_path / "read-only"
+    read_only.mkdir(mode=0o555)
+    svc.data_dir.chmod(0o555)
+    try:
+        for args, said in [
+            (["backup"], f"{svc.data_dir} is not writable (Permission denied)"),
+            (["backup", str(read_only / "bk")], f"{read_only} is not writable"),
+            (["restore", str(src)], "Permission denied"),
+        ]:
+            refused = momentry(svc, *args, wrapper=unprivileged, expect=2).stderr
+            assert said in refused, refused
+        assert not list(read_only.iterdir())
+    finally:
+        svc.data_dir.chmod(0o755)
+    assert not list(svc.data_dir.glob("*.restoring")) and not (svc.data_dir / "backups").exists()
+    # A result the service cannot read: the backup stops there, names it, leaves nothing.
+    (document,) = (svc.data_dir / "results").glob("*/steps.json")
+    document.chmod(0)
+    refused = momentry(
+        svc, "backup", "--results", str(tmp_path / "b2"), wrapper=unprivileged, expect=2
+    ).stderr
+    assert str(document) in refused and "Permission denied" in refused, refused
+    assert not list(tmp_path.glob("b2*"))
+    assert restored_task_ids(svc) == submitted
+
+
 def _has(tool: str) -> bool:
     return shutil.which(tool) is not None

@@ -503,8 +503,30 @@ def _bounded_adapter() -> type:
     return Adapter
 
 
+class SqliteFile(pw.SqliteDatabase):
+    """peewee's SQLite database, whose rollback keeps the error that ended a transaction.
+
+    On some errors (a full disk, an I/O error) SQLite rolls the transaction back itself;
+    peewee's ROLLBACK (or ROLLBACK TO a savepoint) then fails with "no transaction is
+    active", and that error would replace the one that says what went wrong.
+    """
+
+    def rollback(self) -> None:
+        if self.is_closed() or self.connection().in_transaction:
+            super().rollback()
+
+    def savepoint(self) -> pw._savepoint:
+        return _Savepoint(self)
+
+
+class _Savepoint(pw._savepoint):
+    def rollback(self, begin: bool = True) -> None:
+        if self.db.connection().in_transaction:  # else SQLite has ended it (SqliteFile)
+            super().rollback(begin)
+
+
 def sqlite(path: Path, busy_timeout: float = 15.0) -> pw.SqliteDatabase:
-    return pw.SqliteDatabase(
+    return SqliteFile(
         str(path),
         pragmas={
             "journal_mode": "wal",

@@ -7,6 +7,7 @@ lost or run as a second job, and a cancel asked meanwhile is honoured.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sqlite3
 import threading
@@ -568,3 +569,44 @@ def test_a_write_that_fills_the_disk_fails_saying_so(tmp_path, nested):
         database.execute_sql("INSERT INTO t VALUES (x'00')")  # and the connection goes on
         assert database.execute_sql("SELECT COUNT(*) FROM t").fetchone() == (1,)
         database.close()
+
+
+@on_sqlite
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_database_file_deleted_or_replaced_under_the_service_stops_it(start_service, how):
+    # Serving on would mean two databases: the file its threads opened before (gone, or
+    # no longer at the path) and the one now at the path, which threads opened since see.
+    svc = start_service(**{"processors.steps": {"steps": 400, "step_seconds": 0.05}})
+    path = svc.data_dir / "momentry.db"
+    done = svc.submit("done.mp4", ["noop"])["task_id"]
+    svc.wait_status(done, "completed")
+    copy = svc.root / "copy.db"
+    with (
+        contextlib.closing(sqlite3.connect(path)) as live,
+        contextlib.closing(sqlite3.connect(copy)) as kept,
+    ):
+        live.backup(kept)  # a consistent copy, as `momentry-edge backup` takes
+    running = svc.submit("running.mp4", ["steps"])["task_id"]
+    wait_for(lambda: svc.job(running)["progress"] > 0)
+    for name in ("momentry.db", "momentry.db-wal", "momentry.db-shm"):
+        (svc.data_dir / name).unlink(missing_ok=True)
+    if how == "replaced":
+        copy.rename(path)
+
+    # It stops by itself, saying why once, with an exit code its service manager
+    # restarts it after.
+    assert svc.wait_exit(timeout=60) == 1
+    lines = (svc.data_dir / "logs" / "momentry-edge.log").read_text().splitlines()
+    errors = [entry["message"] for entry in map(json.loads, lines) if entry["level"] == "error"]
+    assert errors == [
+        f"the database file {path} was {how}; stopping, to be started again on the file now there"
+    ], svc.log()
+    # Started again, it serves the file now at the path, and only that.
+    svc.start()
+    if how == "deleted":
+        assert all_jobs(svc) == []
+    else:
+        assert [(j["task_id"], j["status"]) for j in all_jobs(svc)] == [(done, "completed")]
+    after = svc.submit("after.mp4", ["noop"])["task_id"]
+    svc.wait_status(after, "completed")
+    assert svc.stop() == 0

@@ -7,6 +7,7 @@ arithmetic works on SQLite and PostgreSQL; the API renders them as ISO 8601.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import hashlib
@@ -539,8 +540,62 @@ def _bounded_adapter() -> type:
     return Adapter
 
 
+class SqliteFile(pw.SqliteDatabase):
+    """peewee's SQLite database, whose rollback keeps the error that ended a transaction,
+    and whose threads never open a file other than the one opened first.
+
+    On some errors (a full disk, an I/O error) SQLite rolls the transaction back itself;
+    peewee's ROLLBACK (or ROLLBACK TO a savepoint) then fails with "no transaction is
+    active", and that error would replace the one that says what went wrong.
+
+    Each thread has its connection, opened by path. Were the file deleted or replaced,
+    those open keep the old file while new ones open (or make) the one now at the path:
+    two databases at once. So a connection is refused once the path holds another file
+    (``replaced`` says why); the service stops on it (service.py).
+    """
+
+    opened: tuple[int, int] | None = None  # (st_dev, st_ino) of the file first opened
+
+    def _connect(self) -> Any:
+        if problem := self.replaced():
+            raise pw.OperationalError(problem)
+        conn = super()._connect()
+        if self.opened is None:
+            with contextlib.suppress(OSError):  # ":memory:", or no file to stat
+                st = os.stat(self.database)
+                self.opened = (st.st_dev, st.st_ino)
+        return conn
+
+    def replaced(self) -> str | None:
+        """Why the file at the path is no longer the one first opened; None while it is."""
+        if self.opened is None:
+            return None
+        try:
+            st = os.stat(self.database)
+        except FileNotFoundError:
+            return f"the database file {self.database} was deleted"
+        except OSError:
+            return None  # cannot tell (e.g. a folder made unreadable): not known replaced
+        if (st.st_dev, st.st_ino) != self.opened:
+            return f"the database file {self.database} was replaced"
+        return None
+
+    def rollback(self) -> None:
+        if self.is_closed() or self.connection().in_transaction:
+            super().rollback()
+
+    def savepoint(self) -> pw._savepoint:
+        return _Savepoint(self)
+
+
+class _Savepoint(pw._savepoint):
+    def rollback(self, begin: bool = True) -> None:
+        if self.db.connection().in_transaction:  # else SQLite has ended it (SqliteFile)
+            super().rollback(begin)
+
+
 def sqlite(path: Path, busy_timeout: float = 15.0) -> pw.SqliteDatabase:
-    return pw.SqliteDatabase(
+    return SqliteFile(
         str(path),
         pragmas={
             "journal_mode": "wal",
@@ -556,6 +611,13 @@ def sqlite(path: Path, busy_timeout: float = 15.0) -> pw.SqliteDatabase:
         },
         timeout=busy_timeout,
     )
+
+
+def file_replaced() -> str | None:
+    """Why the SQLite file at the database's path is not the one the service opened (see
+    SqliteFile); None while it is, and on PostgreSQL."""
+    database = Job._meta.database
+    return database.replaced() if isinstance(database, SqliteFile) else None
 
 
 def queue_id() -> str:

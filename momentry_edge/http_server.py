@@ -2,11 +2,12 @@
 
 waitress reads requests on one asynchronous loop and hands a worker thread only a request
 that has fully arrived, so a client trickling its headers costs a socket, not a thread.
-A thread is held only while a request runs, or for as long as an event stream stays open
-(at most api.MAX_EVENT_STREAMS of those; they get threads of their own on top of
-API_THREADS). Threads start as requests need them and end after IDLE_THREAD_SECONDS
-without one, so an idle service holds none. Each response chunk is sent as soon as it is
-written, so event streams are live.
+A thread is held only while a request runs, or for as long as an event stream stays open.
+Requests that never wait on the database (/healthz, the event streams: APART_PATHS) have
+a pool of threads of their own, so however many requests wait on a locked or unreachable
+database, and however long, these are not queued behind them. Threads start as requests
+need them and end after IDLE_THREAD_SECONDS without one, so an idle service holds none.
+Each response chunk is sent as soon as it is written, so event streams are live.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ from waitress.task import ErrorTask, ThreadedTaskDispatcher
 from .api import MAX_BODY, MAX_EVENT_STREAMS
 
 API_THREADS = 16  # threads for ordinary requests, never taken by event streams
+# Paths whose requests do not use the database (docs/api.md says so of /healthz); each
+# event stream holds its thread while open (at most MAX_EVENT_STREAMS), and the threads
+# beyond those answer health checks and the refusal of a stream too many.
+APART_PATHS = frozenset({"/healthz", "/api/v1/events"})
+APART_THREADS = MAX_EVENT_STREAMS + 4
 CONNECTION_LIMIT = 1000  # open connections at once; more wait in the listen backlog
 REQUEST_DEADLINE = 30.0  # seconds a client has to send one whole request (headers + body)
 IDLE_TIMEOUT = 60  # seconds a connection may stay silent between requests
@@ -122,6 +128,35 @@ class _ThreadsOnDemand(ThreadedTaskDispatcher):
                 self.logger.exception("Exception when servicing %r", task)
 
 
+class _TwoPools:
+    """The request threads: APART_PATHS' requests on a pool of their own, the rest on one of
+    API_THREADS. Routed one request at a time: waitress serves a connection's requests
+    in order, each as a task of its own (``channel.requests[0]`` is the one it serves)."""
+
+    def __init__(self) -> None:
+        self.ordinary = _ThreadsOnDemand(API_THREADS)
+        self.apart = _ThreadsOnDemand(APART_THREADS)
+
+    def add_task(self, channel: HTTPChannel) -> None:
+        request = channel.requests[0]
+        apart = request.error is None and getattr(request, "path", None) in APART_PATHS
+        (self.apart if apart else self.ordinary).add_task(channel)
+
+    def set_thread_count(self, count: int) -> None:
+        for pool in (self.ordinary, self.apart):
+            pool.set_thread_count(count)
+
+    def shutdown(self, cancel_pending: bool = True, timeout: float = 5) -> bool:
+        deadline = time.monotonic() + timeout
+        self.set_thread_count(0)  # both pools stop at once; then wait for each
+        return all(
+            [
+                pool.shutdown(cancel_pending, max(0.0, deadline - time.monotonic()))
+                for pool in (self.ordinary, self.apart)
+            ]
+        )
+
+
 def start_server(app: Any, host: str, port: int) -> tuple[BaseWSGIServer, int]:
     """Bind now (a port in use fails start-up loudly); returns the server and its port.
 
@@ -135,9 +170,9 @@ def start_server(app: Any, host: str, port: int) -> tuple[BaseWSGIServer, int]:
     server = create_server(
         app,
         sockets=[sock],
-        threads=API_THREADS + MAX_EVENT_STREAMS,
+        threads=API_THREADS + APART_THREADS,
         # create_server's own pool would start all of its threads at once.
-        _dispatcher=_ThreadsOnDemand(API_THREADS + MAX_EVENT_STREAMS),
+        _dispatcher=_TwoPools(),
         connection_limit=CONNECTION_LIMIT,
         channel_timeout=IDLE_TIMEOUT,
         # The API answers 413 itself past MAX_BODY, in JSON. Waitress counts a chunked

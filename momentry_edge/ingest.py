@@ -370,8 +370,8 @@ class Intake:
                     jobs.hold(job, hold[name])  # a part more: quiet from this one
                 admissions.append(Admission(record, outcome, job, job_created))
             admissions += self._insert_new(new, hold)
-            for admission in admissions:
-                self._announce(admission)
+        for admission in admissions:  # once committed: a rollback would make them untrue
+            self._announce(admission)
         for admission in admissions:
             changed = admission.outcome is not Outcome.UNCHANGED
             if changed and admission.job is None and needs_probe(admission.record):

@@ -96,6 +96,7 @@ class Service:
         self.url = ""
         self.port: int | None = None  # the API's, once it listens
         self._threads: list[threading.Thread] = []
+        self.exit_code = 0  # what `run` returns once stopped
 
     # -- what the API calls (api.Core) ----------------------------------------------------------
 
@@ -244,6 +245,7 @@ class Service:
         due: dict[str, float] = {"rescan": time.monotonic() + self.config.ingest.rescan_interval}
         every = {
             "sample": SAMPLE_EVERY,
+            "database_file": SAMPLE_EVERY,
             "heartbeat": self.config.queue.lease_seconds / 3,
             "run_file": self.config.queue.lease_seconds / 3,
             "reap": self.config.queue.poll_interval,
@@ -269,6 +271,9 @@ class Service:
                 # queue.unblocked wakes the workers.
                 self.gate.check_disk(*outputs.written_folders(self.config.data_dir))
                 self.gate.sample(jobs.queue_state(self.node).max_concurrent)
+            elif task == "database_file":
+                if problem := db.file_replaced():
+                    self._stop_for(problem)
             elif task == "heartbeat":
                 self.workers.renew_leases()
                 cluster.heartbeat(self.node, self.owner, self.workers.effective_limit())
@@ -299,6 +304,12 @@ class Service:
         except Exception:
             # The database may be briefly unreachable; the next tick tries again.
             log.exception("housekeeping step %r failed", task)
+
+    def _stop_for(self, problem: str) -> None:
+        """Stop with exit code 1, which the service manager restarts after (not 2)."""
+        log.error("%s; stopping, to be started again on the file now there", problem)
+        self.exit_code = 1
+        self.stopping.set()
 
     def stop(self) -> None:
         """Shut down in order, each step bounded."""
@@ -386,7 +397,7 @@ def run(config: Config) -> int:
         service.run_forever()
     finally:
         service.stop()
-    return 0
+    return service.exit_code
 
 
 class StartFailed(Exception):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import socket
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -339,3 +340,53 @@ def test_every_request_is_served_while_request_threads_come_and_go(monkeypatch):
         thread.join()
     assert late == []
     assert pool.shutdown(timeout=5) and not pool.threads
+
+
+HELD = 60.0  # seconds a write waits for the SQLite lock in the test below
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # a lock on the file
+def test_healthz_and_event_streams_answer_while_many_requests_wait_on_the_database(
+    start_service,
+):
+    svc = start_service(service={"database_timeout": HELD})
+    process = psutil.Process(svc.proc.pid)
+    idle = process.num_threads()
+    waiting = 2 * (http_server.API_THREADS + MAX_EVENT_STREAMS)  # more than every thread
+    conn = sqlite3.connect(svc.data_dir / "momentry.db", isolation_level=None, timeout=30)
+    conn.execute("BEGIN EXCLUSIVE")  # another process holds the database's lock
+    answers: list[int] = []
+
+    def pause() -> None:
+        with httpx.Client(base_url=svc.url, timeout=10 * HELD) as client:
+            answers.append(client.post("/api/v1/queue/pause").status_code)
+
+    clients = [threading.Thread(target=pause) for _ in range(waiting)]
+    try:
+        for thread in clients:
+            thread.start()
+        # Every request has arrived and the request threads are all waiting on the lock.
+        port = httpx.URL(svc.url).port
+        wait_for(
+            lambda: (
+                len([c for c in process.net_connections() if c.laddr.port == port and c.raddr])
+                >= waiting
+            )
+        )
+        wait_for(lambda: process.num_threads() >= idle + http_server.API_THREADS)
+
+        # Well above a normal answer's time, well under the time the others are held.
+        reply = httpx.get(f"{svc.url}/healthz", timeout=HELD / 4)
+        assert reply.json()["status"] == "ok"
+        stream = EventStream(svc)
+        stream.sock.settimeout(HELD / 4)
+        assert b": connected" in stream.read_until(b": connected")
+        stream.close()
+        assert not answers  # the others were still waiting all along
+    finally:
+        conn.execute("ROLLBACK")
+        conn.close()
+        for thread in clients:
+            thread.join(timeout=10 * HELD)
+    assert answers == [200] * waiting
+    assert svc.status()["paused"] is True

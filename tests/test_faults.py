@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -550,3 +551,105 @@ def test_a_read_only_database_file_while_draining_is_recovered_from(start_servic
         job = wait_for(lambda t=task: ended(svc, t) and answered(svc, f"/api/v1/jobs/{t}"), 90)
         assert job["status"] == "completed", (job["error_message"], job["processors"])
     wait_for(lambda: answered(svc, "/api/v1/queue/status")["active_count"] == 0)
+
+
+@on_sqlite
+def test_a_full_database_disk_is_reported_full_and_nothing_is_said_registered(
+    tmp_path, start_service
+):
+    # The SQLite file on a disk of its own, filled; the logs are on another, so what the
+    # service says about it can be read.
+    with small_filesystem(tmp_path / "dbdisk") as disk:
+        svc = start_service(
+            service={"database_url": f"sqlite://{disk}/momentry.db"},
+            ingest={"processors": ["noop"], "settle_seconds": 1},
+        )
+        filler = fill(disk)
+        # The watcher cannot record a dropped file, and says why; it never says the file
+        # was registered.
+        svc.add_video("dropped.mp4")
+        wait_for(lambda: logged(svc, "file(s) (database or disk is full); trying again"))
+        assert not logged(svc, "registered dropped.mp4")
+        # Nor can a request: the answer says why.
+        svc.add_video("api.mp4")
+        body = {"path": "api.mp4", "processors": ["noop"]}
+        reply = svc.client.post("/api/v1/files/register", json=body)
+        assert reply.status_code == 503, reply.text
+        assert reply.json()["error"]["message"] == (
+            "the queue database is unavailable: database or disk is full"
+        )
+        assert "no transaction is active" not in svc.log()
+
+        filler.unlink()
+        reply = svc.client.post("/api/v1/files/register", json=body)
+        assert reply.status_code in (200, 201), reply.text  # the watcher may be first
+        svc.wait_status(reply.json()["task_id"], "completed")
+        dropped = wait_for(
+            lambda: [j for j in all_jobs(svc) if j["file_name"] == "dropped.mp4"], timeout=60
+        )
+        svc.wait_status(dropped[0]["task_id"], "completed")
+        # Said once, of the job that exists.
+        log = (svc.data_dir / "logs" / "momentry-edge.log").read_text()
+        assert log.count("registered dropped.mp4 (new)") == 1
+        assert f"registered dropped.mp4 (new): {dropped[0]['task_id']}" in log
+        svc.stop()
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["transaction", "savepoint"])
+def test_a_write_that_fills_the_disk_fails_saying_so(tmp_path, nested):
+    # SQLite rolls back the whole transaction itself on a full disk: what is raised is
+    # that error, not the failure of the ROLLBACK (TO SAVEPOINT) that follows it.
+    with small_filesystem(tmp_path / "disk", "1m") as disk:
+        database = db.sqlite(disk / "momentry.db", busy_timeout=1)
+        database.execute_sql("CREATE TABLE t (b BLOB)")
+        blob = os.urandom(3 << 20)  # more than the disk and the page cache hold
+        with pytest.raises(db.OUTAGE_ERRORS) as raised, db.write_transaction(database):
+            inner = db.write_transaction(database) if nested else contextlib.nullcontext()
+            with inner:
+                database.execute_sql("INSERT INTO t VALUES (?)", (blob,))
+        assert str(raised.value) == "database or disk is full"
+        assert not database.in_transaction()
+        database.execute_sql("INSERT INTO t VALUES (x'00')")  # and the connection goes on
+        assert database.execute_sql("SELECT COUNT(*) FROM t").fetchone() == (1,)
+        database.close()
+
+
+@on_sqlite
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_database_file_deleted_or_replaced_under_the_service_stops_it(start_service, how):
+    # Serving on would mean two databases: the file its threads opened before (gone, or
+    # no longer at the path) and the one now at the path, which threads opened since see.
+    svc = start_service(**{"processors.steps": {"steps": 400, "step_seconds": 0.05}})
+    path = svc.data_dir / "momentry.db"
+    done = svc.submit("done.mp4", ["noop"])["task_id"]
+    svc.wait_status(done, "completed")
+    copy = svc.root / "copy.db"
+    with (
+        contextlib.closing(sqlite3.connect(path)) as live,
+        contextlib.closing(sqlite3.connect(copy)) as kept,
+    ):
+        live.backup(kept)  # a consistent copy, as `momentry-edge backup` takes
+    running = svc.submit("running.mp4", ["steps"])["task_id"]
+    wait_for(lambda: svc.job(running)["progress"] > 0)
+    for name in ("momentry.db", "momentry.db-wal", "momentry.db-shm"):
+        (svc.data_dir / name).unlink(missing_ok=True)
+    if how == "replaced":
+        copy.rename(path)
+
+    # It stops by itself, saying why once, with an exit code its service manager
+    # restarts it after.
+    assert svc.wait_exit(timeout=60) == 1
+    lines = (svc.data_dir / "logs" / "momentry-edge.log").read_text().splitlines()
+    errors = [entry["message"] for entry in map(json.loads, lines) if entry["level"] == "error"]
+    assert errors == [
+        f"the database file {path} was {how}; stopping, to be started again on the file now there"
+    ], svc.log()
+    # Started again, it serves the file now at the path, and only that.
+    svc.start()
+    if how == "deleted":
+        assert all_jobs(svc) == []
+    else:
+        assert [(j["task_id"], j["status"]) for j in all_jobs(svc)] == [(done, "completed")]
+    after = svc.submit("after.mp4", ["noop"])["task_id"]
+    svc.wait_status(after, "completed")
+    assert svc.stop() == 0

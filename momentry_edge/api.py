@@ -503,7 +503,6 @@ class _TooLarge(ClientError):
         super().__init__(f"request body is larger than {MAX_BODY} bytes")
 
 
-MAX_URL = 2048
 MAX_RETRIES = 100
 MAX_TASK_TIMEOUT = 7 * 86400.0
 
@@ -541,19 +540,8 @@ def _callback_url(value: Any) -> str:
     """A URL the callback sender can POST to: http(s), with a host, of a sane length."""
     if not isinstance(value, str):
         raise Invalid("callback_url must be a string")
-    if len(value) > MAX_URL:
-        raise Invalid(f"callback_url is longer than {MAX_URL} characters")
-    if any(c.isspace() or not c.isprintable() for c in value):
-        raise Invalid("callback_url must not contain spaces or control characters")
-    try:
-        url = httpx.URL(value)
-        port = url.port
-    except (httpx.InvalidURL, ValueError, TypeError) as exc:
-        raise Invalid(f"callback_url is not a valid URL: {exc}") from None
-    if url.scheme not in ("http", "https") or not url.host:
-        raise Invalid("callback_url must be an http:// or https:// URL with a host")
-    if port is not None and not 1 <= port <= 65535:
-        raise Invalid(f"callback_url has port {port}; ports are 1 to 65535")
+    if problem := outbound.url_problem(value):
+        raise Invalid(f"callback_url {problem}")
     return value
 
 

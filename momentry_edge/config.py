@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from .outbound import url_problem
+
 DEFAULT_DATA_DIR = "~/.momentry-edge"
 CONFIG_NAME = "momentry.toml"
 
@@ -158,7 +160,8 @@ class ModelsConfig:
 @dataclass(frozen=True)
 class AlertsConfig:
     # POSTed a short plain-text message (ntfy-compatible) when something needs an operator.
-    url: str = _setting("")
+    # Checked as a callback_url is: a URL no POST can use would fail every alert, unseen.
+    url: str = _setting("", check=lambda url: url_problem(url) if url else None)
 
 
 SECTIONS: dict[str, type] = {

@@ -338,6 +338,10 @@ def make_app(service: Core) -> bottle.Bottle:
         if not upload.ok and not upload.path.exists():
             # SFTPGo removes what a failed (e.g. over-quota) upload left: nothing to record.
             return {"success": True, "ignored": True, "reason": "the failed upload left no file"}
+        if (kept := hooks.untouched(upload)) is not None:
+            # SFTPGo's atomic upload mode: the failed one never replaced the file.
+            reason = f"the failed upload left {kept.name} as it was registered: nothing changed"
+            return {"success": True, "ignored": True, "reason": reason}
         record, job, created = service.register(str(upload.path), upload_ok=upload.ok)
         response.status = 201 if created else 200
         return {

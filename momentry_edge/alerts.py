@@ -108,7 +108,10 @@ class AlertSender(Background):
                     if self._stopping.is_set():
                         return
                     alert = heapq.heappop(self._heap)
-                self._send(client, alert)
+                try:
+                    self._send(client, alert)
+                except Exception:  # a bug: this alert is lost, the later ones still go out
+                    log.exception("alert %r not sent", alert.title)
 
     def _send(self, client: httpx.Client, alert: Alert) -> None:
         if alert.task_id is not None and alert.attempt == 0:
@@ -129,8 +132,8 @@ class AlertSender(Background):
             if 200 <= status < 300:
                 return
             problem = f"HTTP {status}"
-        except (httpx.HTTPError, outbound.TooSlow) as exc:
-            problem = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # whatever it is (even a URL httpx cannot use), a failed try
+            problem = f"{type(exc).__name__}: {exc}"[:500]
         if alert.attempt >= self._attempts:
             log.error(
                 "alert %r gave up after %d attempts (%s)", alert.title, alert.attempt, problem

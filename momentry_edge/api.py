@@ -338,6 +338,10 @@ def make_app(service: Core) -> bottle.Bottle:
         if not upload.ok and not upload.path.exists():
             # SFTPGo removes what a failed (e.g. over-quota) upload left: nothing to record.
             return {"success": True, "ignored": True, "reason": "the failed upload left no file"}
+        if (kept := hooks.untouched(upload)) is not None:
+            # SFTPGo's atomic upload mode: the failed one never replaced the file.
+            reason = f"the failed upload left {kept.name} as it was registered: nothing changed"
+            return {"success": True, "ignored": True, "reason": reason}
         record, job, created = service.register(str(upload.path), upload_ok=upload.ok)
         response.status = 201 if created else 200
         return {
@@ -503,7 +507,6 @@ class _TooLarge(ClientError):
         super().__init__(f"request body is larger than {MAX_BODY} bytes")
 
 
-MAX_URL = 2048
 MAX_RETRIES = 100
 MAX_TASK_TIMEOUT = 7 * 86400.0
 
@@ -541,19 +544,8 @@ def _callback_url(value: Any) -> str:
     """A URL the callback sender can POST to: http(s), with a host, of a sane length."""
     if not isinstance(value, str):
         raise Invalid("callback_url must be a string")
-    if len(value) > MAX_URL:
-        raise Invalid(f"callback_url is longer than {MAX_URL} characters")
-    if any(c.isspace() or not c.isprintable() for c in value):
-        raise Invalid("callback_url must not contain spaces or control characters")
-    try:
-        url = httpx.URL(value)
-        port = url.port
-    except (httpx.InvalidURL, ValueError, TypeError) as exc:
-        raise Invalid(f"callback_url is not a valid URL: {exc}") from None
-    if url.scheme not in ("http", "https") or not url.host:
-        raise Invalid("callback_url must be an http:// or https:// URL with a host")
-    if port is not None and not 1 <= port <= 65535:
-        raise Invalid(f"callback_url has port {port}; ports are 1 to 65535")
+    if problem := outbound.url_problem(value):
+        raise Invalid(f"callback_url {problem}")
     return value
 
 

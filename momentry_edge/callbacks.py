@@ -3,12 +3,16 @@
 What is owed lives in the job table (``callback_due``, set in the same commit that
 ends the job), so a restart or a crash loses no callback, and with several nodes
 each is sent by one of them. Deliveries are retried with doubling delays; a worker
-never waits on a client's server, and one delivery takes at most ``timeout`` seconds.
+never waits on a client's server, and one delivery takes at most ``timeout`` seconds
+per URL. ``SENDERS`` threads deliver side by side, each claiming a job of its own, so
+a server that hangs holds up the one thread posting to it, not the other jobs.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +27,10 @@ log = logging.getLogger(__name__)
 # (callback URLs still owed, payload) for a task id; no URLs when none is owed.
 Summarize = Callable[[str], tuple[list[str], dict[str, Any]]]
 
+# Callbacks delivered at once. Each hanging server holds one thread for the timeout, so
+# fewer than this many never delay another job's callback or a retry's due time.
+SENDERS = 4
+
 
 class CallbackSender(Background):
     def __init__(
@@ -34,6 +42,7 @@ class CallbackSender(Background):
         timeout: float = 10.0,
         idle_check: float = 30.0,  # how often to look for callbacks other nodes left
         own_port: Callable[[], int | None] = lambda: None,  # the API's, once it listens
+        senders: int = SENDERS,
     ) -> None:
         # Not the whole POST timeout: a delivery cut short at stop stays owed and is sent
         # again once its hold runs out, by this node after a restart or by another.
@@ -46,6 +55,23 @@ class CallbackSender(Background):
         self._idle_check = idle_check
         self._own_port = own_port
         self._poked = False
+        self._threads = [self._thread] + [
+            threading.Thread(target=self._loop, name=f"callbacks-{i}", daemon=True)
+            for i in range(1, senders)
+        ]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        with self._cond:
+            self._cond.notify_all()
+        deadline = time.monotonic() + self._join_timeout  # for all of them, not each
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(timeout=max(deadline - time.monotonic(), 0.0))
 
     def on_event(self, event: Event) -> None:
         """Bus listener: a job ended (or a finished one was given a callback URL), so a
@@ -58,22 +84,35 @@ class CallbackSender(Background):
                 self._cond.notify()
 
     def _loop(self) -> None:
+        """One sender: claims a due callback, delivers it, and so on. Whatever goes wrong
+        is logged and the loop goes on; what is owed stays in the job table meanwhile."""
         with outbound.client(self._timeout) as client:
             while not self._stopping.is_set():
                 try:
-                    # A read first: most jobs that end owe no callback.
-                    next_due = jobs.next_callback_due()
-                    if next_due is not None and next_due <= clock.now():
-                        due = jobs.claim_callback(hold_seconds=self._hold)
-                        if due is not None:
-                            self._deliver(client, *due)
-                            continue
+                    due, next_due = self._claim()
+                    if due is not None:
+                        self._poke()  # more may be due: an idle sender looks meanwhile
+                        self._deliver(client, *due)
+                        continue
                 except Exception:  # the database away for a moment: try again shortly
-                    log.exception("callbacks: cannot read what is owed")
+                    log.exception("callbacks: cannot deliver what is owed")
                     next_due = clock.now() + self._first_delay
                 finally:
                     db.release_connection()
                 self._sleep(next_due)
+
+    def _claim(self) -> tuple[tuple[str, int] | None, float | None]:
+        """(a callback claimed, or None; when the next one is due)."""
+        # A read first: most jobs that end owe no callback.
+        next_due = jobs.next_callback_due()
+        if next_due is None or next_due > clock.now():
+            return None, next_due
+        return jobs.claim_callback(hold_seconds=self._hold), next_due
+
+    def _poke(self) -> None:
+        with self._cond:
+            self._poked = True
+            self._cond.notify()
 
     def _sleep(self, next_due: float | None) -> None:
         wait = self._idle_check if next_due is None else next_due - clock.now()

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
+from .outbound import url_problem
+
 DEFAULT_DATA_DIR = "~/.momentry-edge"
 CONFIG_NAME = "momentry.toml"
 
@@ -102,18 +104,6 @@ def _database_url(url: str) -> str | None:
         return "a sqlite URL names a file by its absolute path: sqlite:///path/to/momentry.db"
     if _has_control(parts.path):
         return "the path must not contain control characters"
-    return None
-
-
-def _http_url(url: str) -> str | None:
-    """alerts.url is POSTed to over HTTP: anything else would fail at every alert, unseen."""
-    if not url:
-        return None
-    parts, problem = _split_url(url)
-    if parts is None:
-        return problem
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return "expected an http:// or https:// URL with a host"
     return None
 
 
@@ -212,7 +202,8 @@ class ModelsConfig:
 @dataclass(frozen=True)
 class AlertsConfig:
     # POSTed a short plain-text message (ntfy-compatible) when something needs an operator.
-    url: str = _setting("", check=_http_url)
+    # Checked as a callback_url is: a URL no POST can use would fail every alert, unseen.
+    url: str = _setting("", check=lambda url: url_problem(url) if url else None)
 
 
 SECTIONS: dict[str, type] = {

@@ -5,10 +5,15 @@ fields) posts ``{"action": "upload", "username", "path", "virtual_path",
 "file_size", "status", "protocol", "ip", "timestamp", ...}`` where ``path`` is
 the file's full filesystem path, ``virtual_path`` the path the SFTP user sees
 (from their home folder) and ``status`` 1 = ok, 2 = error, 3 = quota exceeded.
+
+A failed upload reported for a file that is just as it was registered, and does not
+hold the failed upload's ``file_size`` bytes, is another upload's news: in SFTPGo's
+atomic upload mode a failed upload never touches the file under its name.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from collections.abc import Sequence
@@ -16,8 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import db
+from .db import FileState, MediaFile
 from .errors import Conflict, Invalid
-from .ingest import resolve_in_watch
+from .ingest import NOT_FOLLOWED, resolve_in_watch
+
+log = logging.getLogger(__name__)
 
 SFTPGO_OK = 1
 FIELD_TYPES = {"username": str, "path": str, "virtual_path": str, "file_size": int, "status": int}
@@ -28,6 +37,7 @@ class Upload:
     path: Path  # real path inside a watched folder
     ok: bool  # False: SFTPGo reports the upload failed; the file is recorded rejected
     status: int
+    size: int | None = None  # file_size: the bytes SFTPGo received for this upload
 
 
 def sftpgo_upload(body: dict[str, Any], watch: Sequence[Path]) -> Upload | None:
@@ -48,7 +58,31 @@ def sftpgo_upload(body: dict[str, Any], watch: Sequence[Path]) -> Upload | None:
     ok = status == SFTPGO_OK
     if ok:
         _check_whole(path, body.get("file_size"))
-    return Upload(path, ok, status)
+    return Upload(path, ok, status, body.get("file_size"))
+
+
+def untouched(upload: Upload) -> MediaFile | None:
+    """The record of the file a failed upload names when that upload cannot have written
+    it: the file is as it was registered (size, mtime, inode, ctime) and its size is not
+    the upload's. Else None: the file may be what the failed upload left, and is rejected."""
+    if upload.ok:
+        return None
+    try:
+        st = upload.path.lstat()
+    except OSError:
+        return None
+    record = MediaFile.get_or_none(MediaFile.path == str(upload.path))
+    if record is None or record.state == FileState.MISSING or st.st_size == upload.size:
+        return None
+    if not db.unchanged((record.size, record.mtime, record.inode, record.ctime), st):
+        return None
+    log.info(
+        "SFTPGo reports a failed upload (status %d) of %s, which is unchanged since it was "
+        "registered: left as it is",
+        upload.status,
+        record.rel_path,
+    )
+    return record
 
 
 def _check_whole(path: Path, size: int | None) -> None:
@@ -77,7 +111,7 @@ def _locate(body: dict[str, Any], watch: Sequence[Path]) -> Path:
         if not os.path.isabs(fs_path):
             raise Invalid(f"path {fs_path!r} must be SFTPGo's full filesystem path")
         try:
-            return resolve_in_watch(fs_path, watch)[0]
+            return _not_linked(Path(fs_path), *resolve_in_watch(fs_path, watch))
         except Invalid as exc:
             problem = exc
     if virtual:
@@ -85,7 +119,8 @@ def _locate(body: dict[str, Any], watch: Sequence[Path]) -> Path:
         found = []
         for root in watch:
             try:
-                found.append(resolve_in_watch(relative, [root])[0])
+                real, real_root = resolve_in_watch(relative, [root])
+                found.append(_not_linked(real_root / relative, real, real_root))
             except Invalid as exc:
                 problem = exc
         if found:
@@ -93,3 +128,16 @@ def _locate(body: dict[str, Any], watch: Sequence[Path]) -> Path:
             return next((p for p in found if p.exists()), found[0])
     assert problem is not None
     raise problem
+
+
+def _not_linked(given: Path, real: Path, root: Path) -> Path:
+    """``real`` unless ``given`` reaches it through a symlink inside the watched folder
+    ``root``: the watcher never follows one, so neither does the hook (it would name the
+    link's target). How SFTPGo reaches the watched folder itself is its own business."""
+    for step in (given, *given.parents):
+        folder = Path(os.path.realpath(step.parent))
+        if not folder.is_relative_to(root):
+            break  # above the watched folder
+        if step.is_symlink():
+            raise Invalid(f"{given.name}: not taken: {NOT_FOLLOWED}")
+    return real

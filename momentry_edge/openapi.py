@@ -478,7 +478,7 @@ OPERATIONS: dict[str, Schema] = {  # "method path": operation, one per route in 
             "200": _json(
                 {"oneOf": [_REGISTERED, _IGNORED]},
                 "already registered and unchanged; or ignored (not an upload, or a failed "
-                "upload that left no file)",
+                "upload that left no file or left the registered file as it was)",
             )
         },
     ),

@@ -22,6 +22,28 @@ from typing import Any
 
 import httpx
 
+MAX_URL = 2048  # characters of a URL posted to: more is a mistake, and fills logs
+
+
+def url_problem(url: str) -> str | None:
+    """What keeps ``url`` from being POSTed to (said after its name: "callback_url is not
+    a valid URL: ..."), or None. Checked when it is given (a callback URL) or at start
+    (alerts.url): found at the first POST instead, it would only fail every attempt."""
+    if len(url) > MAX_URL:
+        return f"is longer than {MAX_URL} characters"
+    if any(c.isspace() or not c.isprintable() for c in url):
+        return "must not contain spaces or control characters"
+    try:
+        parsed = httpx.URL(url)
+        port = parsed.port
+    except (httpx.InvalidURL, ValueError, TypeError) as exc:
+        return f"is not a valid URL: {exc}"
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        return "must be an http:// or https:// URL with a host"
+    if port is not None and not 1 <= port <= 65535:
+        return f"has port {port}; ports are 1 to 65535"
+    return None
+
 
 class TooSlow(Exception):
     """The server took longer than the deadline to answer."""

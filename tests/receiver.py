@@ -28,13 +28,15 @@ class Receiver:
 
     A POST to a path in ``endless`` is answered 200 with a body that never ends, and one to
     a path in ``trickle`` with a status line whose headers never end (a byte every half
-    second, each well within any read timeout), until the sender hangs up."""
+    second, each well within any read timeout), until the sender hangs up; ``hanging``
+    holds the paths of those still going."""
 
     def __init__(self, failures: int = 0) -> None:
         self.posts: list[Post] = []
         self.failures = failures
         self.endless: set[str] = set()
         self.trickle: set[str] = set()
+        self.hanging: set[str] = set()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -63,6 +65,7 @@ class Receiver:
                     pass  # the sender stopped reading and closed the connection
 
             def _trickle(self) -> None:
+                receiver.hanging.add(self.path)
                 try:
                     self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
                     for _ in range(600):  # five minutes at most, should the sender wait
@@ -71,6 +74,8 @@ class Receiver:
                         time.sleep(0.5)
                 except OSError:
                     pass  # the sender gave up and closed the connection
+                finally:
+                    receiver.hanging.discard(self.path)
 
             def log_message(self, *args: object) -> None:
                 pass

@@ -126,3 +126,21 @@ def test_a_node_that_stops_its_heartbeat_is_reported_by_the_survivor(tmp_path, r
                 if svc.proc and svc.proc.poll() is None:
                     svc.proc.kill()
                     svc.proc.wait()
+
+
+def test_an_alert_url_no_request_can_use_fails_each_attempt_and_the_alerts_go_on(start_service):
+    # Valid as a URL, so taken at start, but its host name cannot be looked up as it is
+    # (a label over 63 characters): the request fails before it is sent, every time.
+    url = "http://" + "a" * 300 + ".example/alerts"
+    svc = start_service(alerts={"url": url}, queue={"max_retries": 0})
+    svc.marker.write_text("storage down")
+    for name in ("first.mp4", "second.mp4"):
+        svc.wait_status(svc.submit(name, ["flaky"])["task_id"], "failed")
+
+    # Each alert is tried, fails with the reason and is tried again: the thread lives on.
+    def logged() -> str:
+        return svc.log().split("--- stderr ---")[0]
+
+    wait_for(lambda: "retrying in 4 s" in logged(), timeout=30)
+    assert logged().count("job failed' failed (UnicodeError") >= 4  # both alerts, twice each
+    assert "Exception in thread" not in svc.log()

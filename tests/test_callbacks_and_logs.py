@@ -187,3 +187,30 @@ def test_a_callback_url_at_the_service_itself_is_refused(start_service, receiver
     assert "this service" in svc.call("POST", scan, expect=400, json=body)["error"]["message"]
     assert svc.status()["paused"] is False
     assert svc.get("/api/v1/jobs")["total"] == 1
+
+
+def test_callbacks_to_servers_that_hang_hold_up_no_other_jobs_callback(start_service, receiver):
+    receiver.failures = 0
+    hangs = [f"/hang/{i}" for i in range(3)]  # fewer than the senders (callbacks.SENDERS)
+    receiver.trickle.update(hangs)
+    svc = start_service()
+    stuck = [
+        svc.submit(f"stuck {i}.mp4", ["noop"], callback_url=f"{receiver.url}{path}")["task_id"]
+        for i, path in enumerate(hangs)
+    ]
+    for task in stuck:
+        svc.wait_status(task, "completed")
+    # Each is posted at once, not after the one before it is cut at the timeout (10 s).
+    wait_for(lambda: receiver.hanging == set(hangs), timeout=40)
+
+    task = svc.submit("healthy.mp4", ["noop"], callback_url=f"{receiver.url}/ok")["task_id"]
+    svc.wait_status(task, "completed")
+    ok = wait_for(lambda: [p for p in receiver.posts if p.path == "/ok"], timeout=40)
+    assert receiver.hanging == set(hangs), "delivered while the others still hang"
+    assert ok[0].json()["job"]["task_id"] == task
+
+    # Each hanging one is cut, logged as failed and tried again; the others go on.
+    for task in stuck:
+        wait_for(lambda t=task: f"job {t}: callback failed" in svc.log(), timeout=40)
+    wait_for(lambda: all([p.path for p in receiver.posts].count(h) >= 2 for h in hangs), 40)
+    assert "Traceback" not in svc.log().split("--- stderr ---")[1]

@@ -83,6 +83,14 @@ def test_config_file_is_found_in_the_data_dir(tmp_path):
         ('watch = [""]\n', {}, ["service.watch", "non-empty"]),
         ("[queue]\nworker_threads = true\n", {}, ["queue.worker_threads", "whole number"]),
         ('log_level = "loud"\n', {}, ["service.log_level", "one of"]),
+        # URLs no alert could be POSTed to, refused as a callback_url is.
+        (
+            "",
+            {"MOMENTRY_ALERTS_URL": "http://[::1/alerts"},
+            ["alerts.url: is not a valid URL", "MOMENTRY_ALERTS_URL"],
+        ),
+        ('[alerts]\nurl = "https://ntfy.sh:443a/t"\n', {}, ["alerts.url", "443a", "(config file)"]),
+        ('[alerts]\nurl = "ntfy.sh/topic"\n', {}, ["alerts.url", "http:// or https://"]),
         # Found unusable at start-up, not at load: named as a bad value is.
         (
             'plugins = ["nosuch:X"]\n',
@@ -321,7 +329,7 @@ def one_line_error(done: subprocess.CompletedProcess, code: int, start: str) -> 
         ("DATABASE_URL", "postgresql://[::1", "service.database_url: not a valid URL"),
         ("DATABASE_URL", "sqlite://", "service.database_url: a sqlite URL names a file"),
         ("DATABASE_URL", "mysql://h/db", "service.database_url: unsupported scheme 'mysql'"),
-        ("MOMENTRY_ALERTS_URL", "ntfy.sh/topic", "alerts.url: expected an http:// or https://"),
+        ("MOMENTRY_ALERTS_URL", "ntfy.sh/topic", "alerts.url: must be an http:// or https://"),
     ],
 )
 def test_a_url_that_is_no_url_is_a_configuration_error_for_every_command(

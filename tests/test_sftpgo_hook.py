@@ -177,3 +177,57 @@ def test_an_upload_event_for_a_file_still_being_written_is_refused_and_the_file_
     body = sftpgo_event(svc, str(folder), "/folder.mp4") | {"file_size": 10**9}
     error = hook(svc, body, expect=400)["error"]
     assert "not a regular file" in error["message"], error
+
+
+def test_a_failed_reupload_leaves_the_file_registered_before_it_as_it_was(start_service) -> None:
+    # SFTPGo's atomic upload mode: a re-upload that breaks off never replaces the file.
+    svc = start_service(ingest={"processors": ["noop"], "settle_seconds": 60})
+    video = arrive(svc, "clip.mp4")
+    first = hook(svc, sftpgo_event(svc, str(video), "/clip.mp4"), expect=201)
+    svc.wait_status(first["task_id"], "completed")
+
+    for status in (2, 3):
+        body = sftpgo_event(svc, str(video), "/clip.mp4", status=status, file_size=999)
+        reply = hook(svc, body, expect=200)
+        assert reply["ignored"] is True and "nothing changed" in reply["reason"], reply
+    detail = svc.get(f"/api/v1/files/{first['file_uuid']}")
+    assert detail["state"] == "present" and detail["reason"] is None
+    assert detail["status"] == "completed"
+    assert "unchanged since it was registered" in svc.log()
+    svc.call("POST", "/api/v1/files/rescan")
+    scan = f"/api/v1/file/{first['file_uuid']}/deep-scan"
+    again = svc.call("POST", scan, expect=202, json={"processors": ["noop"], "force": True})
+    svc.wait_status(again["task_id"], "completed")
+
+    # The failed upload may be what the file holds (as many bytes as it sent, or written
+    # since it was registered): rejected, as before.
+    same_size = sftpgo_event(svc, str(video), "/clip.mp4", status=2)
+    assert hook(svc, same_size, expect=201)["state"] == "rejected"
+    other = arrive(svc, "other.mp4")
+    registered = hook(svc, sftpgo_event(svc, str(other), "/other.mp4"), expect=201)
+    svc.wait_status(registered["task_id"], "completed")
+    with other.open("ab") as f:
+        f.write(b"a part of the upload that broke off")
+    failed = sftpgo_event(svc, str(other), "/other.mp4", status=2, file_size=10)
+    assert hook(svc, failed, expect=201)["state"] == "rejected"
+
+
+def test_a_hook_naming_a_symlink_is_refused_and_its_target_left_alone(start_service) -> None:
+    svc = start_service(ingest={"processors": ["noop"], "settle_seconds": 60})
+    target = arrive(svc, "other.mp4")
+    taken = hook(svc, sftpgo_event(svc, str(target), "/other.mp4"), expect=201)
+    svc.wait_status(taken["task_id"], "completed")
+    (svc.drop / "alias.mp4").symlink_to(target)
+    (svc.drop / "linked").symlink_to(svc.drop, target_is_directory=True)
+    for path, virtual in (
+        (str(svc.drop / "alias.mp4"), "/alias.mp4"),
+        ("/srv/sftpgo/data/studio/alias.mp4", "/alias.mp4"),  # found by virtual_path
+        (str(svc.drop / "linked" / "other.mp4"), "/linked/other.mp4"),
+    ):
+        for status in (1, 2, 3):
+            body = sftpgo_event(svc, path, virtual, status=status)
+            error = hook(svc, body, expect=400)["error"]
+            assert "a symlink, not followed" in error["message"], error
+    detail = svc.get(f"/api/v1/files/{taken['file_uuid']}")
+    assert detail["state"] == "present" and detail["status"] == "completed"
+    assert svc.get("/api/v1/files")["total"] == 1

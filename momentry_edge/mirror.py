@@ -80,14 +80,23 @@ def marker_key(queue: str) -> str:
 
 
 def connect(url: str, timeout: float = 1.0) -> redis.Redis:
-    """A client that fails fast: the mirror retries on its own schedule."""
-    return redis.Redis.from_url(
+    """A client that fails fast: the mirror retries on its own schedule. ValueError for a
+    URL redis-py cannot use."""
+    client = redis.Redis.from_url(
         url,
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
         retry=Retry(NoBackoff(), 0),
         decode_responses=True,
     )
+    pool = client.connection_pool
+    try:
+        # Made, not connected: the URL's query parameters are checked only here (redis-py
+        # would raise at every first command instead).
+        pool.connection_class(**pool.connection_kwargs)
+    except (TypeError, redis.RedisError) as exc:
+        raise ValueError(f"a query parameter redis-py cannot use ({exc})") from None
+    return client
 
 
 class RedisMirror(Background):

@@ -307,3 +307,24 @@ def test_nodes_of_one_postgresql_queue_mirror_it_as_one(start_service, private_r
     for task in tasks:
         wait_for(lambda t=task: mirrored(r, t, "completed", ["noop"]), timeout=30)
     assert r.smembers("momentry:jobs:completed") == set(tasks)
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["db=5", "ssl_cert_reqs=bogus", "socket_timeout=soon"],
+)
+def test_a_url_whose_query_redis_py_cannot_use_stops_the_service(tmp_path, query):
+    path = tmp_path / "momentry.toml"
+    path.write_text(f'[service]\ndata_dir = "{tmp_path / "data"}"\nport = 0\n', encoding="utf-8")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MOMENTRY_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "momentry_edge.cli", "--config", str(path), "run"],
+        # Port 1: should the URL be taken, nothing is written into a real Redis.
+        env=clean | {"REDIS_URL": f"redis://:secret@127.0.0.1:1/0?{query}"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "service.redis_url" in done.stderr and "Traceback" not in done.stderr
+    assert "secret" not in done.stderr

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import redis
 from conftest import wait_for
+from eventstream import EventReader
 
 from momentry_edge import config
 
@@ -307,6 +308,60 @@ def test_nodes_of_one_postgresql_queue_mirror_it_as_one(start_service, private_r
     for task in tasks:
         wait_for(lambda t=task: mirrored(r, t, "completed", ["noop"]), timeout=30)
     assert r.smembers("momentry:jobs:completed") == set(tasks)
+
+
+def test_a_retry_falling_due_while_the_queue_is_paused_reaches_redis_and_the_stream(
+    start_service, private_redis
+):
+    r = private_redis.client()
+    svc = start_service(service={"redis_url": private_redis.url}, queue={"retry_delay": 2})
+    reader = EventReader(svc.url, until=lambda e: e["type"] == "job.retry_due")
+    reader.start()
+    assert reader.connected.wait(10)
+    svc.marker.touch()  # flaky fails, and is retried
+    task = svc.submit("retried.mp4", ["flaky"], max_retries=5)["task_id"]
+    svc.wait_status(task, "retrying")
+    svc.call("POST", "/api/v1/queue/pause")
+    wait_for(lambda: r.hget(f"momentry:job:{task}", "status") == "retrying")
+
+    # Its time comes while the queue is paused: back in line, waiting for the resume.
+    svc.wait_status(task, "pending")
+    wait_for(lambda: r.hget(f"momentry:job:{task}", "status") == "pending")
+    reader.join(20)
+    assert {"type": "job.retry_due", "task_id": task}.items() <= reader.events[-1].items()
+
+
+@pytest.mark.parametrize(
+    "how", ["register", "deep-scan", "deep-scan with more processors"], ids=str
+)
+def test_a_request_raising_a_waiting_jobs_priority_reaches_redis_and_the_stream(
+    start_service, private_redis, how
+):
+    r = private_redis.client()
+    svc = start_service(service={"redis_url": private_redis.url})
+    svc.call("POST", "/api/v1/queue/pause")
+    queued = svc.submit("waiting.mp4", ["noop"])
+    task = queued["task_id"]
+    wait_for(lambda: r.hget(f"momentry:job:{task}", "priority") == "normal")
+    reader = EventReader(svc.url, until=lambda e: e["type"] == "job.priority")
+    reader.start()
+    assert reader.connected.wait(10)
+
+    if how == "register":
+        again = svc.submit("waiting.mp4", ["noop"], priority="high", expect=200)
+    else:
+        processors = ["noop", "steps"] if how.endswith("processors") else ["noop"]
+        again = svc.call(
+            "POST",
+            f"/api/v1/file/{queued['file_uuid']}/deep-scan",
+            json={"processors": processors, "priority": "high"},
+        )
+    assert again["task_id"] == task and again["deduplicated"] is True
+    assert svc.job(task)["priority"] == "high"
+    wait_for(lambda: r.hget(f"momentry:job:{task}", "priority") == "high")
+    reader.join(20)
+    priority = [e for e in reader.events if e["type"] == "job.priority"]
+    assert priority and {"task_id": task, "priority": "high"}.items() <= priority[0].items()
 
 
 @pytest.mark.parametrize(

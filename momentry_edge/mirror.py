@@ -261,8 +261,11 @@ class RedisMirror(Background):
             self._forget(task_id)
             return
         runs = list(job.runs.order_by(ProcessorRun.position))
+        read = self._client.pipeline(transaction=False)
+        _read(read, job, runs)
+        before = read.execute(raise_on_error=False)
         pipe = self._client.pipeline(transaction=True)
-        _write(pipe, job, runs, self._queue)
+        _write(pipe, job, runs, self._queue, before)
         self._send(pipe)
         message = _progress_message(job, runs)
         said = {k: v for k, v in message.items() if k != "at"}
@@ -311,11 +314,18 @@ class RedisMirror(Background):
             runs_of: dict[int, list[ProcessorRun]] = {job.id: [] for job in chunk}
             for run in ProcessorRun.select().where(ProcessorRun.job.in_(list(runs_of))):
                 runs_of[run.job_id].append(run)
+            for runs in runs_of.values():
+                runs.sort(key=lambda r: r.position)
+            read = self._client.pipeline(transaction=False)
+            for job in chunk:
+                _read(read, job, runs_of[job.id])
+            found = iter(read.execute(raise_on_error=False))
             pipe = self._client.pipeline(transaction=False)
             for job in chunk:
-                runs = sorted(runs_of[job.id], key=lambda r: r.position)
+                runs = runs_of[job.id]
+                before = [next(found) for _ in range(1 + len(runs))]
                 # Set members one by one: the sets hold other queues' jobs too.
-                _write(pipe, job, runs, self._queue)
+                _write(pipe, job, runs, self._queue, before)
                 known.add(job.task_id)
                 if job.status == JobStatus.PROCESSING:
                     watching.add(job.task_id)
@@ -428,17 +438,34 @@ def _kind(key: str) -> str:
     return ":".join(parts)
 
 
-def _write(pipe: Any, job: Job, runs: list[ProcessorRun], queue: str) -> None:
+def _read(pipe: Any, job: Job, runs: list[ProcessorRun]) -> None:
+    """Queue reading the job's hash and its processors' hashes, as _write takes them."""
+    pipe.hgetall(job_key(job.task_id))
+    for run in runs:
+        pipe.hgetall(processor_key(job.task_id, run.processor))
+
+
+def _write(pipe: Any, job: Job, runs: list[ProcessorRun], queue: str, before: list[Any]) -> None:
     """Queue the commands that make the job's keys match the table (hashes replaced whole),
-    each hash marked with ``queue``, the identity of the queue the job is in."""
+    each hash marked with ``queue``, the identity of the queue the job is in. ``before``:
+    the hashes as _read found them."""
     uuid = job.task_id
     key = job_key(uuid)
+    fields = _strings(_job_fields(job, runs) | {"edge_queue": queue})
+    run_fields = [_strings(_run_fields(run) | {"edge_queue": queue}) for run in runs]
+    old, *old_runs = before
+    # updated_at is when the job last changed: kept while the rest reads the same.
+    same = isinstance(old, dict) and {k: v for k, v in old.items() if k != "updated_at"} == fields
+    if same and old_runs == run_fields and "updated_at" in old:
+        fields["updated_at"] = old["updated_at"]
+    else:
+        fields["updated_at"] = iso(time.time())
     pipe.delete(key)
-    pipe.hset(key, mapping=_strings(_job_fields(job, runs) | {"edge_queue": queue}))
-    for run in runs:
+    pipe.hset(key, mapping=fields)
+    for run, mapping in zip(runs, run_fields, strict=True):
         run_key = processor_key(uuid, run.processor)
         pipe.delete(run_key)
-        pipe.hset(run_key, mapping=_strings(_run_fields(run) | {"edge_queue": queue}))
+        pipe.hset(run_key, mapping=mapping)
     target = SET_OF_STATUS.get(job.status)
     for name in SETS:
         if name == target:
@@ -467,7 +494,6 @@ def _job_fields(job: Job, runs: list[ProcessorRun]) -> dict[str, Any]:
         "created_at": iso(job.created_at),
         "started_at": iso(job.started_at),
         "completed_at": iso(job.completed_at),
-        "updated_at": iso(time.time()),
     }
 
 

@@ -438,6 +438,29 @@ def test_a_request_raising_a_waiting_jobs_priority_reaches_redis_and_the_stream(
     assert priority and {"task_id": task, "priority": "high"}.items() <= priority[0].items()
 
 
+def test_a_full_rewrite_leaves_an_unchanged_jobs_updated_at_alone(start_service, private_redis):
+    r = private_redis.client()
+    svc = start_service(service={"redis_url": private_redis.url})
+    svc.marker.touch()  # flaky fails
+    task = svc.submit("unchanged.mp4", ["flaky"], retry_on_failure=False)["task_id"]
+    svc.wait_status(task, "failed")
+    wait_for(lambda: r.sismember("momentry:jobs:failed", task))
+    before = r.hgetall(f"momentry:job:{task}")
+    rewrite = f"momentry:edge:mirror:{before['edge_queue']}"
+    started = r.get(rewrite)
+
+    svc.restart()  # its start rewrites the whole mirror
+    wait_for(lambda: r.get(rewrite) != started)
+    assert r.hgetall(f"momentry:job:{task}") == before
+
+    # A change is what moves it.
+    svc.marker.unlink()
+    svc.call("POST", f"/api/v1/jobs/{task}/retry")
+    svc.wait_status(task, "completed")
+    wait_for(lambda: r.hget(f"momentry:job:{task}", "status") == "completed")
+    assert r.hget(f"momentry:job:{task}", "updated_at") > before["updated_at"]
+
+
 @pytest.mark.parametrize(
     "query",
     ["db=5", "ssl_cert_reqs=bogus", "socket_timeout=soon"],

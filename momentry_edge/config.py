@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import SplitResult, urlsplit
+from urllib.parse import SplitResult, parse_qs, urlsplit
 
 from .outbound import url_problem
 
@@ -84,6 +84,8 @@ def _redis_db_number(url: str) -> str | None:
     if db and not re.fullmatch(r"[0-9]+", db):
         # Only the path: the rest of the URL may hold a password.
         return f"the database (the URL's path) must be a number, got {parts.path!r}"
+    if "db" in parse_qs(parts.query):  # redis-py would take it over the path's
+        return "give the database as the URL's path (/5), not as a db query parameter"
     return None
 
 

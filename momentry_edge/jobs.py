@@ -277,7 +277,8 @@ def submit(
     urls = callback_urls(options)
     added: list[str] = []
     database = Job._meta.database
-    with db.write_transaction(database):
+    # Held: a priority carried over to a job is announced once committed.
+    with bus.held(), db.write_transaction(database):
         if db.is_postgres(database):  # one submit per file at a time (SQLite: the write lock)
             MediaFile.select(MediaFile.id).where(MediaFile.id == file.id).for_update().execute()
         active = _active_jobs(file.id)
@@ -423,7 +424,8 @@ def join(job: Job, priority: int, options: dict[str, Any], now: float | None = N
     options = dict(options)
     asked = {key: options.pop(key) for key in SETTINGS if key in options}
     owed = False
-    with db.write_transaction(Job._meta.database):
+    # Held: a priority carried over is announced once committed.
+    with bus.held(), db.write_transaction(Job._meta.database):
         job = get(job.id, lock=True)
         if job.status in db.ACTIVE_STATES:
             _carry_over(job, priority, asked, callback_urls(options), now)
@@ -480,7 +482,8 @@ def _untouched(job: Job) -> bool:
 def _carry_over(
     job: Job, priority: int, asked: dict[str, Any], urls: list[str], now: float
 ) -> None:
-    """Give an active job what a later request asked of it, or raise Conflict."""
+    """Give an active job what a later request asked of it, or raise Conflict. Inside a
+    write transaction, with the bus held."""
     job = Job.get_by_id(job.id)
     problem = _clash(job, asked)
     if problem:
@@ -498,6 +501,7 @@ def _carry_over(
         .execute()
     )
     if changed:
+        _announce_raised(job, priority)
         return
     # It moved on between the read and the write (another node claimed or ended it).
     job = Job.get_by_id(job.id)
@@ -526,8 +530,16 @@ def _take_on(job: Job, missing: list[str], priority: int, now: float) -> list[st
     )
     if not updated:
         return []
+    _announce_raised(job, priority)
     _add_runs(job, missing, len(job.processors), now)
     return missing
+
+
+def _announce_raised(job: Job, priority: int) -> None:
+    """A job given a higher priority by a request that joined it: told as set_priority tells
+    of one (the bus is held until the change commits)."""
+    if priority > job.priority:
+        bus.publish("job.priority", task_id=job.task_id, priority=db.PRIORITY_NAMES[priority])
 
 
 def _add_runs(job: Job, names: list[str], first_position: int, now: float) -> None:
@@ -743,17 +755,21 @@ def _claiming(owner: str, now: float) -> Iterator[None]:
         raise
 
 
-def _claim(request: ClaimRequest, now: float) -> tuple[Job | None, int]:
-    """Inside a write transaction: the job claimed, if any, and how many retries fell due."""
+def _claim(request: ClaimRequest, now: float) -> tuple[Job | None, list[str]]:
+    """Inside a write transaction: the job claimed, if any, and the retries that fell due
+    (their task ids: each is announced, a paused queue leaves them pending)."""
     if adopted := _adopt_unconfirmed(request, now):
-        return adopted, 0
-    promoted = db.execute(
-        "UPDATE job SET status = ?, next_attempt_at = NULL"
-        " WHERE status = ? AND next_attempt_at <= ?",
-        JobStatus.PENDING,
-        JobStatus.RETRYING,
-        now,
-    ).rowcount
+        return adopted, []
+    promoted = [
+        task_id
+        for (task_id,) in db.execute(
+            "UPDATE job SET status = ?, next_attempt_at = NULL"
+            " WHERE status = ? AND next_attempt_at <= ? RETURNING task_id",
+            JobStatus.PENDING,
+            JobStatus.RETRYING,
+            now,
+        ).fetchall()
+    ]
     limit = request.limit
     if not isinstance(limit, int):
         # PostgreSQL: shared-locked, so a pause or a new limit commits (and is answered)
@@ -818,9 +834,9 @@ def _adopt_unconfirmed(request: ClaimRequest, now: float) -> Job | None:
     return None
 
 
-def _announce_claim(job: Job | None, promoted: int, node: str) -> None:
-    if promoted:
-        bus.publish("job.retry_due", count=promoted)
+def _announce_claim(job: Job | None, promoted: list[str], node: str) -> None:
+    for task_id in promoted:
+        bus.publish("job.retry_due", task_id=task_id)
     if job is not None:
         bus.publish("job.started", task_id=job.task_id, node=node)
 
@@ -1377,7 +1393,7 @@ def _finish_and_claim(
     finished_at: float,
 ) -> tuple[str, Job | None]:
     database = Job._meta.database
-    following, promoted = None, 0
+    following, promoted = None, []
     # The claim lock before the write lock, as in claim. Waiting for it rather than
     # finishing alone saves the commit of a claim of its own (on SQLite the finish would
     # wait as long for the write lock).

@@ -21,6 +21,11 @@ Redis is a copy, never the truth: the bus listener only marks a job as changed,
 and one thread reads the job table and writes Redis with short socket timeouts.
 While Redis is away nothing waits for it; once it answers again (or restarted
 empty) the whole mirror is rebuilt from the job table.
+
+A command Redis answers but refuses (a key of another type, one an ACL denies, a
+read-only replica) is no outage: it is skipped, said once, and the rest is written.
+One of the three sets found holding another type is replaced: the keys under the
+prefix are the mirror's own.
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ SET_OF_STATUS = {
     JobStatus.FAILED: "failed",
 }
 SETS = ("active", "completed", "failed")
+# Redis not there, or not answering in time; any other RedisError is a command it refused.
+OUTAGE = (redis.ConnectionError, redis.TimeoutError, OSError)
 PROGRESS_EVERY = 1.0  # seconds: at most one progress write per job (plan §8.2)
 WATCH_EVERY = 1.0  # how often running jobs are re-read (processor states change between reports)
 CHECK_EVERY = 2.0  # how often Redis is asked whether it restarted or was emptied
@@ -75,19 +82,31 @@ def set_key(name: str) -> str:
     return f"{PREFIX}jobs:{name}"
 
 
+OWN_SETS = tuple(set_key(name) for name in SETS)
+
+
 def marker_key(queue: str) -> str:
     return f"{PREFIX}edge:mirror:{queue}"
 
 
 def connect(url: str, timeout: float = 1.0) -> redis.Redis:
-    """A client that fails fast: the mirror retries on its own schedule."""
-    return redis.Redis.from_url(
+    """A client that fails fast: the mirror retries on its own schedule. ValueError for a
+    URL redis-py cannot use."""
+    client = redis.Redis.from_url(
         url,
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
         retry=Retry(NoBackoff(), 0),
         decode_responses=True,
     )
+    pool = client.connection_pool
+    try:
+        # Made, not connected: the URL's query parameters are checked only here (redis-py
+        # would raise at every first command instead).
+        pool.connection_class(**pool.connection_kwargs)
+    except (TypeError, redis.RedisError) as exc:
+        raise ValueError(f"a query parameter redis-py cannot use ({exc})") from None
+    return client
 
 
 class RedisMirror(Background):
@@ -102,6 +121,11 @@ class RedisMirror(Background):
         self._last_said: dict[str, dict[str, Any]] = {}
         self._watching: set[str] = set()  # running jobs, re-read every WATCH_EVERY
         self._queue = ""  # the queue's identity, read from the database before the first write
+        self._info = True  # whether Redis lets the mirror ask its run id (an ACL may not)
+        self._rewrite = False  # a set of ours was replaced: its members are written again
+        # Refused commands said, by what they did ("SADD momentry:jobs:failed"): each said
+        # again only when its answer changes, and once when it is accepted again.
+        self._refused: dict[str, str] = {}
 
     def stop(self) -> None:
         super().stop()
@@ -138,12 +162,12 @@ class RedisMirror(Background):
             try:
                 if not self._queue:
                     self._queue = db.queue_id()
-                if run_id is None or now >= next_check:
-                    current = self._client.info("server")["run_id"]
+                if run_id is None or self._rewrite or now >= next_check:
+                    current = self._run_id()
                     next_check = now + CHECK_EVERY
                     marker = marker_key(self._queue)
                     emptied = run_id is not None and not self._client.exists(marker)
-                    if current != run_id or emptied or now >= next_full:
+                    if current != run_id or emptied or self._rewrite or now >= next_full:
                         if run_id is not None and (current != run_id or emptied):
                             log.warning("redis restarted or emptied; rebuilding the job mirror")
                         self._resync()
@@ -159,12 +183,20 @@ class RedisMirror(Background):
                             self._due.setdefault(task_id, max(now, last + PROGRESS_EVERY))
                 for task_id in self._take_due(now):
                     self._write_job(task_id, publish=True)
-            except (redis.RedisError, OSError) as exc:
+            except OUTAGE as exc:
                 if backoff == 0.5:
                     log.warning("redis unreachable (%s); jobs go on, the mirror catches up", exc)
                 run_id = None
                 self._stopping.wait(backoff)  # not woken by job events: no busy retrying
                 backoff = min(backoff * 2, 5.0)
+                continue
+            except redis.RedisError as exc:
+                # Refused, not away (a command the mirror cannot do without): said once, and
+                # tried again with a full rewrite, after a pause that trying at once does not help.
+                self._refusal("a command the mirror needs", exc)
+                run_id = None
+                self._stopping.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
                 continue
             except Exception:  # the database away for a moment: try again shortly
                 log.exception("redis mirror: cannot read the job table")
@@ -174,6 +206,21 @@ class RedisMirror(Background):
             finally:
                 db.release_connection()
             self._wait(min(next_check, next_watch, self._next_due()) - time.monotonic())
+
+    def _run_id(self) -> str:
+        """Redis's run id, new at each restart; "" where INFO is refused (an ACL user): then
+        a restart is told by the marker alone, when Redis comes back empty."""
+        if self._info:
+            try:
+                return str(self._client.info("server")["run_id"])
+            except redis.ResponseError as exc:
+                log.warning(
+                    "redis mirror: redis refuses INFO (%s); a restart of redis is noticed"
+                    " only when it comes back empty, or at the next full rewrite",
+                    exc,
+                )
+                self._info = False
+        return ""
 
     def _flush(self) -> None:
         try:
@@ -214,14 +261,20 @@ class RedisMirror(Background):
             self._forget(task_id)
             return
         runs = list(job.runs.order_by(ProcessorRun.position))
+        read = self._client.pipeline(transaction=False)
+        _read(read, job, runs)
+        before = read.execute(raise_on_error=False)
         pipe = self._client.pipeline(transaction=True)
-        _write(pipe, job, runs, self._queue)
+        _write(pipe, job, runs, self._queue, before)
+        self._send(pipe)
         message = _progress_message(job, runs)
         said = {k: v for k, v in message.items() if k != "at"}
         if publish and said != self._last_said.get(task_id):
+            # After the keys, on its own: a channel an ACL denies costs the keys nothing.
+            pipe = self._client.pipeline(transaction=False)
             pipe.publish(progress_channel(task_id), json.dumps(message))
+            self._send(pipe)
             self._last_said[task_id] = said
-        pipe.execute()
         with self._cond:
             if job.status == JobStatus.PROCESSING:
                 self._watching.add(task_id)
@@ -237,7 +290,7 @@ class RedisMirror(Background):
         pipe.delete(job_key(task_id), *names)
         for name in SETS:
             pipe.srem(set_key(name), task_id)
-        pipe.execute()
+        self._send(pipe)
         with self._cond:
             self._watching.discard(task_id)
             self._last_write.pop(task_id, None)
@@ -245,12 +298,15 @@ class RedisMirror(Background):
 
     def _resync(self) -> None:
         """Rewrite every job from the table; drop keys of this queue's jobs that are gone."""
-        with self._cond:
-            self._due.clear()  # everything is written below; later changes mark again
-            self._last_write.clear()
+        # Jobs marked as changed stay marked: written again after this, which publishes
+        # nothing, their channels still tell of the change.
+        self._replace_wrong_sets()
+        self._rewrite = False  # this rewrite fills them
         # Set first: emptied while this runs, the marker goes too and the next check
         # starts over.
-        self._client.set(marker_key(self._queue), iso(time.time()))
+        pipe = self._client.pipeline(transaction=False)
+        pipe.set(marker_key(self._queue), iso(time.time()))
+        self._send(pipe)
         known: set[str] = set()
         watching: set[str] = set()
         query = Job.select(Job, MediaFile).join(MediaFile).order_by(Job.id)
@@ -258,15 +314,22 @@ class RedisMirror(Background):
             runs_of: dict[int, list[ProcessorRun]] = {job.id: [] for job in chunk}
             for run in ProcessorRun.select().where(ProcessorRun.job.in_(list(runs_of))):
                 runs_of[run.job_id].append(run)
+            for runs in runs_of.values():
+                runs.sort(key=lambda r: r.position)
+            read = self._client.pipeline(transaction=False)
+            for job in chunk:
+                _read(read, job, runs_of[job.id])
+            found = iter(read.execute(raise_on_error=False))
             pipe = self._client.pipeline(transaction=False)
             for job in chunk:
-                runs = sorted(runs_of[job.id], key=lambda r: r.position)
+                runs = runs_of[job.id]
+                before = [next(found) for _ in range(1 + len(runs))]
                 # Set members one by one: the sets hold other queues' jobs too.
-                _write(pipe, job, runs, self._queue)
+                _write(pipe, job, runs, self._queue, before)
                 known.add(job.task_id)
                 if job.status == JobStatus.PROCESSING:
                     watching.add(job.task_id)
-            pipe.execute()
+            self._send(pipe)
         unknown = [
             key
             for key in self._client.scan_iter(match=f"{PREFIX}job:*", count=500)
@@ -284,10 +347,76 @@ class RedisMirror(Background):
                 pipe.delete(*stale)
                 for name in SETS:
                     pipe.srem(set_key(name), *{key.split(":")[2] for key in stale})
-                pipe.execute()
+                self._send(pipe)
         with self._cond:
             self._watching = watching
         log.info("redis mirror: %d job(s) written", len(known))
+
+    def _send(self, pipe: Any) -> None:
+        """Run ``pipe``'s commands. One Redis refuses is said (see _note) and skipped; the
+        rest are written all the same."""
+        commands = list(pipe.command_stack)
+        try:
+            results = pipe.execute(raise_on_error=False)
+        except redis.ResponseError:
+            if not pipe.transaction:
+                raise
+            # Refused as it was queued (an ACL): MULTI dropped them all; one by one, the
+            # others are written.
+            pipe = self._client.pipeline(transaction=False)
+            for args, options in commands:
+                pipe.execute_command(*args, **options)
+            results = pipe.execute(raise_on_error=False)
+        self._note([args for args, _ in commands], results)
+
+    def _note(self, commands: list[tuple[Any, ...]], results: list[Any]) -> None:
+        """Say what Redis refused; replace a set of ours another type has taken the place of."""
+        wrong: set[str] = set()
+        for args, result in zip(commands, results, strict=True):
+            key = str(args[1]) if len(args) > 1 else ""
+            what = f"{args[0]} {_kind(key)}"
+            if not isinstance(result, redis.ResponseError):
+                if self._refused.pop(what, None) is not None:
+                    log.info("redis mirror: redis accepts %s again", what)
+            elif str(result).startswith("WRONGTYPE") and key in OWN_SETS:
+                wrong.add(key)  # replaced below, and said so
+            else:
+                self._refusal(what, result)
+        if wrong:
+            self._replace_wrong_sets(wrong)
+
+    def _refusal(self, what: str, error: Exception) -> None:
+        """Say a refused command once, and again only when Redis's answer changes."""
+        if self._refused.get(what) != str(error):
+            self._refused[what] = str(error)
+            log.warning(
+                "redis mirror: redis refuses %s (%s); the rest of the mirror is written",
+                what,
+                error,
+            )
+
+    def _replace_wrong_sets(self, keys: Iterable[str] = ()) -> None:
+        """Delete any of the three sets (``keys``, else all) that holds another type (SET by
+        hand, another program): they are the mirror's own, and a full rewrite (asked for
+        here) fills them again."""
+        keys = list(keys or OWN_SETS)
+        pipe = self._client.pipeline(transaction=False)
+        for key in keys:
+            pipe.type(key)
+        for key, kind in zip(keys, pipe.execute(raise_on_error=False), strict=True):
+            if kind in ("set", "none") or isinstance(kind, Exception):
+                continue
+            try:
+                self._client.delete(key)
+            except redis.ResponseError as exc:
+                self._refusal(f"DEL {key}", exc)  # left as it is: its commands are refused
+                continue
+            log.warning(
+                "redis mirror: %s held a %s, not a set of task ids; replaced it with the set",
+                key,
+                kind,
+            )
+            self._rewrite = True
 
 
 def _chunks(query: Any, size: int) -> Iterable[list[Job]]:
@@ -301,17 +430,42 @@ def _chunks(query: Any, size: int) -> Iterable[list[Job]]:
         yield chunk
 
 
-def _write(pipe: Any, job: Job, runs: list[ProcessorRun], queue: str) -> None:
+def _kind(key: str) -> str:
+    """The key with its job's task id left out: a refusal is said once, not once a job."""
+    parts = key.split(":")
+    if len(parts) > 2 and parts[1] in ("job", "progress"):
+        parts[2] = "{uuid}"
+    return ":".join(parts)
+
+
+def _read(pipe: Any, job: Job, runs: list[ProcessorRun]) -> None:
+    """Queue reading the job's hash and its processors' hashes, as _write takes them."""
+    pipe.hgetall(job_key(job.task_id))
+    for run in runs:
+        pipe.hgetall(processor_key(job.task_id, run.processor))
+
+
+def _write(pipe: Any, job: Job, runs: list[ProcessorRun], queue: str, before: list[Any]) -> None:
     """Queue the commands that make the job's keys match the table (hashes replaced whole),
-    each hash marked with ``queue``, the identity of the queue the job is in."""
+    each hash marked with ``queue``, the identity of the queue the job is in. ``before``:
+    the hashes as _read found them."""
     uuid = job.task_id
     key = job_key(uuid)
+    fields = _strings(_job_fields(job, runs) | {"edge_queue": queue})
+    run_fields = [_strings(_run_fields(run) | {"edge_queue": queue}) for run in runs]
+    old, *old_runs = before
+    # updated_at is when the job last changed: kept while the rest reads the same.
+    same = isinstance(old, dict) and {k: v for k, v in old.items() if k != "updated_at"} == fields
+    if same and old_runs == run_fields and "updated_at" in old:
+        fields["updated_at"] = old["updated_at"]
+    else:
+        fields["updated_at"] = iso(time.time())
     pipe.delete(key)
-    pipe.hset(key, mapping=_strings(_job_fields(job, runs) | {"edge_queue": queue}))
-    for run in runs:
+    pipe.hset(key, mapping=fields)
+    for run, mapping in zip(runs, run_fields, strict=True):
         run_key = processor_key(uuid, run.processor)
         pipe.delete(run_key)
-        pipe.hset(run_key, mapping=_strings(_run_fields(run) | {"edge_queue": queue}))
+        pipe.hset(run_key, mapping=mapping)
     target = SET_OF_STATUS.get(job.status)
     for name in SETS:
         if name == target:
@@ -340,7 +494,6 @@ def _job_fields(job: Job, runs: list[ProcessorRun]) -> dict[str, Any]:
         "created_at": iso(job.created_at),
         "started_at": iso(job.started_at),
         "completed_at": iso(job.completed_at),
-        "updated_at": iso(time.time()),
     }
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import redis
 from conftest import wait_for
+from eventstream import EventReader
 
 from momentry_edge import config
 
@@ -307,3 +308,175 @@ def test_nodes_of_one_postgresql_queue_mirror_it_as_one(start_service, private_r
     for task in tasks:
         wait_for(lambda t=task: mirrored(r, t, "completed", ["noop"]), timeout=30)
     assert r.smembers("momentry:jobs:completed") == set(tasks)
+
+
+def wait_mirrored(r: redis.Redis, tasks: list[str], status: str, timeout: float = 60) -> None:
+    def all_there() -> bool:
+        pipe = r.pipeline(transaction=False)
+        for task in tasks:
+            pipe.hget(f"momentry:job:{task}", "status")
+        return all(found == status for found in pipe.execute())
+
+    wait_for(all_there, timeout=timeout)
+
+
+def mirror_log(svc) -> list[tuple[str, str]]:
+    """(level, message) of each line the mirror logged, from the start (svc.log() is cut)."""
+    lines = (svc.data_dir / "logs" / "momentry-edge.log").read_text().splitlines()
+    entries = [json.loads(line) for line in lines]
+    return [(e["level"], e["message"]) for e in entries if e["logger"] == "momentry_edge.mirror"]
+
+
+def warnings_naming(svc, text: str) -> list[str]:
+    return [message for level, message in mirror_log(svc) if level == "warning" and text in message]
+
+
+def test_a_set_key_of_the_wrong_type_is_replaced_and_every_job_stays_mirrored(
+    start_service, private_redis
+):
+    r = private_redis.client()
+    svc = start_service(service={"redis_url": private_redis.url})
+    svc.marker.touch()  # flaky fails
+    failed = svc.submit("failed.mp4", ["flaky"], retry_on_failure=False)["task_id"]
+    svc.wait_status(failed, "failed")
+    wait_for(lambda: r.sismember("momentry:jobs:failed", failed))
+    # More jobs than one pipeline of a full rewrite holds (200).
+    svc.call("POST", "/api/v1/queue/pause")
+    tasks = [svc.submit(name, ["noop"])["task_id"] for name in svc.add_copies(205)]
+    wait_mirrored(r, tasks, "pending")
+
+    r.set("momentry:jobs:failed", "a string, not a set")  # by hand, or another program
+    subscriber = Subscriber(private_redis.url)
+    svc.call("POST", "/api/v1/queue/resume")
+    wait_for(lambda: svc.status()["pending_count"] == 0 and svc.status()["active_count"] == 0)
+    wait_mirrored(r, tasks, "completed")
+    # The set is the mirror's own: replaced by the real one, the failed job in it again.
+    wait_for(lambda: r.type("momentry:jobs:failed") == "set")
+    assert r.smembers("momentry:jobs:failed") == {failed}
+    assert r.smembers("momentry:jobs:completed") == set(tasks)
+    # The progress channel kept publishing throughout.
+    wait_for(lambda: all(any(m["status"] == "completed" for m in subscriber.of(t)) for t in tasks))
+    # Told as what it was, once, and never as an outage.
+    assert len(warnings_naming(svc, "momentry:jobs:failed")) == 1, mirror_log(svc)
+    assert not warnings_naming(svc, "unreachable")
+
+
+def test_a_user_who_may_not_run_info_or_publish_still_gets_the_job_keys(
+    start_service, private_redis
+):
+    admin = private_redis.client()
+    # Every key under momentry:, every command but INFO, and (Redis 7's default) no channel.
+    admin.execute_command("ACL", "SETUSER", "edge", "on", ">pw", "~momentry:*", "+@all", "-info")
+    url = private_redis.url.replace("redis://", "redis://edge:pw@")
+    svc = start_service(service={"redis_url": url})
+    task = svc.submit("acl.mp4", ["noop"])["task_id"]
+    svc.wait_status(task, "completed")
+    wait_for(lambda: mirrored(admin, task, "completed", ["noop"]))
+
+    # Without INFO a restart is told by the marker alone: emptied, the mirror is refilled.
+    admin.flushall()
+    wait_for(lambda: mirrored(admin, task, "completed", ["noop"]), timeout=30)
+    later = svc.submit("later.mp4", ["noop"])["task_id"]
+    svc.wait_status(later, "completed")
+    wait_for(lambda: mirrored(admin, later, "completed", ["noop"]))
+    # The refused PUBLISH is said once, naming the channel, and not as an outage.
+    assert len(warnings_naming(svc, "PUBLISH momentry:progress:")) == 1, mirror_log(svc)
+    assert not warnings_naming(svc, "unreachable")
+
+
+def test_a_retry_falling_due_while_the_queue_is_paused_reaches_redis_and_the_stream(
+    start_service, private_redis
+):
+    r = private_redis.client()
+    svc = start_service(service={"redis_url": private_redis.url}, queue={"retry_delay": 2})
+    reader = EventReader(svc.url, until=lambda e: e["type"] == "job.retry_due")
+    reader.start()
+    assert reader.connected.wait(10)
+    svc.marker.touch()  # flaky fails, and is retried
+    task = svc.submit("retried.mp4", ["flaky"], max_retries=5)["task_id"]
+    svc.wait_status(task, "retrying")
+    svc.call("POST", "/api/v1/queue/pause")
+    wait_for(lambda: r.hget(f"momentry:job:{task}", "status") == "retrying")
+
+    # Its time comes while the queue is paused: back in line, waiting for the resume.
+    svc.wait_status(task, "pending")
+    wait_for(lambda: r.hget(f"momentry:job:{task}", "status") == "pending")
+    reader.join(20)
+    assert {"type": "job.retry_due", "task_id": task}.items() <= reader.events[-1].items()
+
+
+@pytest.mark.parametrize(
+    "how", ["register", "deep-scan", "deep-scan with more processors"], ids=str
+)
+def test_a_request_raising_a_waiting_jobs_priority_reaches_redis_and_the_stream(
+    start_service, private_redis, how
+):
+    r = private_redis.client()
+    svc = start_service(service={"redis_url": private_redis.url})
+    svc.call("POST", "/api/v1/queue/pause")
+    queued = svc.submit("waiting.mp4", ["noop"])
+    task = queued["task_id"]
+    wait_for(lambda: r.hget(f"momentry:job:{task}", "priority") == "normal")
+    reader = EventReader(svc.url, until=lambda e: e["type"] == "job.priority")
+    reader.start()
+    assert reader.connected.wait(10)
+
+    if how == "register":
+        again = svc.submit("waiting.mp4", ["noop"], priority="high", expect=200)
+    else:
+        processors = ["noop", "steps"] if how.endswith("processors") else ["noop"]
+        again = svc.call(
+            "POST",
+            f"/api/v1/file/{queued['file_uuid']}/deep-scan",
+            json={"processors": processors, "priority": "high"},
+        )
+    assert again["task_id"] == task and again["deduplicated"] is True
+    assert svc.job(task)["priority"] == "high"
+    wait_for(lambda: r.hget(f"momentry:job:{task}", "priority") == "high")
+    reader.join(20)
+    priority = [e for e in reader.events if e["type"] == "job.priority"]
+    assert priority and {"task_id": task, "priority": "high"}.items() <= priority[0].items()
+
+
+def test_a_full_rewrite_leaves_an_unchanged_jobs_updated_at_alone(start_service, private_redis):
+    r = private_redis.client()
+    svc = start_service(service={"redis_url": private_redis.url})
+    svc.marker.touch()  # flaky fails
+    task = svc.submit("unchanged.mp4", ["flaky"], retry_on_failure=False)["task_id"]
+    svc.wait_status(task, "failed")
+    wait_for(lambda: r.sismember("momentry:jobs:failed", task))
+    before = r.hgetall(f"momentry:job:{task}")
+    rewrite = f"momentry:edge:mirror:{before['edge_queue']}"
+    started = r.get(rewrite)
+
+    svc.restart()  # its start rewrites the whole mirror
+    wait_for(lambda: r.get(rewrite) != started)
+    assert r.hgetall(f"momentry:job:{task}") == before
+
+    # A change is what moves it.
+    svc.marker.unlink()
+    svc.call("POST", f"/api/v1/jobs/{task}/retry")
+    svc.wait_status(task, "completed")
+    wait_for(lambda: r.hget(f"momentry:job:{task}", "status") == "completed")
+    assert r.hget(f"momentry:job:{task}", "updated_at") > before["updated_at"]
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["db=5", "ssl_cert_reqs=bogus", "socket_timeout=soon"],
+)
+def test_a_url_whose_query_redis_py_cannot_use_stops_the_service(tmp_path, query):
+    path = tmp_path / "momentry.toml"
+    path.write_text(f'[service]\ndata_dir = "{tmp_path / "data"}"\nport = 0\n', encoding="utf-8")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MOMENTRY_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "momentry_edge.cli", "--config", str(path), "run"],
+        # Port 1: should the URL be taken, nothing is written into a real Redis.
+        env=clean | {"REDIS_URL": f"redis://:secret@127.0.0.1:1/0?{query}"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "service.redis_url" in done.stderr and "Traceback" not in done.stderr
+    assert "secret" not in done.stderr

@@ -1,32 +1,39 @@
-"""The one thread each of alerts, callbacks and the Redis mirror runs beside the service.
+"""The threads each of alerts, callbacks and the Redis mirror run beside the service.
 
 A subclass writes ``_loop``: it waits on ``_cond`` (which its bus listener notifies)
 and returns once ``_stopping`` is set; ``_stopping.wait(s)`` is a pause that only
-``stop`` cuts short. ``stop`` wakes the loop and waits a bounded time for it: the
-thread is a daemon, so a loop stuck in a slow request never holds up the exit.
+``stop`` cuts short. ``stop`` wakes the loops and waits a bounded time for them: the
+threads are daemons, so a loop stuck in a slow request never holds up the exit.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 
 
 class Background:
-    def __init__(self, name: str, join_timeout: float = 2.0) -> None:
+    def __init__(self, name: str, join_timeout: float = 2.0, threads: int = 1) -> None:
         self._cond = threading.Condition()
         self._stopping = threading.Event()
         self._join_timeout = join_timeout
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._threads = [
+            threading.Thread(target=self._loop, name=name if i == 0 else f"{name}-{i}", daemon=True)
+            for i in range(threads)
+        ]
 
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     def stop(self) -> None:
         self._stopping.set()
         with self._cond:  # a loop between its check and its wait gets this notify
             self._cond.notify_all()
-        if self._thread.is_alive():
-            self._thread.join(timeout=self._join_timeout)
+        deadline = time.monotonic() + self._join_timeout  # for all of them, not each
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(timeout=max(deadline - time.monotonic(), 0.0))
 
     def _loop(self) -> None:
         raise NotImplementedError

@@ -11,8 +11,6 @@ a server that hangs holds up the one thread posting to it, not the other jobs.
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -46,7 +44,7 @@ class CallbackSender(Background):
     ) -> None:
         # Not the whole POST timeout: a delivery cut short at stop stays owed and is sent
         # again once its hold runs out, by this node after a restart or by another.
-        super().__init__("callbacks", join_timeout=2.0)
+        super().__init__("callbacks", join_timeout=2.0, threads=senders)
         self._summarize = summarize
         self._attempts = attempts
         self._first_delay = first_delay
@@ -55,23 +53,6 @@ class CallbackSender(Background):
         self._idle_check = idle_check
         self._own_port = own_port
         self._poked = False
-        self._threads = [self._thread] + [
-            threading.Thread(target=self._loop, name=f"callbacks-{i}", daemon=True)
-            for i in range(1, senders)
-        ]
-
-    def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
-
-    def stop(self) -> None:
-        self._stopping.set()
-        with self._cond:
-            self._cond.notify_all()
-        deadline = time.monotonic() + self._join_timeout  # for all of them, not each
-        for thread in self._threads:
-            if thread.is_alive():
-                thread.join(timeout=max(deadline - time.monotonic(), 0.0))
 
     def on_event(self, event: Event) -> None:
         """Bus listener: a job ended (or a finished one was given a callback URL), so a

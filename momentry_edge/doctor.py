@@ -19,6 +19,7 @@ from typing import Any
 from . import models
 from .processors import Registry, load_class
 from .processors.backends import this_platform
+from .processors.base import Readiness
 
 
 def diagnose(config: Any, models_dir: Path | None = None) -> dict[str, Any]:
@@ -38,6 +39,8 @@ def diagnose(config: Any, models_dir: Path | None = None) -> dict[str, Any]:
     for name in registry.names:
         processor = registry.create(name)
         state = processor.readiness()
+        if problem := processor.settings_problem():  # the service would not start
+            state = Readiness(False, f"processors.{name}: {problem}")
         backends = []
         for backend in getattr(sys.modules.get(type(processor).__module__), "BACKENDS", ()):
             for module in backend.modules:

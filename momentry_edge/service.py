@@ -490,9 +490,12 @@ def _prepare_data_dir(config: Config) -> None:
 
 def _registry(config: Config) -> Registry:
     try:
-        return Registry(config.service.plugins, config.processors)
+        registry = Registry(config.service.plugins, config.processors)
     except ValueError as exc:  # a plugin that cannot be imported, or is not a Processor
         raise config.error("service.plugins", str(exc)) from None
+    for name, problem in registry.settings_problems().items():  # the first, if any
+        raise ConfigError(f"processors.{name}: {problem} (config file)")
+    return registry
 
 
 def _redis_mirror(url: str) -> RedisMirror | None:

@@ -107,6 +107,12 @@ def test_config_file_is_found_in_the_data_dir(tmp_path):
             {"MOMENTRY_API_TOKEN": "x"},
             ["service.host: cannot listen on 192.0.2.1:0", "(config file)"],
         ),
+        # A processor's settings that no run could use: found at start, not by every job.
+        ('[processors.cut]\nthreshold = "high"\n', {}, ["processors.cut: bad cut settings"]),
+        ("[processors.cut]\nthumbnails = 1\n", {}, ["processors.cut", "true or false"]),
+        ("[processors.yolo]\nconfidence = 2\n", {}, ["processors.yolo: bad yolo settings"]),
+        ("[processors.face]\nsample_fps = 0\n", {}, ["processors.face", "sample_fps > 0"]),
+        ("[processors.asr]\nbeam = 5\n", {}, ["processors.asr: bad asr settings", "beam"]),
     ],
 )
 def test_bad_settings_stop_the_service_with_exit_code_2(tmp_path, text, env, words):

@@ -489,6 +489,15 @@ def config(tmp_path) -> Path:
     return path
 
 
+def test_doctor_names_a_processor_setting_the_service_would_refuse(config):
+    config.write_text(config.read_text() + '\n[processors.cut]\nthreshold = "high"\n')
+    doctor = cli(config, "doctor", "--json")
+    assert doctor.returncode == 1
+    cut = json.loads(doctor.stdout)["processors"]["cut"]
+    assert not cut["ready"] and cut["reason"].startswith("processors.cut: bad cut settings")
+    assert "processors.cut: bad cut settings" in cli(config, "doctor").stdout
+
+
 def test_cli_models_pull_list_verify_and_doctor(config, tmp_path):
     models_dir = tmp_path / "data" / "models"
 

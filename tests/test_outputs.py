@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import wait_for
+from conftest import ServiceProcess, wait_for
 
 from momentry_edge import db, durable, outputs
 from momentry_edge.clock import iso
@@ -88,24 +88,22 @@ def test_a_failure_never_replaces_a_complete_result(start_service):
     assert not (folder / "flaky.failed.json").exists()
 
 
-def test_cut_failing_for_good_leaves_a_failed_document_until_a_retry_completes(start_service):
-    svc = start_service(**{"processors.cut": {"threshold": "high"}})
-    task = svc.submit("scenes.mp4", ["cut"])
-    job = svc.wait_status(task["task_id"], "failed")
-    assert job["retry_count"] == 0, "a permanent error is not retried"
-    url = f"/api/v1/files/{task['file_uuid']}/results/cut"
-    failed = svc.get(url)
-    assert failed["status"] == "failed" and "bad cut settings" in failed["error"]
-    assert failed["processor"] == "cut" and failed["result"] is None
-    assert svc.client.get(f"/api/v1/files/{task['file_uuid']}/thumbnails/0").status_code == 404
+def test_a_cut_setting_no_run_can_use_stops_the_start_and_once_fixed_cut_runs(
+    tmp_path, database_url, start_service
+):
+    # Found at start, naming the setting, rather than failing every job that asks for cut.
+    refused = ServiceProcess(
+        tmp_path / "node", database_url, {"processors.cut": {"threshold": "high"}}
+    )
+    refused.spawn()
+    assert refused.proc.wait(timeout=60) == 2
+    assert "processors.cut: bad cut settings" in refused.log()
 
-    # The operator fixes the setting, restarts and retries the job.
-    config = svc.config_path.read_text()
-    svc.config_path.write_text(config.replace('threshold = "high"', "threshold = 27.0"))
-    svc.restart()
-    svc.call("POST", f"/api/v1/jobs/{task['task_id']}/retry")
+    # The operator fixes the setting and starts again.
+    svc = start_service(**{"processors.cut": {"threshold": 27.0}})
+    task = svc.submit("scenes.mp4", ["cut"])
     svc.wait_status(task["task_id"], "completed", timeout=60)
-    done = svc.get(url)
+    done = svc.get(f"/api/v1/files/{task['file_uuid']}/results/cut")
     assert done["status"] == "completed" and done["error"] is None and done["result"]["scenes"]
     folder = svc.data_dir / "results" / task["file_uuid"]
     thumbnail = folder / done["result"]["scenes"][0]["thumbnail"]

@@ -84,5 +84,14 @@ class Registry:
             return Unavailable(name, cls)
         return cls(self._settings.get(name, {}))
 
+    def settings_problems(self) -> dict[str, str]:
+        """processor name -> what is wrong with its settings, for each processor given
+        settings (one whose backend is not installed here cannot tell)."""
+        found = {}
+        for name in self._settings:
+            if name in self._classes and (problem := self.create(name).settings_problem()):
+                found[name] = problem
+        return found
+
     def describe(self) -> dict[str, dict[str, Any]]:
         return {name: self.create(name).describe() for name in self._classes}

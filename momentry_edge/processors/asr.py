@@ -410,12 +410,13 @@ class AsrProcessor(Processor):
         super().__init__(settings)
         self._engine: Engine | None = None
         self._problem: str | None = None  # why this processor cannot run, known up front
+        self._bad_settings: str | None = None
         self.spec: models.ModelSpec | None = None
         try:
             self.opts = Options.parse(self.settings)
         except (TypeError, ValueError) as e:
             self.opts = Options()
-            self._problem = f"bad {self.name} settings: {e}"
+            self._problem = self._bad_settings = f"bad {self.name} settings: {e}"
         self.choice = choose(
             BACKENDS, self.opts.backend, platform=platform or this_platform(), can_import=can_import
         )
@@ -445,6 +446,9 @@ class AsrProcessor(Processor):
             )
         else:
             self.model = self.spec.model
+
+    def settings_problem(self) -> str | None:
+        return self._bad_settings
 
     def readiness(self) -> Readiness:
         if self._problem is not None:

@@ -108,6 +108,11 @@ class Processor:
     def readiness(self) -> Readiness:
         return Readiness(True)
 
+    def settings_problem(self) -> str | None:
+        """What is wrong with this processor's settings, or None: checked at start, so a
+        value no run can use stops the service rather than failing every job."""
+        return None
+
     def load(self) -> None:
         """Load models; called once per worker before the first run."""
 

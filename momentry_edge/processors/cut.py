@@ -90,14 +90,26 @@ class CutProcessor(FrameProcessor):
                 scene["thumbnail"] = path
         return result
 
-    def _thumbnails(self, fresh: bool) -> Keyframes | None:
-        """Scene thumbnails for this run, or None when they are off (or nowhere to go)."""
+    def settings_problem(self) -> str | None:
+        try:
+            self._settings()
+            self._thumbnail_settings()
+        except PermanentError as exc:
+            return str(exc)
+        return None
+
+    def _thumbnail_settings(self) -> tuple[bool, int]:
         enabled = self.settings.get("thumbnails", True)
         max_side = self.settings.get("thumbnail_max_side", 320)
         if not isinstance(enabled, bool):
             raise PermanentError("bad cut settings: thumbnails must be true or false")
         if isinstance(max_side, bool) or not isinstance(max_side, int) or max_side < 0:
             raise PermanentError("bad cut settings: thumbnail_max_side must be a whole number >= 0")
+        return enabled, max_side
+
+    def _thumbnails(self, fresh: bool) -> Keyframes | None:
+        """Scene thumbnails for this run, or None when they are off (or nowhere to go)."""
+        enabled, max_side = self._thumbnail_settings()
         if not enabled or self.output_dir is None:
             return None
         keyframes = Keyframes(self.output_dir, max_side, fresh=fresh)

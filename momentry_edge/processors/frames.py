@@ -830,6 +830,13 @@ class SampledProcessor(FrameProcessor):
         """Validated processor-specific settings (part of the checkpoint key)."""
         return {}
 
+    def settings_problem(self) -> str | None:
+        try:
+            self.run_settings()
+        except PermanentError as exc:
+            return str(exc)
+        return None
+
     def run_settings(self) -> dict[str, Any]:
         try:
             fps = float(self.settings.get("sample_fps", self.default_fps))

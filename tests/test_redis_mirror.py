@@ -197,23 +197,28 @@ def test_redis_url_comes_from_redis_url_and_a_bad_one_stops_the_service(tmp_path
     assert "service.redis_url" in done.stderr and "Traceback" not in done.stderr
 
 
+def _run_with_redis_url(tmp_path: Path, url: str) -> subprocess.CompletedProcess[str]:
+    """`momentry-edge run` with REDIS_URL set to ``url``, expected to stop at start. Its
+    port is 1: should the URL be taken, nothing is written into a real Redis."""
+    path = tmp_path / "momentry.toml"
+    path.write_text(f'[service]\ndata_dir = "{tmp_path / "data"}"\nport = 0\n', encoding="utf-8")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MOMENTRY_")}
+    return subprocess.run(
+        [sys.executable, "-m", "momentry_edge.cli", "--config", str(path), "run"],
+        env=clean | {"REDIS_URL": url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 @pytest.mark.parametrize("db", ["x", "l3", "1/2"])
 def test_a_database_path_that_is_not_a_number_stops_the_service(tmp_path, db):
     # redis-py would take it for db 0: this queue's keys among another application's.
     for good in ("redis://h:6379", "redis://h:6379/", "redis://h:6379/12"):
         env = {"MOMENTRY_DATA_DIR": str(tmp_path), "REDIS_URL": good}
         assert config.load(env=env).service.redis_url == good
-    path = tmp_path / "momentry.toml"
-    path.write_text(f'[service]\ndata_dir = "{tmp_path / "data"}"\nport = 0\n', encoding="utf-8")
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("MOMENTRY_")}
-    done = subprocess.run(
-        [sys.executable, "-m", "momentry_edge.cli", "--config", str(path), "run"],
-        # Port 1: should the URL be taken, nothing is written into a real Redis's db 0.
-        env=clean | {"REDIS_URL": f"redis://:secret@127.0.0.1:1/{db}"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _run_with_redis_url(tmp_path, f"redis://:secret@127.0.0.1:1/{db}")
     assert done.returncode == 2, done.stderr
     assert done.stderr == (
         "momentry-edge: configuration error: service.redis_url: the database (the URL's path) "
@@ -466,17 +471,7 @@ def test_a_full_rewrite_leaves_an_unchanged_jobs_updated_at_alone(start_service,
     ["db=5", "ssl_cert_reqs=bogus", "socket_timeout=soon"],
 )
 def test_a_url_whose_query_redis_py_cannot_use_stops_the_service(tmp_path, query):
-    path = tmp_path / "momentry.toml"
-    path.write_text(f'[service]\ndata_dir = "{tmp_path / "data"}"\nport = 0\n', encoding="utf-8")
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("MOMENTRY_")}
-    done = subprocess.run(
-        [sys.executable, "-m", "momentry_edge.cli", "--config", str(path), "run"],
-        # Port 1: should the URL be taken, nothing is written into a real Redis.
-        env=clean | {"REDIS_URL": f"redis://:secret@127.0.0.1:1/0?{query}"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _run_with_redis_url(tmp_path, f"redis://:secret@127.0.0.1:1/0?{query}")
     assert done.returncode == 2, done.stderr
     assert "service.redis_url" in done.stderr and "Traceback" not in done.stderr
     assert "secret" not in done.stderr

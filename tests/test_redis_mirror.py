@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from conftest import wait_for
+from conftest import ServiceProcess, wait_for
 from eventstream import EventReader
 
 from momentry_edge import config
@@ -336,15 +336,21 @@ def warnings_naming(svc, text: str) -> list[str]:
     return [message for level, message in mirror_log(svc) if level == "warning" and text in message]
 
 
+def _failed_job(svc: ServiceProcess, r: redis.Redis, name: str) -> str:
+    """The task id of a job of ``name`` that failed, once Redis lists it failed."""
+    svc.marker.touch()  # flaky fails
+    task = svc.submit(name, ["flaky"], retry_on_failure=False)["task_id"]
+    svc.wait_status(task, "failed")
+    wait_for(lambda: r.sismember("momentry:jobs:failed", task))
+    return task
+
+
 def test_a_set_key_of_the_wrong_type_is_replaced_and_every_job_stays_mirrored(
     start_service, private_redis
 ):
     r = private_redis.client()
     svc = start_service(service={"redis_url": private_redis.url})
-    svc.marker.touch()  # flaky fails
-    failed = svc.submit("failed.mp4", ["flaky"], retry_on_failure=False)["task_id"]
-    svc.wait_status(failed, "failed")
-    wait_for(lambda: r.sismember("momentry:jobs:failed", failed))
+    failed = _failed_job(svc, r, "failed.mp4")
     # More jobs than one pipeline of a full rewrite holds (200).
     svc.call("POST", "/api/v1/queue/pause")
     tasks = [svc.submit(name, ["noop"])["task_id"] for name in svc.add_copies(205)]
@@ -446,10 +452,7 @@ def test_a_request_raising_a_waiting_jobs_priority_reaches_redis_and_the_stream(
 def test_a_full_rewrite_leaves_an_unchanged_jobs_updated_at_alone(start_service, private_redis):
     r = private_redis.client()
     svc = start_service(service={"redis_url": private_redis.url})
-    svc.marker.touch()  # flaky fails
-    task = svc.submit("unchanged.mp4", ["flaky"], retry_on_failure=False)["task_id"]
-    svc.wait_status(task, "failed")
-    wait_for(lambda: r.sismember("momentry:jobs:failed", task))
+    task = _failed_job(svc, r, "unchanged.mp4")
     before = r.hgetall(f"momentry:job:{task}")
     rewrite = f"momentry:edge:mirror:{before['edge_queue']}"
     started = r.get(rewrite)

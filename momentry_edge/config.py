@@ -25,6 +25,7 @@ from urllib.parse import SplitResult, parse_qs, urlsplit
 from .outbound import url_problem
 
 DEFAULT_DATA_DIR = "~/.momentry-edge"
+NODE_ID_MAX = 120  # db.Node.node_id
 CONFIG_NAME = "momentry.toml"
 
 
@@ -126,6 +127,16 @@ def _has_control(text: str) -> bool:
     return any(ord(char) < 0x20 or ord(char) == 0x7F for char in text)
 
 
+def _node_id(name: str) -> str | None:
+    """A node's name goes into the queue's node table (120 characters at most), log lines,
+    Redis keys and the API's answers."""
+    if len(name) > NODE_ID_MAX:
+        return f"at most {NODE_ID_MAX} characters, got {len(name)}"
+    if _has_control(name) or (name and not name.strip()):
+        return "a name of visible characters, without control characters"
+    return None
+
+
 @dataclass(frozen=True)
 class ServiceConfig:
     data_dir: Path = _setting(Path(DEFAULT_DATA_DIR), env="MOMENTRY_DATA_DIR")
@@ -144,7 +155,7 @@ class ServiceConfig:
     # Finished jobs, their results and old logs are removed after this many days; 0 keeps all.
     retention_days: float = _setting(30.0, minimum=0, maximum=36500)
     # Names this process in a shared queue; empty = the host name.
-    node_id: str = _setting("", env="MOMENTRY_NODE_ID")
+    node_id: str = _setting("", env="MOMENTRY_NODE_ID", check=_node_id)
     # Seconds between automatic backups into <data_dir>/backups; 0 = none.
     backup_interval: float = _setting(0.0, minimum=0, maximum=MAX_SECONDS)
     # Automatic backups kept; older ones are removed (backups taken by hand stay).

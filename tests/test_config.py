@@ -107,6 +107,10 @@ def test_config_file_is_found_in_the_data_dir(tmp_path):
             {"MOMENTRY_API_TOKEN": "x"},
             ["service.host: cannot listen on 192.0.2.1:0", "(config file)"],
         ),
+        # The node table holds 120 characters; logs, keys and answers hold no controls.
+        (f'node_id = "{"n" * 121}"\n', {}, ["service.node_id", "at most 120 characters"]),
+        ("", {"MOMENTRY_NODE_ID": "mini\nfake"}, ["service.node_id", "MOMENTRY_NODE_ID"]),
+        ("", {"MOMENTRY_NODE_ID": "   "}, ["service.node_id", "visible characters"]),
         # A processor's settings that no run could use: found at start, not by every job.
         ('[processors.cut]\nthreshold = "high"\n', {}, ["processors.cut: bad cut settings"]),
         ("[processors.cut]\nthumbnails = 1\n", {}, ["processors.cut", "true or false"]),

@@ -117,6 +117,13 @@ def test_config_file_is_found_in_the_data_dir(tmp_path):
         ("[processors.yolo]\nconfidence = 2\n", {}, ["processors.yolo: bad yolo settings"]),
         ("[processors.face]\nsample_fps = 0\n", {}, ["processors.face", "sample_fps > 0"]),
         ("[processors.asr]\nbeam = 5\n", {}, ["processors.asr: bad asr settings", "beam"]),
+        # Names each run records, longer than the queue's tables hold (PostgreSQL refuses).
+        (f'[processors.yolo]\nmodel = "{"m" * 65}"\n', {}, ["processors.yolo", "at most 64"]),
+        (
+            'plugins = ["workloads:LongName"]\n',
+            {"PYTHONPATH": str(Path(__file__).parent)},
+            ["service.plugins", "at most 32 characters"],
+        ),
     ],
 )
 def test_bad_settings_stop_the_service_with_exit_code_2(tmp_path, text, env, words):

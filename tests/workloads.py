@@ -29,6 +29,12 @@ class Noop(Processor):
         return {}
 
 
+class LongName(Noop):
+    """A plugin whose name is longer than the queue's tables hold (32 characters)."""
+
+    name = "a_processor_with_a_very_long_name"
+
+
 class Steps(Processor):
     """``steps`` steps of ``step_seconds`` each, a checkpoint after every step.
 

@@ -6,6 +6,7 @@ import importlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .. import db
 from ..errors import Invalid
 from .base import PROCESSOR_NAMES, PermanentError, Processor, Readiness
 
@@ -63,6 +64,10 @@ class Registry:
                 self._classes[name] = str(exc)
         for spec in plugins:
             cls = load_class(spec)
+            if len(cls.name) > _width("processor"):
+                raise ValueError(
+                    f"{spec!r}: a processor's name is at most {_width('processor')} characters"
+                )
             self._classes[cls.name] = cls
 
     @property
@@ -89,9 +94,24 @@ class Registry:
         settings (one whose backend is not installed here cannot tell)."""
         found = {}
         for name in self._settings:
-            if name in self._classes and (problem := self.create(name).settings_problem()):
+            if name in self._classes and (problem := _settings_problem(self.create(name))):
                 found[name] = problem
         return found
 
     def describe(self) -> dict[str, dict[str, Any]]:
         return {name: self.create(name).describe() for name in self._classes}
+
+
+def _width(column: str) -> int:
+    """How many characters the queue's processor_run table holds in ``column``."""
+    return getattr(db.ProcessorRun, column).max_length
+
+
+def _settings_problem(processor: Processor) -> str | None:
+    if problem := processor.settings_problem():
+        return problem
+    # Each run records them: a longer one than the table holds fails every run's write.
+    for column in ("backend", "model"):
+        if len(str(getattr(processor, column) or "")) > _width(column):
+            return f"a {column} name is at most {_width(column)} characters"
+    return None

@@ -96,7 +96,12 @@ def test_a_cut_setting_no_run_can_use_stops_the_start_and_once_fixed_cut_runs(
         tmp_path / "node", database_url, {"processors.cut": {"threshold": "high"}}
     )
     refused.spawn()
-    assert refused.proc.wait(timeout=60) == 2
+    try:
+        assert refused.proc.wait(timeout=60) == 2
+    finally:  # not one of start_service's, so not stopped by it
+        if refused.proc.poll() is None:
+            refused.proc.kill()
+            refused.proc.wait()
     assert "processors.cut: bad cut settings" in refused.log()
 
     # The operator fixes the setting and starts again.

@@ -89,7 +89,9 @@ class Hostile:
     def _stream(self) -> socket.socket | None:
         """An open event stream, or None when the server refuses it (over its limit)."""
         sock = socket.create_connection(self.address, timeout=TIMEOUT)
-        sock.sendall(b"GET /api/v1/events HTTP/1.1\r\nHost: bench\r\n\r\n")
+        # The service answers only requests addressed to it (a Host of another name is 403).
+        host = f"{self.address[0]}:{self.address[1]}".encode()
+        sock.sendall(b"GET /api/v1/events HTTP/1.1\r\nHost: " + host + b"\r\n\r\n")
         seen = b""
         while b": connected" not in seen:
             if b"\r\n" in seen and not seen.startswith(b"HTTP/1.1 200"):

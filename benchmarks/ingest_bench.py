@@ -278,7 +278,8 @@ def bench_rescan(cfg: config_module.Config, sample: Path, count: int) -> None:
             timings.append(time.perf_counter() - started)
             assert reply["unchanged"] == count and reply["new"] == 0, reply
         print(
-            f"rescan of {count} unchanged files in {count // 100} folders (POST /files/rescan, "
+            f"rescan of {count} unchanged files in {len({p.parent for p in paths})} folders"
+            " (POST /files/rescan, "
             f"5 runs): median {statistics.median(timings):.3f} s, min {min(timings):.3f} s"
         )
 

@@ -1,6 +1,7 @@
 """Queue figures: momentry-edge's job table (+ Huey wake-ups) against raw Huey on the same database.
 
     .venv/bin/python benchmarks/queue_bench.py [--jobs N] [--backend sqlite|postgres]
+        [--samples N] [--idle-seconds S]
 
 Measures, in one run: enqueue rate (in-process and over HTTP), drain rate at two
 jobs at a time (and, as a bound, with the result documents' flushes skipped), idle
@@ -47,8 +48,6 @@ from momentry_edge.service import Service
 ROOT = Path(__file__).resolve().parent.parent
 NOOP = ["noop"]
 SETTLE_SECONDS = 3.0  # idle time before latency samples and before the CPU window
-CPU_WINDOW = 20.0  # seconds of idle CPU measured on the subprocess
-LATENCY_SAMPLES = 15
 LATENCY_PAUSE = 1.0  # seconds between latency samples
 DRAIN_TIMEOUT = 120.0
 
@@ -408,11 +407,13 @@ def drain_raw(raw: RawHuey, count: int) -> Rate:
 # -- 3. idle latency ------------------------------------------------------------------------------
 
 
-def sample_latency(submit: Callable[[int], str], stamps: dict[str, float]) -> list[float]:
+def sample_latency(
+    submit: Callable[[int], str], stamps: dict[str, float], samples: int
+) -> list[float]:
     """Seconds from submit returning to the task body starting, one job at a time."""
     time.sleep(SETTLE_SECONDS)
     latencies = []
-    for i in range(LATENCY_SAMPLES):
+    for i in range(samples):
         key = submit(i)
         returned = time.monotonic()
         deadline = returned + 30
@@ -431,10 +432,10 @@ def latency_edge(cfg: config_module.Config, files: list[MediaFile]) -> list[floa
             service.submit(files[i], ["stamp"], "normal")
             return files[i].file_uuid
 
-        return sample_latency(submit, STAMPS)
+        return sample_latency(submit, STAMPS, len(files))
 
 
-def latency_raw(raw: RawHuey) -> list[float]:
+def latency_raw(raw: RawHuey, samples: int) -> list[float]:
     """Huey's default polling: 0.1 s, x1.15 per empty poll, at most 10 s."""
     with raw.consumer():
 
@@ -442,7 +443,7 @@ def latency_raw(raw: RawHuey) -> list[float]:
             raw.stamp(f"s{i}")
             return f"s{i}"
 
-        return sample_latency(submit, raw.stamps)
+        return sample_latency(submit, raw.stamps, samples)
 
 
 # -- 4. idle process -------------------------------------------------------------------------------
@@ -457,8 +458,8 @@ class Idle:
     exit_code: int | None = None
 
 
-def idle_process(root: Path, database_url: str, server: ServerCpu | None) -> Idle:
-    """`momentry-edge run` with default queue settings, idle: CPU over CPU_WINDOW s, RSS."""
+def idle_process(root: Path, database_url: str, server: ServerCpu | None, window: float) -> Idle:
+    """`momentry-edge run` with default queue settings, idle: CPU over ``window`` s, RSS."""
     config_path = write_config(
         root, database_url, "idle.toml", node_id="queue-bench-idle", queue={}
     )
@@ -477,7 +478,7 @@ def idle_process(root: Path, database_url: str, server: ServerCpu | None) -> Idl
         ps = psutil.Process(proc.pid)
         server_before = server.snapshot() if server else {}
         before, start = ps.cpu_times(), time.monotonic()
-        time.sleep(CPU_WINDOW)
+        time.sleep(window)
         after, wall = ps.cpu_times(), time.monotonic() - start
         busy = (after.user + after.system) - (before.user + before.system)
         idle = Idle(100 * busy / wall, ps.memory_info().rss / 2**20, ps.num_threads())
@@ -519,6 +520,8 @@ class Bench:
     edge_off: config_module.Config  # workers disabled: enqueue only
     edge_on: config_module.Config
     server: ServerCpu | None  # PostgreSQL only
+    samples: int  # idle latency samples
+    idle_seconds: float  # the idle process's CPU window
     report: Report = field(default_factory=Report)
     raw_enqueue: Rate | None = None
 
@@ -615,11 +618,11 @@ def measure_http(b: Bench) -> None:
 def measure_latency(b: Bench) -> None:
     """Idle: submit -> the processor's run() entered, one job at a time."""
     with running_service(b.edge_off):
-        files = add_files(b.files, LATENCY_SAMPLES, "stamp")
+        files = add_files(b.files, b.samples, "stamp")
     edge = latency_edge(b.edge_on, files)
-    raw = latency_raw(b.raw)
+    raw = latency_raw(b.raw, b.samples)
     for label, pick in (("median", statistics.median), ("max", max)):
-        figure = f"idle submit->run() {label} ({LATENCY_SAMPLES})"
+        figure = f"idle submit->run() {label} ({b.samples})"
         b.report.add(figure, 1000 * pick(edge), 1000 * pick(raw), "ms", 1)
     b.report.notes.append(
         f"latency: {SETTLE_SECONDS:.0f} s idle, then one job per ~{LATENCY_PAUSE:.0f} s;"
@@ -631,9 +634,9 @@ def measure_latency(b: Bench) -> None:
 
 def measure_idle(b: Bench) -> None:
     """A real `momentry-edge run` process doing nothing."""
-    idle = idle_process(b.tmp, b.database_url, b.server)
+    idle = idle_process(b.tmp, b.database_url, b.server, b.idle_seconds)
     b.report.add(
-        f"idle CPU, momentry-edge run ({CPU_WINDOW:.0f} s)", idle.cpu_percent, None, "%", 2
+        f"idle CPU, momentry-edge run ({b.idle_seconds:g} s)", idle.cpu_percent, None, "%", 2
     )
     if idle.server_percent is not None:
         b.report.add("  + its PostgreSQL backends", idle.server_percent, None, "%", 2)
@@ -685,16 +688,18 @@ def raw_huey(backend: str, database_url: str, tmp: Path) -> Huey:
     return SqliteHuey("bench", filename=str(tmp / "huey.db"))
 
 
-def run(n: int, backend: str, database_url: str, tmp: Path) -> None:
-    load_before = os.getloadavg()[0]
+def run(args: argparse.Namespace, database_url: str, tmp: Path) -> None:
+    load_before, backend = os.getloadavg()[0], args.backend
     bench = Bench(
-        n=n,
+        n=args.jobs,
         tmp=tmp,
         database_url=database_url,
         raw=RawHuey(raw_huey(backend, database_url, tmp)),
         edge_off=bench_config(tmp, database_url, workers=False),
         edge_on=bench_config(tmp, database_url, workers=True),
         server=ServerCpu.for_url(database_url) if backend == "postgres" else None,
+        samples=args.samples,
+        idle_seconds=args.idle_seconds,
     )
     for step in (measure_enqueue, measure_drain, measure_http, measure_latency, measure_idle):
         with phase(step.__name__.removeprefix("measure_")):
@@ -718,6 +723,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2000, help="jobs per rate figure")
     parser.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite")
     parser.add_argument("--pg-url", default=PG_ADMIN_URL, help="server to create a database on")
+    parser.add_argument("--samples", type=int, default=15, help="idle latency samples")
+    parser.add_argument(
+        "--idle-seconds", type=float, default=20.0, help="the idle process's CPU window"
+    )
     args = parser.parse_args(argv)
     # The service loads plugins by module name: Noop from tests/, Stamp from this file.
     sys.path.insert(0, str(ROOT / "tests"))
@@ -725,9 +734,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="queue-bench-") as tmp:
         if args.backend == "postgres":
             with scratch_postgres(args.pg_url) as url:
-                run(args.jobs, args.backend, url, Path(tmp))
+                run(args, url, Path(tmp))
         else:
-            run(args.jobs, args.backend, "", Path(tmp))
+            run(args, "", Path(tmp))
     return 0
 
 

@@ -541,6 +541,13 @@ def _table(service: dict[str, Any], parts: dict[str, Part]) -> None:
         f"direct runs' CPU {cpu_sum:.1f} s ({cpu_sum / run_sum:.2f} cores on average); "
         f"service CPU / direct runs' CPU: {service['cpu'] / cpu_sum:.2f}"
     )
+    # The job can end no sooner than its CPU time spread over every core.
+    cores = os.cpu_count() or 1
+    floor = service["cpu"] / cores
+    print(
+        f"the service's CPU on all {cores} cores with none idle: {floor:.1f} s, ratio"
+        f" {floor / run_sum:.2f}: the least wall time this job's work can take here"
+    )
 
 
 def main() -> None:

@@ -1207,12 +1207,20 @@ def undocumented_failures(task_ids: Collection[str]) -> list[ProcessorRun]:
     )
 
 
-@db.retried
 def documented(run: ProcessorRun, output_path: str) -> None:
-    """Record the failed document written after the run was failed."""
-    ProcessorRun.update(output_path=output_path).where(
-        ProcessorRun.id == run.id, ProcessorRun.status == RunStatus.FAILED
-    ).execute()
+    """Record the failed document written after the run was failed (its job is parked
+    already, so nothing else would tell the event stream and the mirror)."""
+    if _documented(run, output_path):
+        bus.publish("job.documented", task_id=run.job.task_id, processor=run.processor)
+
+
+@db.retried
+def _documented(run: ProcessorRun, output_path: str) -> int:
+    return (
+        ProcessorRun.update(output_path=output_path)
+        .where(ProcessorRun.id == run.id, ProcessorRun.status == RunStatus.FAILED)
+        .execute()
+    )
 
 
 @db.retried

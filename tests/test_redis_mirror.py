@@ -10,6 +10,7 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -478,3 +479,18 @@ def test_a_url_whose_query_redis_py_cannot_use_stops_the_service(tmp_path, query
     assert done.returncode == 2, done.stderr
     assert "service.redis_url" in done.stderr and "Traceback" not in done.stderr
     assert "secret" not in done.stderr
+
+
+def test_a_parked_jobs_failed_document_reaches_redis_without_waiting_for_a_rewrite(
+    start_service, private_redis
+):
+    r = private_redis.client()
+    svc = start_service(service={"redis_url": private_redis.url}, queue={"max_crashes": 1})
+    task = svc.submit("poison.mp4", ["crash"])["task_id"]
+    assert svc.wait_exit() == -signal.SIGKILL
+    svc.start()  # parks the job, then writes the document its crashed worker could not
+    job = svc.wait_status(task, "failed")
+    path = job["processors"]["crash"]["output_path"]
+    assert path and path.endswith("/crash.json")
+    key = f"momentry:job:{task}:processor:crash"
+    wait_for(lambda: r.hget(key, "output_path") == path, timeout=10)

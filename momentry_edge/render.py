@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,7 @@ def _pull(
                     source=source,
                     progress=RichProgress(bars),
                     keep_free=keep_free,
+                    on_busy=_Waiting(bars, spec.name),
                 )
             except models.ModelError as e:
                 bars.stop()
@@ -141,6 +143,25 @@ def _verify(
         else:
             say(out, f"{spec.name}: {len(problems)} files verified")
     return 1 if bad else 0
+
+
+class _Waiting:
+    """``models.pull``'s ``on_busy``: another process (the service's own pull at start,
+    another `models pull`) is pulling the model; this one waits and then checks it."""
+
+    def __init__(self, bars: Any, name: str) -> None:
+        self.bars = bars
+        self.name = name
+        self.said = False
+
+    def __call__(self) -> None:
+        if not self.said:
+            self.said = True
+            said = f"{self.name}: another process is pulling it (the service, or another"
+            self.bars.console.print(
+                Text(printable(said + " `models pull`): waiting for it")), soft_wrap=True
+            )
+        time.sleep(0.5)
 
 
 class RichProgress:

@@ -347,8 +347,13 @@ def verify(
             problems[f.path] = f"size {size}, expected {f.size}"
             continue
         progress.start(f"{spec.name}/{f.path}", size)
-        digest = _sha256_file(path, progress.advance)
-        progress.finish()
+        try:
+            digest = _sha256_file(path, progress.advance)
+        except OSError as e:  # unreadable (permissions, a failing disk): said, not raised
+            problems[f.path] = f"cannot read: {e.strerror or e}"
+            continue
+        finally:
+            progress.finish()
         expected = f.sha256 or (record.get(f.path) or {}).get("sha256")
         if expected and digest != expected:
             problems[f.path] = f"sha256 {digest}, expected {expected}"
@@ -356,7 +361,10 @@ def verify(
             problems[f.path] = None
             digests[f.path] = digest
     if not any(problems.values()):
-        _write_record(folder, spec, digests)
+        try:
+            _write_record(folder, spec, digests)
+        except OSError as e:
+            raise _disk_error(e, folder) from None
     return problems
 
 
@@ -400,28 +408,47 @@ def pull(
     created = not folder.exists()
     _make_folder(folder)
     try:
-        with _lock(folder, on_busy):
-            candidates = [s for s in spec.sources if source in (None, s.kind)]
-            if not candidates:
-                raise ModelError(f"model {spec.name} has no {source} source in the catalog")
-            if state(spec, models_dir).ready:
-                return folder
-            errors: list[str] = []
-            for src in candidates:
-                try:
-                    _pull_from(spec, folder, src, progress, client)
-                except NoRoom:
-                    raise  # another source needs the same room
-                except ModelError as e:
-                    errors.append(f"{src.describe()}: {e}")
-                    continue
-                shutil.rmtree(folder / PARTIAL, ignore_errors=True)
-                return folder
-            raise ModelError(f"could not pull {spec.name}:\n  " + "\n  ".join(errors))
+        try:
+            with _lock(folder, on_busy):
+                candidates = [s for s in spec.sources if source in (None, s.kind)]
+                if not candidates:
+                    raise ModelError(f"model {spec.name} has no {source} source in the catalog")
+                if state(spec, models_dir).ready:
+                    return folder
+                errors: list[str] = []
+                for src in candidates:
+                    try:
+                        _pull_from(spec, folder, src, progress, client)
+                    except NoRoom:
+                        raise  # another source needs the same room
+                    except ModelError as e:
+                        errors.append(f"{src.describe()}: {e}")
+                        continue
+                    shutil.rmtree(folder / PARTIAL, ignore_errors=True)
+                    return folder
+                raise ModelError(f"could not pull {spec.name}:\n  " + "\n  ".join(errors))
+        except OSError as e:  # the models folder's own disk: no other source would do better
+            raise _disk_error(e, folder) from None
     except NoRoom:
         if created:  # no model half there: what this pull put in place goes too
             shutil.rmtree(folder, ignore_errors=True)
         raise
+
+
+def _disk_error(e: OSError, folder: Path) -> ModelError:
+    """A failed read or write in a model's folder, in words, with what fixes it."""
+    if e.errno == errno.ENOSPC:
+        return NoRoom(
+            f"the disk of {folder} filled up during the pull: free some space, or pull into "
+            "another --models-dir"
+        )
+    said = f"{e.filename or folder}: {e.strerror or e}"
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        said += (
+            ": the models folder must be writable by the user the service runs as (pull and"
+            " verify record there what they checked); or pull into another --models-dir"
+        )
+    return ModelError(said)
 
 
 def _make_folder(folder: Path) -> None:
@@ -613,11 +640,14 @@ def _concatenated(paths: list[Path], offset: int) -> Iterator[bytes]:
         if offset >= size:
             offset -= size
             continue
-        with path.open("rb") as piece:
-            piece.seek(offset)
-            offset = 0
-            while block := piece.read(CHUNK):
-                yield block
+        try:
+            with path.open("rb") as piece:
+                piece.seek(offset)
+                offset = 0
+                while block := piece.read(CHUNK):
+                    yield block
+        except OSError as e:  # the package's copy, not this disk: another source may do
+            raise ModelError(f"cannot read {path}: {e.strerror or e}") from None
 
 
 def _hf_opener(src: Source, client: httpx.Client | None) -> Opener:

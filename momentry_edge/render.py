@@ -55,8 +55,8 @@ def models_command(config: Config, args: argparse.Namespace) -> int:
             keep_free = int(config.queue.min_free_disk_mb * models.MB)
             return _pull(out, specs, models_dir, args.source, keep_free)
         return _verify(out, catalog, specs, models_dir)
-    except models.ModelError as e:
-        out.print(Text.assemble(("error:", "red"), " ", printable(e)))
+    except (models.ModelError, OSError) as e:
+        out.print(Text.assemble(("error:", "red"), " ", printable(e, multiline=True)))
         return 1
 
 
@@ -112,7 +112,8 @@ def _pull(
                 )
             except models.ModelError as e:
                 bars.stop()
-                say(out, f"{spec.name}: {e}", style="red")
+                # One source's reason a line (not "\x0a"), each still shown literally.
+                out.print(Text(printable(f"{spec.name}: {e}", multiline=True), style="red"))
                 failed += 1
                 continue
         say(out, f"{spec.name}: ready in {folder}")

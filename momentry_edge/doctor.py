@@ -128,7 +128,7 @@ def _model_files(
 ) -> dict[str, Any] | None:
     spec = getattr(processor, "spec", None)
     if spec is None and catalog is not None and processor.model:
-        spec = catalog.find(processor.model, processor.backend)
+        spec = catalog.find(processor.model, processor.backend, processor.name)
     if spec is None:
         return None
     found = models.state(spec, models_dir)

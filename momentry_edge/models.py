@@ -108,12 +108,28 @@ class Catalog:
             known = ", ".join(self._by_name) or "none"
             raise ModelError(f"unknown model {name!r}; the catalog has: {known}") from None
 
-    def find(self, model: str, backend: str) -> ModelSpec | None:
-        """The entry for ``model`` (a logical or an entry name) that ``backend`` loads."""
+    def find(self, model: str, backend: str, processor: str | None = None) -> ModelSpec | None:
+        """The entry for ``model`` (a logical or an entry name) that ``backend`` loads (for
+        ``processor``, when given: another processor's model is not one it can load)."""
         for spec in self.specs:
-            if spec.backend == backend and model in (spec.model, spec.name):
+            if spec.backend != backend or model not in (spec.model, spec.name):
+                continue
+            if processor is None or processor in spec.processors:
                 return spec
         return None
+
+    def unknown(self, processor: str, model: str, backend: str) -> str:
+        """Why ``processor`` on ``backend`` has no model ``model`` here, and which it has."""
+        said = f"no {backend} model {model!r} for {processor} in the model catalog"
+        named = [s for s in self.specs if model in (s.model, s.name)]
+        others = sorted({p for s in named for p in s.processors} - {processor})
+        backends = sorted({s.backend for s in named if processor in s.processors} - {backend})
+        if others:
+            said += f" (it is a model of {', '.join(others)})"
+        elif backends:
+            said += f" (only for {', '.join(backends)}; {processor} runs on {backend} here)"
+        own = [s.name for s in self.specs if s.backend == backend and processor in s.processors]
+        return said + f"; {processor}'s on {backend}: {', '.join(own) or 'none'}"
 
 
 def load_catalog(path: Path | str | None = None) -> Catalog:
@@ -205,11 +221,21 @@ def default_models_dir(env: dict[str, str] | None = None) -> Path:
     return Path(data_dir).expanduser() / "models" if data_dir else DEFAULT_MODELS_DIR.expanduser()
 
 
-def locate(model: str, backend: str, suffix: str, models_dir: Path | None = None) -> Path:
+def locate(
+    model: str,
+    backend: str,
+    suffix: str,
+    models_dir: Path | None = None,
+    processor: str | None = None,
+) -> Path:
     """The verified local file ending in ``suffix`` of the catalog entry for ``model``
-    on ``backend``. Raises ``ModelError`` saying what fixes it. Never fetches."""
-    spec = load_catalog().find(model, backend)
+    on ``backend`` (one of ``processor``'s, when given). Raises ``ModelError`` saying
+    what fixes it. Never fetches."""
+    catalog = load_catalog()
+    spec = catalog.find(model, backend, processor)
     if spec is None:
+        if processor is not None:
+            raise ModelError(catalog.unknown(processor, model, backend))
         raise ModelError(
             f"no {backend} model {model!r} in the model catalog "
             "(`momentry-edge models list` shows them)"
@@ -742,7 +768,7 @@ def needed(registry: Any, catalog: Catalog) -> list[ModelSpec]:
         processor = registry.create(name)
         spec = getattr(processor, "spec", None)
         if spec is None and processor.model:
-            spec = catalog.find(processor.model, processor.backend)
+            spec = catalog.find(processor.model, processor.backend, name)
         if spec is not None:
             specs[spec.name] = spec
     return list(specs.values())

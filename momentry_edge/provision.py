@@ -145,7 +145,7 @@ class Provisioner:
             processor = registry.create(name)
             spec = getattr(processor, "spec", None)
             if spec is None and processor.model:
-                spec = catalog.find(processor.model, processor.backend)
+                spec = catalog.find(processor.model, processor.backend, name)
             if spec is None:
                 continue
             folder = getattr(processor, "models_dir", None) or (

@@ -61,12 +61,16 @@ def models_command(config: Config, args: argparse.Namespace) -> int:
 
 
 def _registry(config: Config) -> Registry:
-    """The configured processors; a plugin that does not load is a ModelError: which
-    models are needed cannot be told without it."""
+    """The configured processors; a plugin that does not load, or settings the service
+    would refuse, are a ModelError: which models are needed cannot be told without them."""
     plugins, broken = doctor.check_plugins(config.service.plugins)
     if broken:
         raise models.ModelError(f"service.plugins: {next(iter(broken.values()))}")
-    return Registry(plugins, config.processors)
+    registry = Registry(plugins, config.processors)
+    # A processor's model the catalog does not have for it (the service refuses it too).
+    for name, problem in registry.settings_problems().items():
+        raise models.ModelError(f"processors.{name}: {problem}")
+    return registry
 
 
 def _list(out: Console, catalog: models.Catalog, models_dir: Path, as_json: bool) -> int:

@@ -685,3 +685,27 @@ def test_a_pull_with_every_source_failing_prints_a_line_per_source(hub, tmp_path
         f"  huggingface:test/two@main: w.bin: got 100000 bytes, sha256 {sha(data[::-1])};"
         f" expected 100000 bytes, sha256 {sha(data)}",
     ], lines
+
+
+def test_a_processor_set_to_a_model_the_catalog_lacks_is_refused_with_its_choices(config):
+    config.write_text(config.read_text().replace(f'[processors.asr]\nmodel = "{TINY}"', ""))
+    config.write_text(config.read_text() + '\n[processors.asr]\nmodel = "yolov8n"\n')
+    said = (
+        "processors.asr: model: no faster-whisper model 'yolov8n' for asr in the model catalog"
+        " (it is a model of yolo); asr's on faster-whisper: whisper-tiny.en, whisper-base"
+    )
+    # `models pull` cannot tell what asr needs: it says why, rather than "nothing to pull".
+    pulled = cli(config, "models", "pull")
+    assert pulled.returncode == 1 and pulled.stdout == f"error: {said}\n", pulled.stdout
+    doctor = cli(config, "doctor", "--json")
+    asr = json.loads(doctor.stdout)["processors"]["asr"]
+    assert doctor.returncode == 1 and not asr["ready"] and asr["reason"] == said, asr
+
+
+def test_yolo_with_a_model_file_of_its_own_may_name_it_as_it_likes(config, models_dir):
+    onnx = models_dir / "yolov8n" / "yolov8n.onnx"
+    config.write_text(
+        config.read_text() + f'\n[processors.yolo]\nmodel = "shop-floor"\nmodel_path = "{onnx}"\n'
+    )
+    yolo = json.loads(cli(config, "doctor", "--json").stdout)["processors"]["yolo"]
+    assert yolo["ready"] and yolo["reason"] is None and yolo["model"] == "shop-floor", yolo

@@ -438,11 +438,11 @@ class AsrProcessor(Processor):
         except models.ModelError as e:
             self._problem = str(e)
             return
-        self.spec = catalog.find(self.opts.model, backend)
+        self.spec = catalog.find(self.opts.model, backend, self.name)
         if self.spec is None:
-            self._problem = (
-                f"no {backend} model {self.opts.model!r} in the model catalog "
-                "(`momentry-edge models list` shows them)"
+            # A model no run here can load: the service refuses to start with it.
+            self._problem = self._bad_settings = (
+                f"model: {catalog.unknown(self.name, self.opts.model, backend)}"
             )
         else:
             self.model = self.spec.model

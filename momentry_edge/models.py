@@ -761,17 +761,28 @@ def _lock(folder: Path, on_busy: Callable[[], None] | None = None) -> Iterator[N
 # -- what the configured processors need, and what is here ----------------------------------------
 
 
-def needed(registry: Any, catalog: Catalog) -> list[ModelSpec]:
-    """The catalog entries ``registry``'s processors would load on this machine."""
-    specs: dict[str, ModelSpec] = {}
+def needed(registry: Any, catalog: Catalog) -> list[tuple[ModelSpec, Path]]:
+    """The catalog entries ``registry``'s processors would load on this machine, each with
+    the folder its processor looks in (its own ``models_dir``, else the models root); a
+    processor given a ``model_path`` of its own needs none."""
+    found: dict[tuple[str, Path], tuple[ModelSpec, Path]] = {}
     for name in registry.names:
         processor = registry.create(name)
+        if processor.settings.get("model_path"):
+            continue  # an explicit file, not a catalog model
         spec = getattr(processor, "spec", None)
         if spec is None and processor.model:
             spec = catalog.find(processor.model, processor.backend, name)
         if spec is not None:
-            specs[spec.name] = spec
-    return list(specs.values())
+            folder = looks_in(processor)
+            found.setdefault((spec.name, folder), (spec, folder))
+    return list(found.values())
+
+
+def looks_in(processor: Any) -> Path:
+    """The models folder ``processor`` looks for its model in."""
+    own = getattr(processor, "models_dir", None) or processor.settings.get("models_dir")
+    return Path(str(own)).expanduser() if own else models_root()
 
 
 def listing(catalog: Catalog, models_dir: Path) -> dict[str, Any]:

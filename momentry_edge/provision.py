@@ -148,11 +148,7 @@ class Provisioner:
                 spec = catalog.find(processor.model, processor.backend, name)
             if spec is None:
                 continue
-            folder = getattr(processor, "models_dir", None) or (
-                Path(str(own["models_dir"])).expanduser()
-                if own.get("models_dir")
-                else models.models_root()
-            )
+            folder = models.looks_in(processor)
             if models.state(spec, folder).ready:
                 continue  # present and verified: left alone
             key = (spec.name, Path(folder))

@@ -50,10 +50,14 @@ def models_command(config: Config, args: argparse.Namespace) -> int:
             return _list(out, catalog, models_dir, args.json)
         specs = [catalog.get(n) for n in args.names] if args.names else None
         if args.action == "pull":
-            if specs is None:
-                specs = models.needed(_registry(config), catalog)
+            if specs is None:  # each where its processor looks, unless told where
+                wanted = models.needed(_registry(config), catalog)
+                if args.models_dir:
+                    wanted = list({s.name: (s, models_dir) for s, _ in wanted}.values())
+            else:
+                wanted = [(spec, models_dir) for spec in specs]
             keep_free = int(config.queue.min_free_disk_mb * models.MB)
-            return _pull(out, specs, models_dir, args.source, keep_free)
+            return _pull(out, wanted, args.source, keep_free)
         return _verify(out, catalog, specs, models_dir)
     except (models.ModelError, OSError) as e:
         out.print(Text.assemble(("error:", "red"), " ", printable(e, multiline=True)))
@@ -94,16 +98,15 @@ def _list(out: Console, catalog: models.Catalog, models_dir: Path, as_json: bool
 
 def _pull(
     out: Console,
-    specs: list[models.ModelSpec],
-    models_dir: Path,
+    wanted: list[tuple[models.ModelSpec, Path]],
     source: str | None,
     keep_free: int,
 ) -> int:
-    if not specs:
+    if not wanted:
         out.print("nothing to pull: no configured processor uses a catalog model")
         return 0
     failed = 0
-    for spec in specs:
+    for spec, models_dir in wanted:
         with _bars() as bars:
             try:
                 folder = models.pull(

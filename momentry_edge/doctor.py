@@ -63,7 +63,7 @@ def diagnose(config: Any, models_dir: Path | None = None) -> dict[str, Any]:
             "ready": state.ready,
             "reason": state.reason,
             "backends": backends,
-            "model_files": _model_files(processor, catalog, models_dir),
+            "model_files": _model_files(processor, catalog),
         }
     return {
         "platform": {
@@ -123,14 +123,15 @@ def _version(module: str) -> str:
         return str(getattr(sys.modules.get(module), "__version__", "installed"))
 
 
-def _model_files(
-    processor: Any, catalog: models.Catalog | None, models_dir: Path
-) -> dict[str, Any] | None:
+def _model_files(processor: Any, catalog: models.Catalog | None) -> dict[str, Any] | None:
+    if processor.settings.get("model_path"):
+        return None  # a file of its own, not a catalog model
     spec = getattr(processor, "spec", None)
     if spec is None and catalog is not None and processor.model:
-        spec = catalog.find(processor.model, processor.backend)
+        spec = catalog.find(processor.model, processor.backend, processor.name)
     if spec is None:
         return None
+    models_dir = models.looks_in(processor)  # its own models_dir, else the doctor's
     found = models.state(spec, models_dir)
     return {
         "name": spec.name,

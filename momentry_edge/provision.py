@@ -35,6 +35,7 @@ QUEUED, PULLING, READY, FAILED = "queued", "pulling", "ready", "failed"
 RETRY_AFTER = 3600.0  # seconds before a failed pull is tried again
 WATCH_EVERY = 30.0  # while a pull has failed: how often to look for a model pulled by hand
 EVENT_EVERY = 0.5  # at most this often a `models.pull` progress event per model
+BUSY_POLL = 0.5  # while another process pulls the same model: how often to look again
 
 
 class _Stopped(Exception):
@@ -52,6 +53,7 @@ class Pull:
     total: int | None = None
     error: str | None = None
     retry_at: float | None = None
+    elsewhere: bool = False  # another process (a `models pull`) is pulling it: we wait
 
     @property
     def percent(self) -> int | None:
@@ -81,7 +83,8 @@ class Pull:
             return f"waiting to pull {name} (jobs that need it wait)"
         if self.state == PULLING:
             shown = f"{self.percent} %" if self.percent is not None else f"{self.done} bytes"
-            return f"pulling {name}: {shown} (jobs that need it wait)"
+            who = "another process is pulling" if self.elsewhere else "pulling"
+            return f"{who} {name}: {shown} (jobs that need it wait)"
         fix = f"run `{models.pull_command(self.spec, self.models_dir)}`"
         offline = offline_packages(self.spec)
         if offline:
@@ -142,14 +145,10 @@ class Provisioner:
             processor = registry.create(name)
             spec = getattr(processor, "spec", None)
             if spec is None and processor.model:
-                spec = catalog.find(processor.model, processor.backend)
+                spec = catalog.find(processor.model, processor.backend, name)
             if spec is None:
                 continue
-            folder = getattr(processor, "models_dir", None) or (
-                Path(str(own["models_dir"])).expanduser()
-                if own.get("models_dir")
-                else models.models_root()
-            )
+            folder = models.looks_in(processor)
             if models.state(spec, folder).ready:
                 continue  # present and verified: left alone
             key = (spec.name, Path(folder))
@@ -224,10 +223,14 @@ class Provisioner:
         log.info("pulling model %s into %s", pull.spec.name, pull.models_dir)
         try:
             models.pull(
-                pull.spec, pull.models_dir, progress=_Meter(self, pull), keep_free=self.keep_free
+                pull.spec,
+                pull.models_dir,
+                progress=_Meter(self, pull),
+                keep_free=self.keep_free,
+                on_busy=lambda: self._wait_for_other(pull),
             )
         except _Stopped:
-            pull.state = QUEUED  # the next start resumes the partial download
+            pull.state, pull.elsewhere = QUEUED, False  # the next start resumes it
             return
         except (models.ModelError, OSError) as exc:  # no source, wrong bytes, a full disk
             self._failed(pull, " ".join(str(exc).split()))
@@ -235,13 +238,28 @@ class Provisioner:
             log.exception("pulling model %s failed", pull.spec.name)
             self._failed(pull, f"{type(exc).__name__}: {exc}")
         else:
-            pull.state = READY
+            pull.state, pull.elsewhere = READY, False
             pull.done = pull.total or pull.done
             log.info("model %s is ready in %s", pull.spec.name, pull.models_dir)
             self.publish(pull)
         self._changed()
 
+    def _wait_for_other(self, pull: Pull) -> None:
+        """``models.pull``'s ``on_busy``: another process (an operator's `models pull`, a
+        second service on this data dir) is pulling the model. Its jobs keep waiting, with
+        that pull's progress, and this one goes on (finding it in place) when it ends."""
+        if not pull.elsewhere:
+            pull.elsewhere = True
+            log.info("another process is pulling model %s: waiting for it", pull.spec.name)
+        if pull.total:
+            left = models.still_to_fetch(pull.spec, pull.models_dir)
+            pull.done = max(0, pull.total - left)
+        self.publish(pull)
+        if self._stop.wait(BUSY_POLL):
+            raise _Stopped
+
     def _failed(self, pull: Pull, error: str) -> None:
+        pull.elsewhere = False
         pull.state, pull.error, pull.retry_at = FAILED, error, time.time() + RETRY_AFTER
         log.warning("%s", pull.reason())
         self.publish(pull)
@@ -270,6 +288,7 @@ class _Meter:
         self._last_event = 0.0
 
     def start(self, label: str, total: int | None, done: int = 0) -> None:
+        self.pull.elsewhere = False  # this process pulls now (the other one ended)
         self.label = label
         self.files[label] = done
         self._update()

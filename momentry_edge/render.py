@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,23 +50,31 @@ def models_command(config: Config, args: argparse.Namespace) -> int:
             return _list(out, catalog, models_dir, args.json)
         specs = [catalog.get(n) for n in args.names] if args.names else None
         if args.action == "pull":
-            if specs is None:
-                specs = models.needed(_registry(config), catalog)
+            if specs is None:  # each where its processor looks, unless told where
+                wanted = models.needed(_registry(config), catalog)
+                if args.models_dir:
+                    wanted = list({s.name: (s, models_dir) for s, _ in wanted}.values())
+            else:
+                wanted = [(spec, models_dir) for spec in specs]
             keep_free = int(config.queue.min_free_disk_mb * models.MB)
-            return _pull(out, specs, models_dir, args.source, keep_free)
+            return _pull(out, wanted, args.source, keep_free)
         return _verify(out, catalog, specs, models_dir)
-    except models.ModelError as e:
-        out.print(Text.assemble(("error:", "red"), " ", printable(e)))
+    except (models.ModelError, OSError) as e:
+        out.print(Text.assemble(("error:", "red"), " ", printable(e, multiline=True)))
         return 1
 
 
 def _registry(config: Config) -> Registry:
-    """The configured processors; a plugin that does not load is a ModelError: which
-    models are needed cannot be told without it."""
+    """The configured processors; a plugin that does not load, or settings the service
+    would refuse, are a ModelError: which models are needed cannot be told without them."""
     plugins, broken = doctor.check_plugins(config.service.plugins)
     if broken:
         raise models.ModelError(f"service.plugins: {next(iter(broken.values()))}")
-    return Registry(plugins, config.processors)
+    registry = Registry(plugins, config.processors)
+    # A processor's model the catalog does not have for it (the service refuses it too).
+    for name, problem in registry.settings_problems().items():
+        raise models.ModelError(f"processors.{name}: {problem}")
+    return registry
 
 
 def _list(out: Console, catalog: models.Catalog, models_dir: Path, as_json: bool) -> int:
@@ -89,16 +98,15 @@ def _list(out: Console, catalog: models.Catalog, models_dir: Path, as_json: bool
 
 def _pull(
     out: Console,
-    specs: list[models.ModelSpec],
-    models_dir: Path,
+    wanted: list[tuple[models.ModelSpec, Path]],
     source: str | None,
     keep_free: int,
 ) -> int:
-    if not specs:
+    if not wanted:
         out.print("nothing to pull: no configured processor uses a catalog model")
         return 0
     failed = 0
-    for spec in specs:
+    for spec, models_dir in wanted:
         with _bars() as bars:
             try:
                 folder = models.pull(
@@ -107,10 +115,12 @@ def _pull(
                     source=source,
                     progress=RichProgress(bars),
                     keep_free=keep_free,
+                    on_busy=_Waiting(bars, spec.name),
                 )
             except models.ModelError as e:
                 bars.stop()
-                say(out, f"{spec.name}: {e}", style="red")
+                # One source's reason a line (not "\x0a"), each still shown literally.
+                out.print(Text(printable(f"{spec.name}: {e}", multiline=True), style="red"))
                 failed += 1
                 continue
         say(out, f"{spec.name}: ready in {folder}")
@@ -141,6 +151,25 @@ def _verify(
         else:
             say(out, f"{spec.name}: {len(problems)} files verified")
     return 1 if bad else 0
+
+
+class _Waiting:
+    """``models.pull``'s ``on_busy``: another process (the service's own pull at start,
+    another `models pull`) is pulling the model; this one waits and then checks it."""
+
+    def __init__(self, bars: Any, name: str) -> None:
+        self.bars = bars
+        self.name = name
+        self.said = False
+
+    def __call__(self) -> None:
+        if not self.said:
+            self.said = True
+            said = f"{self.name}: another process is pulling it (the service, or another"
+            self.bars.console.print(
+                Text(printable(said + " `models pull`): waiting for it")), soft_wrap=True
+            )
+        time.sleep(0.5)
 
 
 class RichProgress:

@@ -172,7 +172,7 @@ class Service:
 
     def processors(self) -> dict[str, dict[str, Any]]:
         """``GET /api/v1/processors``: readiness, and the pull of a model still coming."""
-        return self.provision.describe(self.registry.describe())
+        return self.provision.describe(self.workers.explain(self.registry.describe()))
 
     def _models_changed(self) -> None:
         """A pulled model is in place (or a pull failed): run what can run now."""

@@ -38,7 +38,7 @@ from huey import Huey
 from huey.consumer import Consumer
 from huey.storage import MemoryStorage
 
-from . import clock, cluster, db, ingest, jobs, logs, outputs, runners
+from . import clock, cluster, db, ingest, jobs, logs, models, outputs, runners
 from .config import Config
 from .db import Job, JobStatus, ProcessorRun, QueueState
 from .events import Event, bus
@@ -191,6 +191,10 @@ class Workers:
         self.can_run = ready
         if self.started:
             self.kick()  # jobs that waited for a model may run now, or fail with its reason
+
+    def explain(self, described: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """``GET /api/v1/processors``, saying which processors' models did not load."""
+        return self._loaded.explain(described)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -1143,6 +1147,9 @@ class _Loaded:
         self._registry = registry
         self._lock = threading.Lock()
         self._idle: dict[str, list[Processor]] = {}
+        # processor -> why its last load failed, and its model's mark (models.load_mark)
+        # then: said by GET /api/v1/processors until it loads or its model is replaced.
+        self.failed_loads: dict[str, tuple[str, tuple[int, int] | None]] = {}
 
     def take_idle(self, name: str) -> Processor | None:
         """An idle instance, loaded already, if there is one (nothing here can hang)."""
@@ -1156,8 +1163,25 @@ class _Loaded:
         processor = self._registry.create(name)
         if not processor.readiness().ready:
             return processor, False
-        processor.load()
+        try:
+            processor.load()
+        except BaseException as exc:
+            self.failed_loads[name] = (_message(exc), models.load_mark(processor))
+            raise
+        self.failed_loads.pop(name, None)
         return processor, True
+
+    def explain(self, described: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """``described`` (``GET /api/v1/processors``), a processor whose model did not load
+        in the last job that needed it not ready, with why (until its model is replaced)."""
+        for name, (error, mark) in list(self.failed_loads.items()):
+            entry = described.get(name)
+            if entry is None or not entry["ready"]:
+                continue
+            if models.load_mark(self._registry.create(name)) != mark:
+                continue  # put in place anew since: the next job tries it
+            entry.update(ready=False, reason=f"its model did not load: {error}")
+        return described
 
     def give(self, name: str, processor: Processor) -> None:
         with self._lock:

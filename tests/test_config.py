@@ -117,6 +117,37 @@ def test_config_file_is_found_in_the_data_dir(tmp_path):
         ("[processors.yolo]\nconfidence = 2\n", {}, ["processors.yolo: bad yolo settings"]),
         ("[processors.face]\nsample_fps = 0\n", {}, ["processors.face", "sample_fps > 0"]),
         ("[processors.asr]\nbeam = 5\n", {}, ["processors.asr: bad asr settings", "beam"]),
+        # A model the catalog does not have for the processor: none of its runs could load it.
+        (
+            '[processors.asr]\nmodel = "yolov8n"\n',
+            {},
+            [
+                "processors.asr: model: no faster-whisper model 'yolov8n' for asr in the model"
+                " catalog (it is a model of yolo); asr's on faster-whisper: whisper-tiny.en,"
+                " whisper-base (config file)"
+            ],
+        ),
+        (
+            '[processors.asrx]\nmodel = "whisper-bas"\n',
+            {},
+            [
+                "processors.asrx: model: no faster-whisper model 'whisper-bas' for asrx",
+                "whisper-base",
+            ],
+        ),
+        (
+            '[processors.yolo]\nmodel = "whisper-base"\n',
+            {},
+            [
+                "processors.yolo: model: no onnxruntime model 'whisper-base' for yolo",
+                "of asr, asrx",
+            ],
+        ),
+        (
+            '[processors.face]\nmodel = "yolov8n"\n',
+            {},
+            ["processors.face: unknown face model 'yolov8n'; known: mediapipe-face-full-range"],
+        ),
         # Names each run records, longer than the queue's tables hold (PostgreSQL refuses).
         (f'[processors.yolo]\nmodel = "{"m" * 65}"\n', {}, ["processors.yolo", "at most 64"]),
         (

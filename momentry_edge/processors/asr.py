@@ -438,11 +438,11 @@ class AsrProcessor(Processor):
         except models.ModelError as e:
             self._problem = str(e)
             return
-        self.spec = catalog.find(self.opts.model, backend)
+        self.spec = catalog.find(self.opts.model, backend, self.name)
         if self.spec is None:
-            self._problem = (
-                f"no {backend} model {self.opts.model!r} in the model catalog "
-                "(`momentry-edge models list` shows them)"
+            # A model no run here can load: the service refuses to start with it.
+            self._problem = self._bad_settings = (
+                f"model: {catalog.unknown(self.name, self.opts.model, backend)}"
             )
         else:
             self.model = self.spec.model
@@ -467,10 +467,10 @@ class AsrProcessor(Processor):
         folder = models.model_dir(self.spec, self.models_dir)
         try:
             self._engine = ENGINES[self.backend](folder, self.opts)
-        except Exception as e:  # a model the library cannot read: pulling it again helps
+        except Exception as e:  # verified files the library cannot read, or the library
             raise PermanentError(
                 f"{self.backend} cannot load {folder}: {type(e).__name__}: {e}; "
-                f"run `{models.pull_command(self.spec, self.models_dir)}`"
+                + models.unloadable_fix(self.spec, self.models_dir)
             ) from e
         log.info("%s: %s model %s loaded from %s", self.name, self.backend, self.model, folder)
 

@@ -115,7 +115,11 @@ def resolve_model(
     models_dir = settings.get("models_dir")
     try:
         return models.locate(
-            model, backend, suffix, Path(str(models_dir)).expanduser() if models_dir else None
+            model,
+            backend,
+            suffix,
+            Path(str(models_dir)).expanduser() if models_dir else None,
+            processor,
         )
     except models.ModelError as exc:
         raise PermanentError(f"{exc}; or set processors.{processor}.model_path") from None

@@ -52,6 +52,11 @@ class FaceProcessor(SampledProcessor):
             return Readiness(False, f"unknown face model {self.model!r}; known: {known}")
         return Readiness(True)
 
+    def settings_problem(self) -> str | None:
+        if self.model not in MODELS:  # no run could load it: the service refuses to start
+            return f"unknown face model {self.model!r}; known: {', '.join(MODELS)}"
+        return super().settings_problem()
+
     def own_settings(self) -> dict[str, Any]:
         score = settings_number(self.settings, "min_confidence", 0.5, self.name)
         if not 0 < score < 1:

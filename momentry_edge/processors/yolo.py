@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import models
 from .backends import APPLE_HINT, Backend, resolve_model
 from .base import PermanentError, Readiness
 from .frames import SampledProcessor, settings_number
@@ -58,6 +59,20 @@ class YoloProcessor(SampledProcessor):
         except PermanentError as exc:
             return Readiness(False, str(exc))
         return Readiness(True)
+
+    def settings_problem(self) -> str | None:
+        if problem := super().settings_problem():
+            return problem
+        if self.settings.get("model_path") or self.choice.backend is None:
+            return None  # a file of its own; or no backend, which readiness says
+        try:
+            catalog = models.load_catalog()
+        except models.ModelError:
+            return None  # readiness says so
+        if catalog.find(self.model, self.backend, self.name) is None:
+            # A model no run here can load: the service refuses to start with it.
+            return f"model: {catalog.unknown(self.name, self.model, self.backend)}"
+        return None
 
     def _weights(self) -> Path:
         # Core ML is exported from the PyTorch weights; onnxruntime runs the ONNX export.

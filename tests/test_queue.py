@@ -393,6 +393,21 @@ def test_estimated_start_follows_the_line_once_there_is_history(start_service):
     assert [e["estimated_start"] for e in pending] == [None] * 3, "paused: nothing will start"
 
 
+def test_a_paused_queue_gives_no_start_time_to_a_job_held_until_a_time(start_service):
+    # A dropped file's job waits for its file to settle (not_before), so nearly every job
+    # has one: while paused it must not read as starting then.
+    svc = start_service()
+    svc.call("POST", "/api/v1/queue/pause")
+    not_before = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 600))
+    task = svc.submit("held.mp4", ["noop"], not_before=not_before)["task_id"]
+    [entry] = [e for e in svc.status()["queue"] if e["task_id"] == task]
+    assert entry["estimated_start"] is None and entry["not_before"] is not None, entry
+    assert svc.job(task)["estimated_start"] is None
+
+    svc.call("POST", "/api/v1/queue/resume")
+    assert svc.job(task)["estimated_start"] == svc.job(task)["not_before"]
+
+
 def test_a_rescan_with_the_same_model_is_up_to_date_unless_forced(start_service):
     svc = start_service()
     first = svc.submit("again.mp4", ["cut"])

@@ -95,10 +95,15 @@ def cmd_retry(api: ApiClient, args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(api: ApiClient, args: argparse.Namespace) -> int:
-    # The message says whether it is cancelled or, if running, stops at its next checkpoint.
-    return _show(
-        args, api.cancel(args.job), lambda r: print(f"{printable(args.job)}: {r['message']}")
-    )
+    # The API's message is "Task cancelled" either way; its status tells a running job,
+    # which only stops at its next checkpoint, from one that is cancelled already.
+    def render(reply: dict[str, Any]) -> None:
+        if reply.get("status") == "cancelling":
+            print(f"{printable(args.job)}: cancelling, it stops at its next checkpoint")
+        else:
+            print(f"{printable(args.job)}: cancelled")
+
+    return _show(args, api.cancel(args.job), render)
 
 
 def cmd_concurrency(api: ApiClient, args: argparse.Namespace) -> int:

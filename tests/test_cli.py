@@ -105,6 +105,18 @@ def test_submit_pause_cancel_concurrency(start_service, cli) -> None:
     svc.wait_status(task_id, "completed")
 
 
+def test_cancel_says_a_running_job_is_only_cancelling(start_service, cli) -> None:
+    svc = start_service(**{"processors.steps": {"steps": 600, "step_seconds": 0.05}})
+    task_id = svc.submit("long run.mp4", ["steps"])["task_id"]
+    svc.wait_status(task_id, "processing")
+    out = cli("cancel", task_id, "--url", svc.url).stdout
+    assert out == f"{task_id}: cancelling, it stops at its next checkpoint\n"
+    svc.wait_status(task_id, "cancelled")
+    svc.call("POST", "/api/v1/queue/pause")
+    waiting = svc.submit("waiting.mp4", ["noop"])["task_id"]
+    assert cli("cancel", waiting, "--url", svc.url).stdout == f"{waiting}: cancelled\n"
+
+
 def test_jobs_filter_and_retry(start_service, cli) -> None:
     svc = start_service(queue={"max_retries": 0})
     url = ("--url", svc.url)

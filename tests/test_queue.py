@@ -263,6 +263,16 @@ def test_transient_failures_back_off_then_dead_list_then_retry_reruns_only_faile
     assert svc.get("/api/v1/queue/dead")["total"] == 0
 
 
+def test_a_cleared_retrying_job_ends_cancelled_with_no_attempt_due(start_service):
+    svc = start_service(queue={"max_retries": 3, "retry_delay": 600})
+    svc.marker.write_text("storage is down")
+    task = svc.submit("cleared.mp4", ["flaky"])["task_id"]
+    assert svc.wait_status(task, "retrying")["next_attempt_at"] is not None
+    assert svc.call("POST", "/api/v1/queue/clear")["cleared"] == 1
+    job = svc.job(task)
+    assert (job["status"], job["next_attempt_at"]) == ("cancelled", None), job
+
+
 def test_cancel_stops_a_running_job_within_seconds_and_keeps_partial_output(start_service):
     svc = start_service(
         queue={"max_concurrent": 1}, **{"processors.steps": {"steps": 200, "step_seconds": 0.05}}

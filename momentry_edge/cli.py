@@ -106,6 +106,19 @@ def cmd_cancel(api: ApiClient, args: argparse.Namespace) -> int:
     return _show(args, api.cancel(args.job), render)
 
 
+def cmd_prioritize(api: ApiClient, args: argparse.Namespace) -> int:
+    return _show(args, api.prioritize_job(args.job), _placed)
+
+
+def cmd_priority(api: ApiClient, args: argparse.Namespace) -> int:
+    return _show(args, api.set_priority(args.job, args.priority), _placed)
+
+
+def _placed(reply: dict[str, Any]) -> None:
+    where = f"position {reply['position']}" if reply["position"] else "not waiting in line"
+    print(f"{reply['task_id']}: {where}")
+
+
 def cmd_concurrency(api: ApiClient, args: argparse.Namespace) -> int:
     if args.max_concurrent is None and args.dynamic is None:
         raise UsageError("give N, --dynamic or --no-dynamic")
@@ -479,6 +492,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("job", metavar="JOB", type=_job_ref, help="task id, job id or file uuid")
     sub = add("cancel", cmd_cancel, "cancel a pending, retrying or running job")
     sub.add_argument("job", metavar="JOB", type=_job_ref, help="task id, job id or file uuid")
+    sub = add("prioritize", cmd_prioritize, "move a waiting job to the top of the line (high)")
+    sub.add_argument("job", metavar="JOB", type=_job_ref, help="task id, job id or file uuid")
+    sub = add("priority", cmd_priority, "set a waiting or running job's priority")
+    sub.add_argument("job", metavar="JOB", type=_job_ref, help="task id, job id or file uuid")
+    sub.add_argument("priority", metavar="PRIORITY", choices=("low", "normal", "high"))
     sub = add("concurrency", cmd_concurrency, "set how many jobs run at once")
     sub.add_argument("max_concurrent", metavar="N", nargs="?", type=_positive_int)
     sub.add_argument(

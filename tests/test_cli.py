@@ -117,6 +117,28 @@ def test_cancel_says_a_running_job_is_only_cancelling(start_service, cli) -> Non
     assert cli("cancel", waiting, "--url", svc.url).stdout == f"{waiting}: cancelled\n"
 
 
+def test_prioritize_and_priority_reorder_the_line(start_service, cli) -> None:
+    svc = start_service()
+    url = ("--url", svc.url)
+    svc.call("POST", "/api/v1/queue/pause")
+    tasks = [svc.submit(f"line {i}.mp4", ["noop"])["task_id"] for i in range(3)]
+    last = svc.job(tasks[2])
+
+    # Any id of the job will do: task id, job id or file uuid.
+    assert cli("prioritize", str(last["id"]), *url).stdout == f"{tasks[2]}: position 1\n"
+    assert svc.job(tasks[2])["priority"] == "high"
+    assert cli("priority", tasks[1], "high", *url).stdout == f"{tasks[1]}: position 2\n"
+    assert cli("priority", last["file_uuid"], "low", *url).stdout == f"{tasks[2]}: position 3\n"
+    order = [e["task_id"] for e in svc.status()["queue"]]
+    assert order == [tasks[1], tasks[0], tasks[2]]
+
+    refused = cli("priority", tasks[0], "urgent", *url, expect=2)
+    assert "invalid choice: 'urgent'" in refused.stderr
+    svc.call("DELETE", f"/api/v1/queue/task/{tasks[0]}")
+    refused = cli("prioritize", tasks[0], *url, expect=1)
+    assert refused.stderr == f"error: job {tasks[0]} is cancelled, not waiting in line\n"
+
+
 def test_jobs_filter_and_retry(start_service, cli) -> None:
     svc = start_service(queue={"max_retries": 0})
     url = ("--url", svc.url)
@@ -354,6 +376,8 @@ COMMANDS = (
     ("concurrency", "2"),
     ("cancel", "task_000000000000"),
     ("retry", "task_000000000000"),
+    ("prioritize", "task_000000000000"),
+    ("priority", "task_000000000000", "high"),
     ("clear",),
     ("rescan",),
     ("submit", "x.mp4"),

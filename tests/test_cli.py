@@ -139,6 +139,16 @@ def test_prioritize_and_priority_reorder_the_line(start_service, cli) -> None:
     assert refused.stderr == f"error: job {tasks[0]} is cancelled, not waiting in line\n"
 
 
+def test_status_says_why_nothing_starts_on_a_queue_that_is_not_paused(start_service, cli) -> None:
+    svc = start_service(queue={"min_free_disk_mb": 10**9})  # the most it takes: 1 PB
+    svc.submit("held back.mp4", ["noop"])
+    wait_for(lambda: svc.status()["blocked_reason"])
+    lines = cli("status", "--url", svc.url).stdout.splitlines()
+    assert lines[0].startswith("queue running") and "effective 0" in lines[0], lines
+    assert lines[1].startswith("nothing starts: low disk space: "), lines  # the free MB move
+    assert lines[1].endswith("below queue.min_free_disk_mb = 1,000,000,000 MB"), lines
+
+
 def test_jobs_filter_and_retry(start_service, cli) -> None:
     svc = start_service(queue={"max_retries": 0})
     url = ("--url", svc.url)

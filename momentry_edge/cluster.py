@@ -82,7 +82,8 @@ def register_node(
         if current is not None and current.owner != owner and _alive_here(current, host):
             raise Conflict(
                 f"node id {node_id!r} is in use by process {current.pid} on this host, a "
-                "momentry-edge that runs already: stop it, or give each its own service.node_id"
+                "momentry-edge that runs or is still stopping: stop it, or give each its own "
+                "service.node_id"
             )
         values = {
             "host": host,

@@ -8,6 +8,7 @@ import os
 import signal
 import sqlite3
 import subprocess
+import time
 
 import psycopg
 from conftest import ServiceProcess, wait_for
@@ -265,6 +266,7 @@ def test_a_node_id_held_by_a_running_service_is_refused_but_not_one_whose_pid_wa
     start_service, database_url
 ):
     svc = start_service()
+    registered = time.time()  # the node row is written before the service is up
     second = ServiceProcess(svc.root, database_url, {})
     second.spawn()
     # Exit 1, as for a port in use: the holder may be an instance still stopping, and the
@@ -278,6 +280,10 @@ def test_a_node_id_held_by_a_running_service_is_refused_but_not_one_whose_pid_wa
     # Killed (or the machine cut off), its pid may be another program's at the next start,
     # after a reboot say: the node row still names that pid.
     svc.kill()
+    # A process started within a second or two of the row cannot be told from its writer
+    # (start times read on Linux are cut to whole seconds of the boot time, and the check
+    # allows a second): a pid is not given again that soon.
+    wait_for(lambda: time.time() > registered + 2.5)
     other = subprocess.Popen(["sleep", "120"])
     try:
         _set_node_pid(svc, database_url, other.pid)

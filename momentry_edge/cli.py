@@ -95,10 +95,28 @@ def cmd_retry(api: ApiClient, args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(api: ApiClient, args: argparse.Namespace) -> int:
-    # The message says whether it is cancelled or, if running, stops at its next checkpoint.
-    return _show(
-        args, api.cancel(args.job), lambda r: print(f"{printable(args.job)}: {r['message']}")
-    )
+    # The API's message is "Task cancelled" either way; its status tells a running job,
+    # which only stops at its next checkpoint, from one that is cancelled already.
+    def render(reply: dict[str, Any]) -> None:
+        if reply.get("status") == "cancelling":
+            print(f"{printable(args.job)}: cancelling, it stops at its next checkpoint")
+        else:
+            print(f"{printable(args.job)}: cancelled")
+
+    return _show(args, api.cancel(args.job), render)
+
+
+def cmd_prioritize(api: ApiClient, args: argparse.Namespace) -> int:
+    return _show(args, api.prioritize_job(args.job), _placed)
+
+
+def cmd_priority(api: ApiClient, args: argparse.Namespace) -> int:
+    return _show(args, api.set_priority(args.job, args.priority), _placed)
+
+
+def _placed(reply: dict[str, Any]) -> None:
+    where = f"position {reply['position']}" if reply["position"] else "not waiting in line"
+    print(f"{reply['task_id']}: {where}")
 
 
 def cmd_concurrency(api: ApiClient, args: argparse.Namespace) -> int:
@@ -262,6 +280,8 @@ def render_status(status: dict[str, Any]) -> None:
     if status.get("retrying_count"):
         header += f", {status['retrying_count']} retrying"
     console.print(Text(header))
+    if status.get("blocked_reason"):  # else a full disk looks like a queue that just waits
+        console.print(Text(f"nothing starts: {status['blocked_reason']}"))
     # Several nodes share the queue: say which runs what, and how busy each is.
     nodes = status.get("nodes") or []
     shared = len(nodes) > 1
@@ -474,6 +494,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("job", metavar="JOB", type=_job_ref, help="task id, job id or file uuid")
     sub = add("cancel", cmd_cancel, "cancel a pending, retrying or running job")
     sub.add_argument("job", metavar="JOB", type=_job_ref, help="task id, job id or file uuid")
+    sub = add("prioritize", cmd_prioritize, "move a waiting job to the top of the line (high)")
+    sub.add_argument("job", metavar="JOB", type=_job_ref, help="task id, job id or file uuid")
+    sub = add("priority", cmd_priority, "set a waiting or running job's priority")
+    sub.add_argument("job", metavar="JOB", type=_job_ref, help="task id, job id or file uuid")
+    sub.add_argument("priority", metavar="PRIORITY", choices=("low", "normal", "high"))
     sub = add("concurrency", cmd_concurrency, "set how many jobs run at once")
     sub.add_argument("max_concurrent", metavar="N", nargs="?", type=_positive_int)
     sub.add_argument(

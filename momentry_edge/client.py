@@ -181,6 +181,11 @@ class ApiClient:
     def prioritize(self, file_uuid: str) -> dict[str, Any]:
         return self._call("POST", f"/api/v1/queue/prioritize/{_seg(file_uuid)}", PLACED)
 
+    def prioritize_job(self, ref: str) -> dict[str, Any]:
+        """Move the waiting job ``ref`` names (any id) to the top: the API takes its file's."""
+        job = self._call("GET", f"/api/v1/jobs/{_seg(ref)}", JOB | {"file_uuid": str})
+        return self.prioritize(job["file_uuid"])
+
     def set_priority(self, task_id: str, priority: str) -> dict[str, Any]:
         path = f"/api/v1/queue/task/{_seg(task_id)}/priority"
         return self._call("PUT", path, PLACED, json={"priority": priority})

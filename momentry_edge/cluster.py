@@ -81,8 +81,9 @@ def register_node(
         current = Node.get_or_none(Node.node_id == node_id)
         if current is not None and current.owner != owner and _alive_here(current, host):
             raise Conflict(
-                f"node id {node_id!r} is in use by process {current.pid} on this host; "
-                "give each service its own service.node_id"
+                f"node id {node_id!r} is in use by process {current.pid} on this host, a "
+                "momentry-edge that runs or is still stopping: stop it, or give each its own "
+                "service.node_id"
             )
         values = {
             "host": host,
@@ -99,7 +100,17 @@ def register_node(
 
 
 def _alive_here(node: Node, host: str) -> bool:
-    return node.host == host and node.pid != os.getpid() and psutil.pid_exists(node.pid)
+    """Whether the process that registered ``node`` still runs here. A process with its
+    pid started after the row was written is another program: the pid was given again
+    after that one was killed or the machine restarted."""
+    if node.host != host or node.pid == os.getpid():
+        return False
+    try:
+        created = psutil.Process(node.pid).create_time()
+    except psutil.Error:
+        return False
+    # started_at is on the queue's clock, create_time on this machine's (and rounded).
+    return created <= node.started_at - clock.offset() + 1
 
 
 def heartbeat(node_id: str, owner: str, max_concurrent: int) -> None:

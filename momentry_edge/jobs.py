@@ -582,7 +582,10 @@ def clear() -> int:
         # meanwhile is re-checked, and neither cancelled while it runs nor counted.
         waiting = list(
             Job.update(
-                status=JobStatus.CANCELLED, completed_at=now, error_message="cleared from the queue"
+                status=JobStatus.CANCELLED,
+                completed_at=now,
+                error_message="cleared from the queue",
+                next_attempt_at=None,  # a retrying job's attempt is no longer due
             )
             .where(Job.status.in_((JobStatus.PENDING, JobStatus.RETRYING)))
             .returning(Job.id, Job.task_id, Job.options)

@@ -202,8 +202,8 @@ class Service:
             cluster.sync_clock(database)  # before anything is stamped with the queue's time
             try:
                 cluster.register_node(self.node, self.owner, sorted(self.workers.can_run))
-            except Conflict as exc:
-                raise ConfigError(f"service.node_id: {exc.message}") from None
+            except Conflict as exc:  # not a setting: the holder may be stopping still
+                raise NodeIdInUse(f"cannot start: service.node_id: {exc.message}") from None
             # Into its row; one kept from the API is cut to the threads there are now.
             jobs.init_queue_state(
                 q.max_concurrent, q.dynamic_concurrency, self.node, ceiling=q.worker_threads
@@ -408,6 +408,11 @@ class StartFailed(Exception):
 class PortInUse(StartFailed):
     """The API's port is taken. Not a configuration error: the holder may be an instance
     that is stopping, so a restart (the service manager's, after exit 1) can help."""
+
+
+class NodeIdInUse(StartFailed):
+    """A live process on this host holds the node id: as with the port, it may be an
+    instance that is stopping (the service restarted at once), so exit 1."""
 
 
 def database_error(config: Config, exc: Exception) -> Exception:

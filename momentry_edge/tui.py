@@ -418,8 +418,11 @@ def _header(snap: Snapshot) -> Group:
     if status is None:
         title.append("connecting…" if snap.error is None else "not connected", style="yellow")
         return Group(title, Text(""))
+    blocked = status.get("blocked_reason")
     if status["paused"]:
         title.append(" PAUSED ", style="bold black on yellow")
+    elif blocked:
+        title.append(" BLOCKED ", style="bold white on red")
     else:
         title.append(" RUNNING ", style="bold black on green")
     title.append(
@@ -428,7 +431,10 @@ def _header(snap: Snapshot) -> Group:
         f" (dynamic {'on' if status.get('dynamic_concurrency') else 'off'})"
     )
     title.append(f"   updated {_clock(snap.fetched_at)}", style="bright_black")
-    return Group(title, _gauges(status), *_models(status))
+    why = []
+    if blocked:  # else a full disk looks like a queue that just waits
+        why = [Text(f"nothing starts: {blocked}", style="red", no_wrap=True, overflow="ellipsis")]
+    return Group(title, *why, _gauges(status), *_models(status))
 
 
 def _models(status: dict[str, Any]) -> list[Text]:

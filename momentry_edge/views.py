@@ -99,7 +99,7 @@ def _queue_status(
             | {
                 "queued_at": iso(job.queued_at),
                 "position": number,
-                "estimated_start": iso(_held(start, job)),
+                "estimated_start": iso(_held(start, job, effective_limit)),
                 "not_before": iso(job.not_before),
             }
         )
@@ -140,9 +140,10 @@ def _queue_status(
     }
 
 
-def _held(start: float | None, job: Job) -> float | None:
-    """A job asked not to start before a time starts no earlier than that, history or not."""
-    if job.not_before is None:
+def _held(start: float | None, job: Job, effective_limit: int) -> float | None:
+    """A job asked not to start before a time starts no earlier than that, history or not;
+    while nothing may start (paused, blocked) it has no estimate, its own time or not."""
+    if job.not_before is None or effective_limit <= 0:
         return start
     return max(start or job.not_before, job.not_before)
 
@@ -216,7 +217,7 @@ def _place(job: Job, effective_limit: int) -> tuple[int | None, str | None]:
         return None, None
     running = db.fetch(Job, "SELECT * FROM job WHERE status = ?", JobStatus.PROCESSING)
     start = estimated_starts(position, running, effective_limit, clock.now())[-1]
-    return position, iso(_held(start, job))
+    return position, iso(_held(start, job, effective_limit))
 
 
 def _job_detail(job: Job, effective_limit: int) -> dict[str, Any]:

@@ -105,6 +105,50 @@ def test_submit_pause_cancel_concurrency(start_service, cli) -> None:
     svc.wait_status(task_id, "completed")
 
 
+def test_cancel_says_a_running_job_is_only_cancelling(start_service, cli) -> None:
+    svc = start_service(**{"processors.steps": {"steps": 600, "step_seconds": 0.05}})
+    task_id = svc.submit("long run.mp4", ["steps"])["task_id"]
+    svc.wait_status(task_id, "processing")
+    out = cli("cancel", task_id, "--url", svc.url).stdout
+    assert out == f"{task_id}: cancelling, it stops at its next checkpoint\n"
+    svc.wait_status(task_id, "cancelled")
+    svc.call("POST", "/api/v1/queue/pause")
+    waiting = svc.submit("waiting.mp4", ["noop"])["task_id"]
+    assert cli("cancel", waiting, "--url", svc.url).stdout == f"{waiting}: cancelled\n"
+
+
+def test_prioritize_and_priority_reorder_the_line(start_service, cli) -> None:
+    svc = start_service()
+    url = ("--url", svc.url)
+    svc.call("POST", "/api/v1/queue/pause")
+    tasks = [svc.submit(f"line {i}.mp4", ["noop"])["task_id"] for i in range(3)]
+    last = svc.job(tasks[2])
+
+    # Any id of the job will do: task id, job id or file uuid.
+    assert cli("prioritize", str(last["id"]), *url).stdout == f"{tasks[2]}: position 1\n"
+    assert svc.job(tasks[2])["priority"] == "high"
+    assert cli("priority", tasks[1], "high", *url).stdout == f"{tasks[1]}: position 2\n"
+    assert cli("priority", last["file_uuid"], "low", *url).stdout == f"{tasks[2]}: position 3\n"
+    order = [e["task_id"] for e in svc.status()["queue"]]
+    assert order == [tasks[1], tasks[0], tasks[2]]
+
+    refused = cli("priority", tasks[0], "urgent", *url, expect=2)
+    assert "invalid choice: 'urgent'" in refused.stderr
+    svc.call("DELETE", f"/api/v1/queue/task/{tasks[0]}")
+    refused = cli("prioritize", tasks[0], *url, expect=1)
+    assert refused.stderr == f"error: job {tasks[0]} is cancelled, not waiting in line\n"
+
+
+def test_status_says_why_nothing_starts_on_a_queue_that_is_not_paused(start_service, cli) -> None:
+    svc = start_service(queue={"min_free_disk_mb": 10**9})  # the most it takes: 1 PB
+    svc.submit("held back.mp4", ["noop"])
+    wait_for(lambda: svc.status()["blocked_reason"])
+    lines = cli("status", "--url", svc.url).stdout.splitlines()
+    assert lines[0].startswith("queue running") and "effective 0" in lines[0], lines
+    assert lines[1].startswith("nothing starts: low disk space: "), lines  # the free MB move
+    assert lines[1].endswith("below queue.min_free_disk_mb = 1,000,000,000 MB"), lines
+
+
 def test_jobs_filter_and_retry(start_service, cli) -> None:
     svc = start_service(queue={"max_retries": 0})
     url = ("--url", svc.url)
@@ -342,6 +386,8 @@ COMMANDS = (
     ("concurrency", "2"),
     ("cancel", "task_000000000000"),
     ("retry", "task_000000000000"),
+    ("prioritize", "task_000000000000"),
+    ("priority", "task_000000000000", "high"),
     ("clear",),
     ("rescan",),
     ("submit", "x.mp4"),

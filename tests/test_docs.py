@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import re
 from pathlib import Path
@@ -44,3 +45,32 @@ def test_the_readme_points_to_the_project_reference() -> None:
     text = README.read_text(encoding="utf-8")
     assert "docs/api.md" in text and "docs/configuration.md" in text
     assert "../shared" not in text
+
+
+def _published_event_types() -> set[str]:
+    """Every event type the package hands to ``bus.publish``: what an event stream carries."""
+    types = set()
+    for source in (DOCS.parent / "momentry_edge").rglob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "publish"
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "bus"
+            ):
+                continue
+            first = node.args[0]
+            choices = [first.body, first.orelse] if isinstance(first, ast.IfExp) else [first]
+            assert all(isinstance(c, ast.Constant) for c in choices), ast.unparse(first)
+            types.update(c.value for c in choices)
+    return types
+
+
+def test_every_event_type_a_stream_carries_is_in_the_api_reference() -> None:
+    text = (DOCS / "api.md").read_text(encoding="utf-8")
+    events = text[text.index("`GET /api/v1/events`") :].split("\n\n")[0]
+    types = _published_event_types()
+    assert "job.finished" in types and "queue.paused" in types
+    missing = sorted(t for t in types if f"`{t}`" not in events)
+    assert not missing, f"document these in docs/api.md (GET /api/v1/events): {missing}"

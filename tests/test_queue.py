@@ -263,6 +263,16 @@ def test_transient_failures_back_off_then_dead_list_then_retry_reruns_only_faile
     assert svc.get("/api/v1/queue/dead")["total"] == 0
 
 
+def test_a_cleared_retrying_job_ends_cancelled_with_no_attempt_due(start_service):
+    svc = start_service(queue={"max_retries": 3, "retry_delay": 600})
+    svc.marker.write_text("storage is down")
+    task = svc.submit("cleared.mp4", ["flaky"])["task_id"]
+    assert svc.wait_status(task, "retrying")["next_attempt_at"] is not None
+    assert svc.call("POST", "/api/v1/queue/clear")["cleared"] == 1
+    job = svc.job(task)
+    assert (job["status"], job["next_attempt_at"]) == ("cancelled", None), job
+
+
 def test_cancel_stops_a_running_job_within_seconds_and_keeps_partial_output(start_service):
     svc = start_service(
         queue={"max_concurrent": 1}, **{"processors.steps": {"steps": 200, "step_seconds": 0.05}}
@@ -391,6 +401,21 @@ def test_estimated_start_follows_the_line_once_there_is_history(start_service):
     svc.call("POST", "/api/v1/queue/pause")
     pending = [e for e in svc.status()["queue"] if e["status"] == "pending"]
     assert [e["estimated_start"] for e in pending] == [None] * 3, "paused: nothing will start"
+
+
+def test_a_paused_queue_gives_no_start_time_to_a_job_held_until_a_time(start_service):
+    # A dropped file's job waits for its file to settle (not_before), so nearly every job
+    # has one: while paused it must not read as starting then.
+    svc = start_service()
+    svc.call("POST", "/api/v1/queue/pause")
+    not_before = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 600))
+    task = svc.submit("held.mp4", ["noop"], not_before=not_before)["task_id"]
+    [entry] = [e for e in svc.status()["queue"] if e["task_id"] == task]
+    assert entry["estimated_start"] is None and entry["not_before"] is not None, entry
+    assert svc.job(task)["estimated_start"] is None
+
+    svc.call("POST", "/api/v1/queue/resume")
+    assert svc.job(task)["estimated_start"] == svc.job(task)["not_before"]
 
 
 def test_a_rescan_with_the_same_model_is_up_to_date_unless_forced(start_service):

@@ -7,7 +7,10 @@ import json
 import os
 import signal
 import sqlite3
+import subprocess
+import time
 
+import psycopg
 from conftest import ServiceProcess, wait_for
 from test_cluster import own_login
 
@@ -246,3 +249,46 @@ def test_a_model_whose_load_never_returns_is_given_up_too(start_service):
     assert "timed out after 1 s" in job["processors"]["hangload"]["error"], job
     after = svc.submit("after.mp4", ["noop"])["task_id"]
     svc.wait_status(after, "completed")  # its one worker thread was free again
+
+
+def _set_node_pid(svc: ServiceProcess, database_url: str, pid: int) -> None:
+    statement = f"UPDATE node SET pid = {int(pid)}"
+    if database_url:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(statement)
+    else:
+        with contextlib.closing(sqlite3.connect(svc.data_dir / "momentry.db")) as conn:
+            conn.execute(statement)
+            conn.commit()
+
+
+def test_a_node_id_held_by_a_running_service_is_refused_but_not_one_whose_pid_was_reused(
+    start_service, database_url
+):
+    svc = start_service()
+    registered = time.time()  # the node row is written before the service is up
+    second = ServiceProcess(svc.root, database_url, {})
+    second.spawn()
+    # Exit 1, as for a port in use: the holder may be an instance still stopping, and the
+    # service manager starts it again (after exit 2, a setting to change, systemd does not).
+    assert second.wait_exit(timeout=60) == 1
+    said = (svc.root / "service.log").read_text()
+    node = svc.status()["nodes"][0]["id"]
+    assert f"momentry-edge: cannot start: service.node_id: node id {node!r} is in use" in said
+    assert f"in use by process {svc.proc.pid} on this host" in said
+
+    # Killed (or the machine cut off), its pid may be another program's at the next start,
+    # after a reboot say: the node row still names that pid.
+    svc.kill()
+    # A process started within a second or two of the row cannot be told from its writer
+    # (start times read on Linux are cut to whole seconds of the boot time, and the check
+    # allows a second): a pid is not given again that soon.
+    wait_for(lambda: time.time() > registered + 2.5)
+    other = subprocess.Popen(["sleep", "120"])
+    try:
+        _set_node_pid(svc, database_url, other.pid)
+        svc.start()
+        assert svc.get("/healthz")["status"] == "ok"
+    finally:
+        other.kill()
+        other.wait()

@@ -241,6 +241,20 @@ def test_tui_on_a_narrow_terminal_shows_which_job_is_selected(start_service, ter
     terminal.wait(lambda s: "[exited 0]" in s)
 
 
+@needs_tmux
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_tui_says_why_nothing_starts_on_a_queue_that_is_not_paused(start_service, terminal):
+    svc = start_service(queue={"min_free_disk_mb": 10**9})  # the most it takes: 1 PB
+    svc.submit("held back.mp4", ["noop"])
+    terminal.start("tui", "--url", svc.url)
+    screen = terminal.wait(lambda s: "nothing starts: low disk space" in s)
+    assert "BLOCKED" in line(screen, svc.url) and "RUNNING" not in screen, screen
+    assert "MB free for" in line(screen, "nothing starts: low disk space")
+    assert at_position(screen, "held back.mp4", 1), screen
+    terminal.press("q")
+    terminal.wait(lambda s: "[exited 0]" in s)
+
+
 def test_tui_needs_a_terminal(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MOMENTRY_")}
     proc = subprocess.run(

@@ -281,7 +281,7 @@ def render_status(status: dict[str, Any]) -> None:
         header += f", {status['retrying_count']} retrying"
     console.print(Text(header))
     if status.get("blocked_reason"):  # else a full disk looks like a queue that just waits
-        console.print(Text(f"nothing starts: {status['blocked_reason']}"))
+        console.print(Text(printable(f"nothing starts: {status['blocked_reason']}")))
     # Several nodes share the queue: say which runs what, and how busy each is.
     nodes = status.get("nodes") or []
     shared = len(nodes) > 1

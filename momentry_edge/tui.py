@@ -433,7 +433,8 @@ def _header(snap: Snapshot) -> Group:
     title.append(f"   updated {_clock(snap.fetched_at)}", style="bright_black")
     why = []
     if blocked:  # else a full disk looks like a queue that just waits
-        why = [Text(f"nothing starts: {blocked}", style="red", no_wrap=True, overflow="ellipsis")]
+        said = printable(f"nothing starts: {blocked}")
+        why = [Text(said, style="red", no_wrap=True, overflow="ellipsis")]
     return Group(title, *why, _gauges(status), *_models(status))
 
 

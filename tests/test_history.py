@@ -1,0 +1,71 @@
+"""A long history of finished jobs: the lists stay pages, and a page costs what it shows."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from momentry_edge import db, views
+from momentry_edge.db import Job, JobStatus, MediaFile, ProcessorRun, RunStatus
+
+
+def _finish_jobs(start: int, count: int) -> None:
+    """``count`` finished jobs, each with its file and a run: completed, failed, cancelled."""
+    statuses = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
+    with Job._meta.database.atomic():
+        for i in range(start, start + count):
+            record = MediaFile.create(
+                file_uuid=f"{i:032x}", path=f"/drop/{i}.mp4", watch_root="/drop",
+                rel_path=f"{i}.mp4", name=f"{i}.mp4",
+            )  # fmt: skip
+            status = statuses[i % 3]
+            job = Job.create(
+                task_id=f"task_{i:012x}", file=record, status=status, seq=i,
+                processors=["noop"], max_retries=0, started_at=i, completed_at=i + 1,
+            )  # fmt: skip
+            run_status = RunStatus.COMPLETED if status == JobStatus.COMPLETED else RunStatus.FAILED
+            ProcessorRun.create(job=job, processor="noop", position=0, status=run_status, error="x")
+
+
+def _vm_steps(action: Callable[[], Any]) -> int:
+    """SQLite virtual machine instructions ``action`` takes on this thread's connection:
+    how much of the database it reads, counted, whatever the machine's speed."""
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0  # go on
+
+    connection = Job._meta.database.connection()
+    connection.set_progress_handler(count, 1)
+    try:
+        action()
+    finally:
+        connection.set_progress_handler(None, 1)
+    return steps
+
+
+def test_a_page_of_finished_jobs_costs_no_more_per_job_in_history_than_counting_them(tmp_path):
+    # The TUI lists the newest ten finished and failed jobs every second. The page was
+    # read by joining and sorting every job of those statuses; the answer's total needs
+    # a count of them anyway, and that is all a page may add per job of history.
+    database = db.connect("", tmp_path / "data")
+    try:
+        finished = [JobStatus.COMPLETED, JobStatus.CANCELLED]
+
+        def listing() -> None:
+            page = views.list_jobs(finished, 10, 0)
+            assert len(page["jobs"]) == 10
+
+        def counting() -> None:
+            Job.select().where(Job.status.in_(finished)).count()
+
+        _finish_jobs(0, 600)
+        listed, counted = _vm_steps(listing), _vm_steps(counting)
+        _finish_jobs(600, 1200)
+        more_listed, more_counted = _vm_steps(listing) - listed, _vm_steps(counting) - counted
+        assert more_counted > 0
+        assert more_listed <= 2 * more_counted, (more_listed, more_counted)
+    finally:
+        database.close()

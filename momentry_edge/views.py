@@ -290,31 +290,38 @@ def _page(chosen: pw.ModelSelect, order: tuple, limit: int, offset: int) -> list
     return [row[0] for row in chosen.order_by(*order).limit(limit).offset(offset).tuples()]
 
 
-def dead_jobs() -> dict[str, Any]:
-    """Jobs that ran out of retries (or could not be retried), with each processor's error."""
-    query = (
-        Job.select(Job, MediaFile)
-        .join(MediaFile)
-        .where(Job.status.in_((JobStatus.FAILED, JobStatus.PARTIAL)))
-        .order_by(Job.completed_at.desc())
-    )
-    dead = []
-    for job in query:
-        failed = {
-            r.processor: {"error": r.error, "attempts": r.attempts}
-            for r in _runs(job)
-            if r.status == RunStatus.FAILED
-        }
-        dead.append(
+def dead_jobs(limit: int, offset: int) -> dict[str, Any]:
+    """Jobs that ran out of retries (or could not be retried), newest first, with each
+    processor's error; a page of them, as the other lists (they pile up with the history)."""
+    newest_first = (Job.completed_at.desc(), Job.id.desc())
+    chosen = Job.select(Job.id).where(Job.status.in_((JobStatus.FAILED, JobStatus.PARTIAL)))
+    with db.read_snapshot(Job._meta.database):
+        total = chosen.count()
+        ids = _page(chosen, newest_first, limit, offset)
+        if not ids:
+            return {"jobs": [], "total": total}
+        page = Job.select(Job, MediaFile).join(MediaFile).where(Job.id.in_(ids))
+        failed: dict[int, dict[str, Any]] = {job_id: {} for job_id in ids}
+        runs = (
+            ProcessorRun.select(
+                ProcessorRun.job, ProcessorRun.processor, ProcessorRun.error, ProcessorRun.attempts
+            )
+            .where(ProcessorRun.job.in_(ids), ProcessorRun.status == RunStatus.FAILED)
+            .order_by(ProcessorRun.job, ProcessorRun.position)
+        )
+        for run in runs:
+            failed[run.job_id][run.processor] = {"error": run.error, "attempts": run.attempts}
+        dead = [
             _queue_entry(job)
             | {
                 "retry_count": job.retry_count,
                 "completed_at": iso(job.completed_at),
                 "error_message": job.error_message,
-                "failed": failed,
+                "failed": failed[job.id],
             }
-        )
-    return {"jobs": dead, "total": len(dead)}
+            for job in page.order_by(*newest_first)
+        ]
+    return {"jobs": dead, "total": total}
 
 
 def file_summary(record: MediaFile) -> dict[str, Any]:

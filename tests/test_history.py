@@ -5,8 +5,36 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from conftest import wait_for
+
 from momentry_edge import db, views
 from momentry_edge.db import Job, JobStatus, MediaFile, ProcessorRun, RunStatus
+
+
+def test_the_dead_list_is_paged_newest_first(start_service):
+    # Failed jobs pile up with the history: the whole list in one answer took seconds
+    # and megabytes once there were thousands of them.
+    svc = start_service(queue={"max_concurrent": 2})
+    svc.marker.write_text("storage is down")
+    names = svc.add_copies(55, prefix="dead")
+    tasks = [svc.submit(name, ["flaky"], max_retries=0)["task_id"] for name in names]
+    wait_for(lambda: svc.get("/api/v1/queue/dead", params={"limit": 1})["total"] == 55, 60)
+
+    first = svc.get("/api/v1/queue/dead")
+    assert first["total"] == 55 and len(first["jobs"]) == 50  # the lists' default page
+    rest = svc.get("/api/v1/queue/dead", params={"limit": 50, "offset": 50})
+    assert rest["total"] == 55 and len(rest["jobs"]) == 5
+    listed = first["jobs"] + rest["jobs"]
+    assert sorted(d["task_id"] for d in listed) == sorted(tasks)
+    finished = [d["completed_at"] for d in listed]
+    assert finished == sorted(finished, reverse=True)  # newest first
+    for dead in listed:  # each with its own runs' errors
+        assert list(dead["failed"]) == ["flaky"]
+        assert "storage unavailable" in dead["failed"]["flaky"]["error"]
+    whole = svc.get("/api/v1/queue/dead", params={"limit": 1000})["jobs"]
+    assert [d["task_id"] for d in whole] == [d["task_id"] for d in listed]
+    for bad in ({"limit": 0}, {"offset": -1}, {"status": "failed"}):
+        svc.call("GET", "/api/v1/queue/dead", expect=400, params=bad)
 
 
 def _finish_jobs(start: int, count: int) -> None:

@@ -276,7 +276,8 @@ def make_app(service: Core) -> bottle.Bottle:
 
     @app.get("/api/v1/queue/dead")
     def dead() -> dict:
-        return views.dead_jobs()
+        limit, offset = _paging()
+        return views.dead_jobs(limit, offset)
 
     # -- jobs ----------------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
-"""The retention sweep: finished jobs, their results and rotated logs past retention, and
-the temp files and unfinished backups a crash left behind."""
+"""The retention sweep: finished jobs, their results, rotated logs and the records of files
+long gone from disk past retention, and the temp files and unfinished backups a crash left
+behind."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import re
 import time
 from pathlib import Path
 
+import peewee as pw
+
 from . import backup, db, models, outputs
-from .db import Job, MediaFile
+from .db import FileState, Job, MediaFile
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +30,7 @@ TEMP_FILE_AGE = 86400.0
 _RESULTS_TEMP = re.compile(r"\..+\.[0-9a-f]{12}|\..+\.[0-9]+\.link|\.[0-9]{10,}\.jpg\.tmp")
 _MODELS_TEMP = re.compile(re.escape(f"{models.RECORD}.tmp"))
 
-_NOTHING = {"jobs": 0, "results": 0, "logs": 0}
+_NOTHING = {"jobs": 0, "files": 0, "results": 0, "logs": 0}
 
 
 def sweep(
@@ -50,7 +53,8 @@ def sweep(
         counts |= _sweep_finished(data_dir, now - retention_seconds)
     if any(counts.values()):
         log.info(
-            "retention sweep removed %(jobs)d jobs, %(results)d result folders, %(logs)d log"
+            "retention sweep removed %(jobs)d jobs, %(files)d missing files' records,"
+            " %(results)d result folders, %(logs)d log"
             " files, %(temp_files)d temp files, %(backups)d unfinished backups",
             counts,
         )
@@ -64,6 +68,18 @@ def _sweep_finished(data_dir: Path, cutoff: float) -> dict[str, int]:
             return dict(_NOTHING)
         removed_jobs = (
             Job.delete().where(Job.status.in_(db.FINAL_STATES), Job.completed_at < cutoff).execute()
+        )
+        # A file gone from disk since before the cutoff, none of its jobs left: its record
+        # tells no one anything more, yet stayed for good (each upload of a drop folder that
+        # is emptied after processing), read by every rescan and listed by /api/v1/files.
+        removed_files = (
+            MediaFile.delete()
+            .where(
+                MediaFile.state == FileState.MISSING,
+                MediaFile.updated_at < cutoff,
+                ~pw.fn.EXISTS(Job.select(Job.id).where(Job.file == MediaFile.id)),
+            )
+            .execute()
         )
     recent = (
         Job.select(Job.file)
@@ -82,7 +98,12 @@ def _sweep_finished(data_dir: Path, cutoff: float) -> dict[str, int]:
         if rotated.stat().st_mtime < cutoff:
             rotated.unlink(missing_ok=True)
             removed_logs += 1
-    return {"jobs": removed_jobs, "results": removed_results, "logs": removed_logs}
+    return {
+        "jobs": removed_jobs,
+        "files": removed_files,
+        "results": removed_results,
+        "logs": removed_logs,
+    }
 
 
 def _remove_temp_files(folder: Path, names: re.Pattern[str], now: float) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 
 import peewee as pw
@@ -14,7 +15,7 @@ from prometheus_client.core import (
 )
 
 from . import db
-from .db import FileState, Job, JobStatus, MediaFile, ProcessorRun, RunStatus
+from .db import FileState, Job, JobStatus, MediaFile, RunStatus
 
 DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200)
 
@@ -57,22 +58,36 @@ class _Collector:
             "Time each completed processor run took.",
             labels=["processor"],
         )
-        took = ProcessorRun.completed_at - ProcessorRun.started_at
-        rows = (
-            ProcessorRun.select(ProcessorRun.processor, took.alias("took"))
-            .where(
-                ProcessorRun.status == RunStatus.COMPLETED, ProcessorRun.started_at.is_null(False)
-            )
-            .tuples()
-        )
-        per_processor: dict[str, list[float]] = {}
-        for name, seconds in rows:
-            per_processor.setdefault(name, []).append(max(seconds or 0.0, 0.0))
-        for name, values in sorted(per_processor.items()):
-            buckets = [(str(b), sum(v <= b for v in values)) for b in DURATION_BUCKETS]
-            buckets.append(("+Inf", len(values)))
-            histogram.add_metric([name], buckets, sum(values))
+        # Counted by the database, a row per processor and bucket: read into Python, every
+        # completed run of the history was a row in memory at each scrape (180,000 runs:
+        # 0.4 s and tens of MB a scrape, more with every job).
+        rows = db.execute(
+            f"SELECT processor, {_BUCKET} AS bucket, COUNT(*), SUM(took)"
+            " FROM (SELECT processor, CASE WHEN completed_at - started_at > 0"
+            " THEN completed_at - started_at ELSE 0 END AS took"
+            " FROM processor_run WHERE status = ? AND started_at IS NOT NULL) AS completed"
+            " GROUP BY processor, bucket",
+            RunStatus.COMPLETED,
+        ).fetchall()
+        per_processor: dict[str, list[int]] = {}
+        sums: dict[str, float] = {}
+        for name, bucket, count, seconds in rows:
+            per_processor.setdefault(name, [0] * (len(DURATION_BUCKETS) + 1))[bucket] += count
+            sums[name] = sums.get(name, 0.0) + (seconds or 0.0)
+        for name, counts in sorted(per_processor.items()):
+            cumulative = list(itertools.accumulate(counts))
+            buckets = [(str(b), n) for b, n in zip(DURATION_BUCKETS, cumulative, strict=False)]
+            buckets.append(("+Inf", cumulative[-1]))
+            histogram.add_metric([name], buckets, sums[name])
         return histogram
+
+
+# The index of the first bucket a run's seconds (``took``) fit in; len(DURATION_BUCKETS): none.
+_BUCKET = (
+    "CASE "
+    + " ".join(f"WHEN took <= {bound} THEN {i}" for i, bound in enumerate(DURATION_BUCKETS))
+    + f" ELSE {len(DURATION_BUCKETS)} END"
+)
 
 
 def render_metrics(effective_limit: Callable[[], int]) -> tuple[bytes, str]:

@@ -442,7 +442,13 @@ OPERATIONS: dict[str, Schema] = {  # "method path": operation, one per route in 
         _ok(max_concurrent=INT, dynamic_concurrency=BOOL, effective_concurrency=INT),
         body="ConcurrencyRequest",
     ),
-    "get /api/v1/queue/dead": _op("dead", "Jobs out of retries", _list("jobs", "DeadJob")),
+    "get /api/v1/queue/dead": _op(
+        "dead",
+        "Jobs out of retries, newest first",
+        _list("jobs", "DeadJob"),
+        "400",
+        query=_PAGING,
+    ),
     "get /api/v1/jobs": _op(
         "list_jobs",
         "Jobs, newest first",

@@ -270,39 +270,59 @@ def run_detail(run: ProcessorRun) -> dict[str, Any]:
 
 
 def list_jobs(statuses: list[str], limit: int, offset: int) -> dict[str, Any]:
-    query = Job.select(Job, MediaFile).join(MediaFile)
+    # The page is picked by id alone, from the status index, and only its jobs are read
+    # with their files: joined and sorted in one query, every job of those statuses was
+    # read for each page, so a long history slowed the TUI's two lists a second.
+    chosen = Job.select(Job.id)
     if statuses:
-        query = query.where(Job.status.in_(statuses))
-    total = query.count()
-    page = query.order_by(Job.id.desc()).limit(limit).offset(offset)
-    return {"jobs": [job_summary(job) for job in page], "total": total}
-
-
-def dead_jobs() -> dict[str, Any]:
-    """Jobs that ran out of retries (or could not be retried), with each processor's error."""
-    query = (
-        Job.select(Job, MediaFile)
-        .join(MediaFile)
-        .where(Job.status.in_((JobStatus.FAILED, JobStatus.PARTIAL)))
-        .order_by(Job.completed_at.desc())
-    )
-    dead = []
-    for job in query:
-        failed = {
-            r.processor: {"error": r.error, "attempts": r.attempts}
-            for r in _runs(job)
-            if r.status == RunStatus.FAILED
+        chosen = chosen.where(Job.status.in_(statuses))
+    with db.read_snapshot(Job._meta.database):
+        total = chosen.count()
+        ids = _page(chosen, (Job.id.desc(),), limit, offset)
+        page = Job.select(Job, MediaFile).join(MediaFile).where(Job.id.in_(ids))
+        return {
+            "jobs": [job_summary(job) for job in page.order_by(Job.id.desc())] if ids else [],
+            "total": total,
         }
-        dead.append(
+
+
+def _page(chosen: pw.ModelSelect, order: tuple, limit: int, offset: int) -> list[int]:
+    """The ids of one page of ``chosen`` (a select of Job.id) in ``order``."""
+    return [row[0] for row in chosen.order_by(*order).limit(limit).offset(offset).tuples()]
+
+
+def dead_jobs(limit: int, offset: int) -> dict[str, Any]:
+    """Jobs that ran out of retries (or could not be retried), newest first, with each
+    processor's error; a page of them, as the other lists (they pile up with the history)."""
+    newest_first = (Job.completed_at.desc(), Job.id.desc())
+    chosen = Job.select(Job.id).where(Job.status.in_((JobStatus.FAILED, JobStatus.PARTIAL)))
+    with db.read_snapshot(Job._meta.database):
+        total = chosen.count()
+        ids = _page(chosen, newest_first, limit, offset)
+        if not ids:
+            return {"jobs": [], "total": total}
+        page = Job.select(Job, MediaFile).join(MediaFile).where(Job.id.in_(ids))
+        failed: dict[int, dict[str, Any]] = {job_id: {} for job_id in ids}
+        runs = (
+            ProcessorRun.select(
+                ProcessorRun.job, ProcessorRun.processor, ProcessorRun.error, ProcessorRun.attempts
+            )
+            .where(ProcessorRun.job.in_(ids), ProcessorRun.status == RunStatus.FAILED)
+            .order_by(ProcessorRun.job, ProcessorRun.position)
+        )
+        for run in runs:
+            failed[run.job_id][run.processor] = {"error": run.error, "attempts": run.attempts}
+        dead = [
             _queue_entry(job)
             | {
                 "retry_count": job.retry_count,
                 "completed_at": iso(job.completed_at),
                 "error_message": job.error_message,
-                "failed": failed,
+                "failed": failed[job.id],
             }
-        )
-    return {"jobs": dead, "total": len(dead)}
+            for job in page.order_by(*newest_first)
+        ]
+    return {"jobs": dead, "total": total}
 
 
 def file_summary(record: MediaFile) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from conftest import wait_for
 
 from momentry_edge import backup, db, housekeeping, jobs, models, outputs
-from momentry_edge.db import Job, JobStatus, MediaFile
+from momentry_edge.db import FileState, Job, JobStatus, MediaFile
 
 DAY = 86400.0
 
@@ -43,17 +43,42 @@ def test_sweep_keeps_recent_and_active_work(tmp_path, database_url):
     (data / "logs" / "momentry-edge.log.1").write_text("rotated\n")
 
     counts = housekeeping.sweep(data, retention_seconds=30 * DAY, now=time.time() + 29 * DAY)
-    nothing = {"jobs": 0, "results": 0, "logs": 0, "temp_files": 0, "backups": 0}
+    nothing = {"jobs": 0, "files": 0, "results": 0, "logs": 0, "temp_files": 0, "backups": 0}
     assert counts == nothing, "nothing is past retention yet"
 
     counts = housekeeping.sweep(data, retention_seconds=30 * DAY, now=time.time() + 31 * DAY)
-    assert counts == {"jobs": 1, "results": 1, "logs": 1, "temp_files": 0, "backups": 0}
+    assert counts == {"jobs": 1, "files": 0, "results": 1, "logs": 1, "temp_files": 0, "backups": 0}
     assert Job.get_or_none(Job.id == finished.id) is None
     assert Job.get_by_id(waiting.id).status == JobStatus.PENDING, "active jobs are never swept"
     assert not (data / "results" / done_file.file_uuid).exists()
     assert (data / "results" / waiting_file.file_uuid / "noop.json").exists()
     assert (data / "logs" / "momentry-edge.log").exists(), "the live log stays"
     assert sorted(os.listdir(data / "logs")) == ["momentry-edge.log"]
+    db.Job._meta.database.close()
+
+
+def test_sweep_removes_the_records_of_files_gone_from_disk_once_their_jobs_are_gone(
+    tmp_path, database_url
+):
+    # A drop folder emptied after processing left a record per upload for good: read by
+    # every rescan and listed by /api/v1/files, long after retention took their jobs.
+    data = tmp_path / "data"
+    db.connect(database_url, data)
+    jobs.init_queue_state(2, False)
+    gone, waiting, lately, never_queued, _on_disk = map(make_file, ("g1", "g2", "g3", "g4", "p1"))
+    finished, _ = jobs.submit(gone, ["noop"], max_retries=0)
+    jobs.cancel(finished)
+    jobs.submit(waiting, ["noop"], max_retries=0)
+    now = time.time()
+    missing = {"state": FileState.MISSING, "reason": "gone from disk"}
+    ids = [gone.id, waiting.id, never_queued.id]
+    MediaFile.update(missing, updated_at=now).where(MediaFile.id.in_(ids)).execute()
+    MediaFile.update(missing, updated_at=now + 20 * DAY).where(MediaFile.id == lately.id).execute()
+
+    counts = housekeeping.sweep(data, retention_seconds=30 * DAY, now=now + 31 * DAY)
+    assert (counts["jobs"], counts["files"]) == (1, 2)
+    # Kept: one with a job still waiting, one gone only lately, and one still on disk.
+    assert sorted(f.name for f in MediaFile.select()) == ["g2", "g3", "p1"]
     db.Job._meta.database.close()
 
 
@@ -109,7 +134,10 @@ def test_sweep_removes_old_temp_files_and_only_ours(tmp_path):
     (folder / ".x.json.0123456789ab").mkdir()  # a folder: not ours
 
     counts = housekeeping.sweep(data, retention_seconds=None)
-    assert counts == {"jobs": 0, "results": 0, "logs": 0, "temp_files": len(debris), "backups": 0}
+    assert counts == {
+        **{"jobs": 0, "files": 0, "results": 0, "logs": 0},
+        **{"temp_files": len(debris), "backups": 0},
+    }
     assert not [p for p in debris if p.exists() or p.is_symlink()]
     assert fresh.exists(), "a temp file younger than a day may still be placed"
     assert [p for p in kept if p.exists()] == kept

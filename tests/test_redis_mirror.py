@@ -17,13 +17,16 @@ import sys
 import threading
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 from conftest import ServiceProcess, wait_for
+from databases import scratch_postgres
 from eventstream import EventReader
 
-from momentry_edge import config
+from momentry_edge import config, db, jobs, mirror
+from momentry_edge.db import Job, JobStatus, MediaFile, ProcessorRun
 
 pytestmark = pytest.mark.skipif(not shutil.which("redis-server"), reason="needs redis-server")
 
@@ -494,3 +497,46 @@ def test_a_parked_jobs_failed_document_reaches_redis_without_waiting_for_a_rewri
     assert path and path.endswith("/crash.json")
     key = f"momentry:job:{task}:processor:crash"
     wait_for(lambda: r.hget(key, "output_path") == path, timeout=10)
+
+
+def test_a_full_rewrite_reads_the_job_table_a_page_at_a_time(private_redis, tmp_path):
+    # PostgreSQL hands the client a query's whole result at once: the rewrite every 10
+    # minutes read every job of the history in one query (~100 MB at 60,000 jobs).
+    with scratch_postgres() as url:
+        database = db.connect(url, tmp_path / "data")
+        try:
+            jobs.init_queue_state(2, False)
+            tasks = []
+            with database.atomic():
+                for i in range(450):  # pages of 200, 200 and 50
+                    record = MediaFile.create(
+                        file_uuid=f"{i:032x}", path=f"/drop/{i}.mp4", watch_root="/drop",
+                        rel_path=f"{i}.mp4", name=f"{i}.mp4",
+                    )  # fmt: skip
+                    job = Job.create(
+                        task_id=f"task_{i:012x}", file=record, status=JobStatus.COMPLETED,
+                        seq=i, processors=["noop"], max_retries=0, completed_at=i,
+                    )  # fmt: skip
+                    ProcessorRun.create(job=job, processor="noop", position=0, status="completed")
+                    tasks.append(job.task_id)
+            largest = 0  # rows of the job table in one result
+            execute_sql = database.execute_sql
+
+            def counting(sql: str, params: Any = None, *args: Any, **kwargs: Any) -> Any:
+                nonlocal largest
+                cursor = execute_sql(sql, params, *args, **kwargs)
+                if sql.startswith("SELECT") and 'FROM "job"' in sql:
+                    largest = max(largest, cursor.rowcount)
+                return cursor
+
+            database.execute_sql = counting
+            rewriter = mirror.RedisMirror(private_redis.url)
+            rewriter._queue = db.queue_id()
+            rewriter._resync()
+            rewriter.stop()
+            r = private_redis.client()
+            assert all(r.hget(mirror.job_key(task), "status") == "completed" for task in tasks)
+            assert r.scard(mirror.set_key("completed")) == 450
+            assert 0 < largest <= mirror.BATCH, largest
+        finally:
+            database.close()

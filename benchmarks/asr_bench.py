@@ -4,10 +4,11 @@
         [--clip PATH] [--repeat 3] [--beam-size 5] [--cpu-threads 0]
 
 Both sides get the same file, model folder, compute type (int8), beam size and
-thread count, and both decode the file themselves and filter it with Silero VAD:
-the processor through a RunContext (decode once with PyAV, VAD, chunking,
-checkpoints, time mapping, SRT/VTT), faster-whisper through
-``WhisperModel.transcribe(path, vad_filter=True)``. Real-time factor is wall
+thread count, and both decode the file themselves, filtering it with Silero VAD
+only with ``--vad`` (the processor's ``vad`` setting; off by default, as in both):
+the processor through a RunContext (decode once with PyAV, chunking, checkpoints,
+time mapping, SRT/VTT), faster-whisper through
+``WhisperModel.transcribe(path, vad_filter=...)``. Real-time factor is wall
 time / audio duration (lower is faster); the overhead ratio is processor RTF /
 direct RTF. Each side's best of ``--repeat`` runs (taken in turn) is reported, after a warm-up.
 
@@ -38,7 +39,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from media_factory import make_video  # noqa: E402
 from test_asr import SENTENCES, speech_track, word_error_rate  # noqa: E402
 
-from momentry_edge import audio, models  # noqa: E402
+from momentry_edge import audio, weights  # noqa: E402
 from momentry_edge.processors import asr  # noqa: E402
 from momentry_edge.processors.asr import AsrProcessor, AsrxProcessor  # noqa: E402
 from momentry_edge.processors.base import RunContext  # noqa: E402
@@ -88,15 +89,16 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--beam-size", type=int, default=5)
     parser.add_argument("--cpu-threads", type=int, default=0, help="0: CTranslate2's default")
+    parser.add_argument("--vad", action="store_true", help="cut silences out first (both sides)")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="asr-bench-"))
     try:
         clip, reference = (args.clip, "") if args.clip else make_clip(work, args.seconds)
-        spec = models.load_catalog().get(args.model)
+        spec = weights.load_catalog().get(args.model)
         models_dir = work / "models"
         started = time.perf_counter()
-        models.pull(spec, models_dir)
+        weights.pull(spec, models_dir)
         pull_seconds = time.perf_counter() - started
         duration = len(audio.decode(clip)) / audio.SAMPLE_RATE
 
@@ -107,6 +109,7 @@ def main() -> None:
             "models_dir": str(models_dir),
             "beam_size": args.beam_size,
             "cpu_threads": args.cpu_threads,
+            "vad": args.vad,
         }
         processor = AsrProcessor(settings)
         started = time.perf_counter()
@@ -153,7 +156,7 @@ def main() -> None:
 
         started = time.perf_counter()
         model = WhisperModel(
-            str(models.model_dir(spec, models_dir)),
+            str(weights.model_dir(spec, models_dir)),
             device="cpu",
             compute_type="int8",
             cpu_threads=args.cpu_threads,
@@ -162,7 +165,7 @@ def main() -> None:
         direct_load = time.perf_counter() - started
 
         def direct() -> str:
-            segments, _ = model.transcribe(str(clip), beam_size=args.beam_size, vad_filter=True)
+            segments, _ = model.transcribe(str(clip), beam_size=args.beam_size, vad_filter=args.vad)
             return " ".join(s.text.strip() for s in segments)
 
         (

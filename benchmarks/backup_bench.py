@@ -27,9 +27,10 @@ from pathlib import Path
 import psycopg
 from common import scratch_postgres
 
-from momentry_edge import backup, db
 from momentry_edge import config as config_module
-from momentry_edge.db import Job, MediaFile, ProcessorRun
+from momentry_edge import store
+from momentry_edge.store import Job, MediaFile, ProcessorRun
+from momentry_edge.upkeep import backup, dbcheck, restore
 
 BATCH = 1000  # PostgreSQL takes at most 65,535 parameters a statement
 PROCESSORS = ["asr", "cut", "yolo"]
@@ -38,7 +39,7 @@ PROCESSORS = ["asr", "cut", "yolo"]
 def fill(jobs: int) -> None:
     """``jobs`` finished jobs, each with its file and three processor runs."""
     database = Job._meta.database
-    if not db.is_postgres(database):
+    if not store.is_postgres(database):
         database.execute_sql("PRAGMA synchronous = OFF")  # a scratch file: speed over safety
     now = time.time()
     for start in range(0, jobs, BATCH):
@@ -69,7 +70,7 @@ def fill(jobs: int) -> None:
                     "id": i + 1,
                     "task_id": f"task_{i:012x}",
                     "file": i + 1,
-                    "status": db.JobStatus.COMPLETED,
+                    "status": store.JobStatus.COMPLETED,
                     "seq": i,
                     "processors": PROCESSORS,
                     "options": {"callback_url": "http://studio.local/hook"},
@@ -85,7 +86,7 @@ def fill(jobs: int) -> None:
                     "job": i + 1,
                     "processor": name,
                     "position": position,
-                    "status": db.RunStatus.COMPLETED,
+                    "status": store.RunStatus.COMPLETED,
                     "progress_current": 100,
                     "progress_total": 100,
                     "last_checkpoint": {"frame": 1800, "timestamp": 60.0},
@@ -149,15 +150,15 @@ def main() -> None:
             urls = tuple(stack.enter_context(scratch_postgres(prefix="bench")) for _ in "ab")
         env = {"MOMENTRY_DATA_DIR": str(root / "data"), "DATABASE_URL": urls[0]}
         cfg = config_module.load(None, env)
-        db.connect(cfg.service.database_url, cfg.data_dir)
+        store.connect(cfg.service.database_url, cfg.data_dir)
         _, seconds = timed(fill, args.jobs)
         rows = [("fill (bulk insert)", f"{seconds:.1f} s", f"{args.jobs} jobs")]
-        db.Job._meta.database.close()
+        store.Job._meta.database.close()
 
         path = backup.sqlite_path(cfg)
         if path is not None:
             rows.append(("database file", f"{path.stat().st_size / 1e6:.1f} MB", ""))
-            _, seconds = timed(backup.check, path, cfg)
+            _, seconds = timed(dbcheck.check, path, cfg)
             rows.append(("start-up check (quick_check)", f"{seconds * 1000:.0f} ms", ""))
             conn = sqlite3.connect(path)
             _, seconds = timed(lambda: conn.execute("PRAGMA integrity_check").fetchall())
@@ -180,7 +181,7 @@ def main() -> None:
             )
         )
         env2 = {"MOMENTRY_DATA_DIR": str(root / "restored"), "DATABASE_URL": urls[1]}
-        restored, seconds = timed(backup.restore, config_module.load(None, env2), made.path)
+        restored, seconds = timed(restore.restore, config_module.load(None, env2), made.path)
         rows.append(("restore (service stopped)", f"{seconds:.2f} s", f"{restored.jobs} jobs"))
 
     width = max(len(r[0]) for r in rows)

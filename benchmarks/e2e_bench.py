@@ -63,7 +63,7 @@ from media_factory import make_video, segment_colour
 from PIL import Image, ImageDraw, ImageFont
 from test_asr import SENTENCES, speech_track
 
-from momentry_edge import models
+from momentry_edge import weights
 from momentry_edge.processors.asr import Options as AsrOptions
 from momentry_edge.processors.face import FaceProcessor
 from momentry_edge.processors.frames import fit_size
@@ -290,35 +290,41 @@ def count(name: str, result: dict[str, Any]) -> int:
 # -- direct ---------------------------------------------------------------------------------------
 
 
-def decoded(video: Path, step: int, size: tuple[int, int] | None, fmt: str) -> Iterator[np.ndarray]:
-    """Every ``step``-th frame as an HxWx3 array, resized to ``size`` (width, height)."""
+def decoded(
+    video: Path, rate: float, size: tuple[int, int] | None, fmt: str
+) -> Iterator[np.ndarray]:
+    """``rate`` frames a second (0: every frame; the first at or after each 1/rate s) as
+    HxWx3 arrays, resized to ``size`` (width, height)."""
     width, height = size or (None, None)
+    last = -1
     with av.open(str(video)) as container:
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
-        for index, frame in enumerate(container.decode(stream)):
-            if index % step == 0:
-                yield frame.to_ndarray(width=width, height=height, format=fmt)
+        for frame in container.decode(stream):
+            if rate:
+                if (tick := math.floor(frame.time * rate + 1e-9)) <= last:
+                    continue
+                last = tick
+            yield frame.to_ndarray(width=width, height=height, format=fmt)
 
 
-def sampling(cls: type, video: Path) -> tuple[int, tuple[int, int] | None, str]:
-    """A sampled frame processor's default step, decode size and pixel format."""
+def sampling(cls: type, video: Path) -> tuple[float, tuple[int, int] | None, str]:
+    """A sampled frame processor's default rate, decode size and pixel format."""
     settings = cls().run_settings()
     with av.open(str(video)) as container:
         stream = container.streams.video[0]
-        fps, width, height = float(stream.average_rate), stream.width, stream.height
-    step = max(1, round(fps / settings["sample_fps"]))
-    return step, fit_size(width, height, settings["max_side"]), cls.fmt
+        width, height = stream.width, stream.height
+    return settings["sample_fps"], fit_size(width, height, settings["max_side"]), cls.fmt
 
 
 def load_asr(models_dir: Path) -> Callable[[Path], int]:
     from faster_whisper import WhisperModel
 
     opts = AsrOptions()
-    spec = models.load_catalog().find(opts.model, "faster-whisper")
+    spec = weights.load_catalog().find(opts.model, "faster-whisper")
     assert spec is not None
     model = WhisperModel(
-        str(models.model_dir(spec, models_dir)),
+        str(weights.model_dir(spec, models_dir)),
         device="cpu",
         compute_type=opts.compute_type,
         cpu_threads=opts.cpu_threads,
@@ -343,7 +349,7 @@ def load_cut(models_dir: Path) -> Callable[[Path], int]:
             stream = container.streams.video[0]
             size = (CUT_WIDTH, round(stream.height * CUT_WIDTH / stream.width))
         frames = -1
-        for frames, image in enumerate(decoded(video, 1, size, "bgr24")):
+        for frames, image in enumerate(decoded(video, 0, size, "bgr24")):
             detector.process_frame(frames, image)
         detector.post_process(frames)
         return frames + 1
@@ -356,7 +362,7 @@ def load_yolo(models_dir: Path) -> Callable[[Path], int]:
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    path = models.locate(YOLO_MODEL, "onnxruntime", ".onnx", models_dir)
+    path = weights.locate(YOLO_MODEL, "onnxruntime", ".onnx", models_dir)
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
     side = 640

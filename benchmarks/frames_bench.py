@@ -24,6 +24,7 @@ other work on the cores shows in every figure.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import sys
@@ -40,7 +41,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the tests' media makers
 
 from frame_media import Reports, context, pull_models, scenes_video  # noqa: E402
 
-from momentry_edge import media, models  # noqa: E402
+from momentry_edge import media, weights  # noqa: E402
 from momentry_edge.processors import frames  # noqa: E402
 from momentry_edge.processors.cut import CutProcessor  # noqa: E402
 from momentry_edge.processors.face import FaceProcessor, import_mediapipe  # noqa: E402
@@ -80,7 +81,7 @@ def make(name: str) -> Any:
 def direct_call(name: str) -> tuple[Callable[[np.ndarray], Any], str]:
     """The model itself, loaded the way its library documents, and the pixel format it takes."""
     if name == "yolo":
-        model = OrtYolo(models.locate("yolov8n", "onnxruntime", ".onnx", MODELS))
+        model = OrtYolo(weights.locate("yolov8n", "onnxruntime", ".onnx", MODELS))
 
         def yolo(rgb: np.ndarray) -> Any:
             tensor, _gain, _pad = letterbox(rgb, model.shape)
@@ -122,8 +123,12 @@ def time_direct(name: str, clip: Path, info: media.MediaInfo) -> tuple[float, in
     call, fmt = direct_call(name)
     plan = plan_of(name, info)
     start = time.perf_counter()
-    count = 0
-    for _index, _seconds, image in media.iter_frames(clip, step=plan.step, size=plan.size, fmt=fmt):
+    count, last = 0, -1
+    for _index, seconds, image in media.iter_frames(clip, step=plan.step, size=plan.size, fmt=fmt):
+        if plan.rate:  # the first frame at or after each 1/rate s, as the pass samples
+            if (tick := math.floor(seconds * plan.rate + 1e-9)) <= last:
+                continue
+            last = tick
         call(image)
         count += 1
     return time.perf_counter() - start, count

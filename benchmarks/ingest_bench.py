@@ -18,7 +18,7 @@ jobs stay queued) on a temp folder and a fresh SQLite file or PostgreSQL databas
    (the bulk insert's) throughput.
 4. The bulk insert alone (what a batch of new files costs the database code): 1,000
    new files' records, jobs and runs, ``ingest.BATCH`` to a transaction, written out
-   (``db.insert_many``) against peewee's ``insert_many`` and a SELECT back, as the
+   (``store.insert_many``) against peewee's ``insert_many`` and a SELECT back, as the
    intake did before, alternately in the same run; the ratio is peewee's time over ours.
 5. ``--unchanged`` files already registered (rows as ingest writes them, matching
    their size and mtime): the time of ``POST /api/v1/files/rescan``, which walks the
@@ -50,8 +50,11 @@ from common import running_service, scratch_postgres  # noqa: E402
 from media_factory import make_video  # noqa: E402
 
 from momentry_edge import config as config_module  # noqa: E402
-from momentry_edge import db, ingest, jobs  # noqa: E402
-from momentry_edge.db import Job, MediaFile, ProcessorRun  # noqa: E402
+from momentry_edge import jobs, store  # noqa: E402
+from momentry_edge.ingest import intake as ingest  # noqa: E402
+from momentry_edge.ingest import paths as ingest_paths  # noqa: E402
+from momentry_edge.ingest import recording  # noqa: E402
+from momentry_edge.store import Job, MediaFile, ProcessorRun  # noqa: E402
 
 
 def write_config(root: Path, database_url: str, settle: float) -> config_module.Config:
@@ -203,24 +206,24 @@ def _peewee_insert(rows: list[dict], processors: list[str], now: float) -> None:
 
 
 def bench_insert(cfg: config_module.Config, files: int) -> None:
-    database = db.connect(cfg.service.database_url, cfg.data_dir)
+    database = store.connect(cfg.service.database_url, cfg.data_dir)
     jobs.init_queue_state(2, False)
     intake = ingest.Intake(cfg.service.watch, [".mp4"], 1.0, ["cut"], 3)
     st = Path(__file__).stat()
-    seen = ingest._Observed(db.FileState.PRESENT, None, None, "1:0")
+    seen = recording._Observed(store.FileState.PRESENT, None, None, "1:0")
     timings: dict[str, list[float]] = {"written out": [], "peewee": []}
     for round_ in range(6):
         for way in timings:
             now = time.time()
             rows = [
-                ingest._fields(
+                recording._fields(
                     Path(f"/drop/{way} {round_}/{i:05d}.mp4"), Path("/drop"), st, seen, now
                 )
                 for i in range(files)
             ]
             started = time.perf_counter()
             for chunk in peewee.chunked(rows, ingest.BATCH):
-                with db.write_transaction(database):
+                with store.write_transaction(database):
                     if way == "peewee":
                         _peewee_insert(chunk, ["cut"], now)
                     else:
@@ -245,21 +248,21 @@ def bench_rescan(cfg: config_module.Config, sample: Path, count: int) -> None:
         path.write_bytes(data)
         paths.append(path)
     # Registered before: rows as the intake writes them, written before the service starts.
-    database = db.connect(cfg.service.database_url, cfg.data_dir)
+    database = store.connect(cfg.service.database_url, cfg.data_dir)
     now = time.time()
     rows = []
     for path in paths:
         st = path.stat()
         rows.append(
             {
-                "file_uuid": ingest.file_uuid_for(path),
+                "file_uuid": ingest_paths.file_uuid_for(path),
                 "path": str(path),
                 "watch_root": str(drop),
                 "rel_path": str(path.relative_to(drop)),
                 "name": path.name,
                 "size": st.st_size,
                 "mtime": st.st_mtime,
-                "state": db.FileState.PRESENT,
+                "state": store.FileState.PRESENT,
                 "fingerprint": f"{st.st_size}:0",
                 "registered_at": now,
                 "updated_at": now,

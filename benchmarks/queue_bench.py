@@ -40,10 +40,11 @@ from huey import Huey, PostgresHuey, SqliteHuey
 from huey.consumer import Consumer
 
 from momentry_edge import config as config_module
-from momentry_edge import db, durable, ingest, jobs, outputs
-from momentry_edge.db import Job, MediaFile
+from momentry_edge import durable, jobs, outputs, store
+from momentry_edge.ingest import paths
 from momentry_edge.processors.base import Processor, RunContext
 from momentry_edge.service import Service
+from momentry_edge.store import Job, MediaFile
 
 ROOT = Path(__file__).resolve().parent.parent
 NOOP = ["noop"]
@@ -225,12 +226,12 @@ def add_files(folder: Path, count: int, prefix: str) -> list[MediaFile]:
         path = folder / f"{prefix}-{i:06d}.mp4"
         rows.append(
             {
-                "file_uuid": ingest.file_uuid_for(path),
+                "file_uuid": paths.file_uuid_for(path),
                 "path": str(path),
                 "watch_root": str(folder),
                 "rel_path": path.name,
                 "name": path.name,
-                "state": db.FileState.PRESENT,
+                "state": store.FileState.PRESENT,
                 "registered_at": now,
                 "updated_at": now,
             }
@@ -346,7 +347,7 @@ class Drain:
 
 def drain_edge(cfg: config_module.Config, count: int, server: ServerCpu | None) -> Drain:
     """From Service.start() (which starts the workers) until ``count`` jobs are final."""
-    final = (db.JobStatus.COMPLETED, db.JobStatus.PARTIAL, db.JobStatus.FAILED)
+    final = (store.JobStatus.COMPLETED, store.JobStatus.PARTIAL, store.JobStatus.FAILED)
     # Jobs an earlier drain ended are not counted (the database stays open after a Service).
     ended_before, failed_before = count_jobs(*final), count_jobs(*final[1:])
     server_before = server.snapshot() if server else {}

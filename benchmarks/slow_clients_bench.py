@@ -5,7 +5,7 @@
 Starts a real ``momentry-edge run`` process (SQLite, loopback), measures ``/healthz`` and
 ``/api/v1/queue/status`` (a new connection per request), then opens ``--streams`` event
 streams and ``--slow`` connections that send ``GET /healthz`` one byte a second (reconnecting
-when the server drops them), and measures again. ``--fuzz`` also runs tests/test_api_fuzz.py
+when the server drops them), and measures again. ``--fuzz`` also runs tests/http/test_api_fuzz.py
 (SQLite) and prints its figures. See benchmarks/README.md.
 """
 
@@ -178,7 +178,7 @@ def main() -> None:
             "pytest",
             "-q",
             "-s",
-            "tests/test_api_fuzz.py",
+            "tests/http/test_api_fuzz.py",
             "-k",
             "sqlite",
         ]

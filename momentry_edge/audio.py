@@ -1,10 +1,10 @@
-"""Audio decode with PyAV: a media file's first audio track as 16 kHz mono float32.
+"""Audio decode with PyAV: a media file's audio tracks as 16 kHz mono float32."""
 
-Speech models want exactly this, and a whole track at 16 kHz is small (3.8 MB
-per minute), so a run decodes it once, up front, and works on the array.
-Sample 0 is the start of the file's timeline (the container start), the same
-origin frame timestamps use, so times from audio and video agree.
-"""
+# Speech models want exactly this, and a whole track at 16 kHz is small (3.8 MB
+# per minute), so a run decodes it once, up front, and works on the array.
+# Sample 0 is the start of the file's timeline (the container start), the same
+# origin frame timestamps use, so times from audio and video agree. Every channel
+# (stereo, 5.1) is mixed into the one, at any source rate.
 
 from __future__ import annotations
 
@@ -19,17 +19,19 @@ SAMPLE_RATE = 16_000
 _BLOCK = 500_000  # source samples per resample call
 
 
-def decode(path: Path | str) -> np.ndarray | None:
-    """The first audio track, resampled; None when the file has no audio track.
+def decode(path: Path | str, track: int = 0) -> np.ndarray | None:
+    """Audio track ``track`` (0: the first), resampled; None when there is no such track.
 
     Raises ``MediaError`` (``MediaNotFoundError`` for a missing file).
     """
     with _open(path) as container:
-        if not container.streams.audio:
+        if track >= len(container.streams.audio):
             return None
-        stream = container.streams.audio[0]
+        stream = container.streams.audio[track]
         origin = container.start_time or 0  # microseconds (av.time_base)
-        resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+        # 16-bit, as faster-whisper's own decode_audio has it: Whisper's text can hinge on
+        # the last bit of the samples, and it must match the library's own call's.
+        resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
         # Decoded frames are gathered in a FIFO and resampled in large blocks: one
         # resample call per ~10 s instead of one per 20 ms frame (half the time).
         fifo = av.AudioFifo()
@@ -37,7 +39,10 @@ def decode(path: Path | str) -> np.ndarray | None:
         first_at: float | None = None  # seconds from the container start
 
         def resample(frame: av.AudioFrame | None) -> None:
-            chunks.extend(f.to_ndarray().reshape(-1) for f in resampler.resample(frame))
+            chunks.extend(
+                f.to_ndarray().reshape(-1).astype(np.float32) / 32768.0
+                for f in resampler.resample(frame)
+            )
 
         try:
             for frame in decode_tolerant(container, stream):
@@ -70,3 +75,10 @@ def decode(path: Path | str) -> np.ndarray | None:
     elif shift < 0:
         samples = samples[-shift:]
     return np.ascontiguousarray(samples, dtype=np.float32)
+
+
+def decode_tracks(path: Path | str) -> list[np.ndarray]:
+    """Every audio track, in the file's order; empty when there is none."""
+    with _open(path) as container:
+        count = len(container.streams.audio)
+    return [pcm for track in range(count) if (pcm := decode(path, track)) is not None]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import overload
 
 # The whole second last rendered, and its text: consecutive calls (log lines, documents)
 # mostly fall within one second, and formatting is the costly part.
@@ -30,6 +31,18 @@ def offset() -> float:
 def set_offset(seconds: float) -> None:
     global _offset
     _offset = seconds
+
+
+@overload
+def iso(ts: float) -> str: ...
+
+
+@overload
+def iso(ts: None) -> None: ...
+
+
+@overload
+def iso(ts: float | None) -> str | None: ...
 
 
 def iso(ts: float | None) -> str | None:

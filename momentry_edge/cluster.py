@@ -1,12 +1,11 @@
-"""Nodes sharing one queue: registration, heartbeats, and wake-ups across processes.
+"""Nodes sharing one queue: registration, heartbeats, and wake-ups across processes."""
 
-Each service process is a node. It registers what it can run, renews
-``last_seen`` with its heartbeat, and is considered gone once that is older
-than the lease. On PostgreSQL a node LISTENs on a channel that every node
-NOTIFYs when work may have become claimable, so an idle node on another
-machine starts a job within milliseconds; SQLite (one machine) relies on the
-in-process wake-up and the periodic kick.
-"""
+# Each service process is a node. It registers what it can run, renews
+# ``last_seen`` with its heartbeat, and is considered gone once that is older
+# than the lease. On PostgreSQL a node LISTENs on a channel that every node
+# NOTIFYs when work may have become claimable, so an idle node on another
+# machine starts a job within milliseconds; SQLite (one machine) relies on the
+# in-process wake-up and the periodic kick.
 
 from __future__ import annotations
 
@@ -22,11 +21,11 @@ from typing import Any
 import peewee as pw
 import psutil
 
-from . import clock, db
+from . import clock, store
 from .clock import iso
-from .db import JobStatus, Node
 from .errors import Conflict
 from .events import Event, bus
+from .store import JobStatus, Node, dbusers
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +49,7 @@ def sync_clock(database: pw.Database) -> float:
     """Take the database server's time as the queue's (clock.now); returns how far this
     machine's clock is behind it, in seconds. On SQLite the queue is on this machine
     and so is its clock."""
-    if not db.is_postgres(database):
+    if not store.is_postgres(database):
         return 0.0
     database.connect(reuse_if_open=True)  # a new connection's set-up is not the server's time
     before = time.time()
@@ -77,7 +76,7 @@ def register_node(
     """Claim ``node_id`` for this process; refuse if a live process on this host holds it."""
     now = clock.now() if now is None else now
     host = socket.gethostname()
-    with db.write_transaction(Node._meta.database):
+    with store.write_transaction(Node._meta.database):
         current = Node.get_or_none(Node.node_id == node_id)
         if current is not None and current.owner != owner and _alive_here(current, host):
             raise Conflict(
@@ -100,17 +99,21 @@ def register_node(
 
 
 def _alive_here(node: Node, host: str) -> bool:
-    """Whether the process that registered ``node`` still runs here. A process with its
-    pid started after the row was written is another program: the pid was given again
-    after that one was killed or the machine restarted."""
+    """Whether the process that registered ``node`` still runs here, on this database. A
+    process with its pid started after the row was written is another program: the pid
+    was given again after that one was killed or the machine restarted. One that uses
+    another database (this one is a copy of its, restored) holds nothing here."""
     if node.host != host or node.pid == os.getpid():
         return False
     try:
-        created = psutil.Process(node.pid).create_time()
+        process = psutil.Process(node.pid)
+        created = process.create_time()
     except psutil.Error:
         return False
     # started_at is on the queue's clock, create_time on this machine's (and rounded).
-    return created <= node.started_at - clock.offset() + 1
+    if created > node.started_at - clock.offset() + 1:
+        return False
+    return dbusers.uses(process, Node._meta.database)
 
 
 def heartbeat(node_id: str, owner: str, max_concurrent: int) -> None:
@@ -136,20 +139,21 @@ def live_nodes(within: float, now: float | None = None) -> list[Node]:
     return list(Node.select().where(Node.last_seen >= now - within).order_by(Node.node_id))
 
 
-@db.retried  # read as a job finishes: a dropped connection must not give the job back
+@store.retried  # read as a job finishes: a dropped connection must not give the job back
 def cluster_processors(within: float) -> set[str]:
     """Every processor some live node can run (read before every claim: written out)."""
-    rows = db.execute("SELECT processors FROM node WHERE last_seen >= ?", clock.now() - within)
+    rows = store.execute("SELECT processors FROM node WHERE last_seen >= ?", clock.now() - within)
     return {name for (processors,) in rows.fetchall() for name in json.loads(processors)}
 
 
 def node_rows(within: float) -> list[dict[str, Any]]:
     """The ``nodes`` list of the queue status."""
     active = dict(
-        db.Job.select(db.Job.node, pw.fn.COUNT(db.Job.id))
-        .where(db.Job.status == JobStatus.PROCESSING)
-        .group_by(db.Job.node)
-        .tuples()
+        store.rows(
+            store.Job.select(store.Job.node, pw.fn.COUNT(store.Job.id))
+            .where(store.Job.status == JobStatus.PROCESSING)
+            .group_by(store.Job.node)
+        )
     )
     return [
         {
@@ -206,7 +210,7 @@ class Notifier:
 
     @property
     def enabled(self) -> bool:
-        return db.is_postgres(self.database)
+        return store.is_postgres(self.database)
 
     def start(self) -> None:
         if self.enabled:
@@ -225,12 +229,12 @@ class Notifier:
             except (pw.DatabaseError, pw.InterfaceError):
                 # Runs inside whatever published the event: never let it fail that.
                 log.warning("could not notify other nodes; they will poll")
-                db.release_connection()
+                store.release_connection()
 
     def _listen(self) -> None:
         import psycopg
 
-        # The URL's settings, with its connect_timeout or the service's (db.CONNECTION_DEFAULTS).
+        # The URL's settings, with its connect_timeout or the service's (store.CONNECTION_DEFAULTS).
         params = self.database.connect_params
         while not self._stop.is_set():
             try:

@@ -1,10 +1,9 @@
-"""momentry.toml + environment variables -> one frozen Config.
+"""momentry.toml + environment variables -> one frozen Config."""
 
-Each setting is declared once, in the dataclasses below; the file, the
-environment (``MOMENTRY_<SECTION>_<KEY>`` for every key, plus the short names
-API.md documents) and the defaults all go through the same coercion, so a bad
-value is reported the same way wherever it came from.
-"""
+# Each setting is declared once, in the dataclasses below; the file, the
+# environment (``MOMENTRY_<SECTION>_<KEY>`` for every key, plus the short names
+# API.md documents) and the defaults all go through the same coercion, so a bad
+# value is reported the same way wherever it came from.
 
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ from urllib.parse import SplitResult, parse_qs, urlsplit
 from .outbound import url_problem
 
 DEFAULT_DATA_DIR = "~/.momentry-edge"
-NODE_ID_MAX = 120  # db.Node.node_id
+NODE_ID_MAX = 120  # store.Node.node_id
 CONFIG_NAME = "momentry.toml"
 
 
@@ -92,7 +91,7 @@ def _redis_db_number(url: str) -> str | None:
 
 def _database_url(url: str) -> str | None:
     """The shape of service.database_url; libpq reads the rest of a PostgreSQL one at
-    start-up (db.postgres), as psql would."""
+    start-up (store.postgres), as psql would."""
     if not url:
         return None  # SQLite in the data dir
     # Not the port: libpq takes several hosts (h1:5432,h2:5433), which urlsplit cannot.
@@ -140,12 +139,13 @@ def _node_id(name: str) -> str | None:
 @dataclass(frozen=True)
 class ServiceConfig:
     data_dir: Path = _setting(Path(DEFAULT_DATA_DIR), env="MOMENTRY_DATA_DIR")
-    watch: tuple[Path, ...] = _setting([Path("~/momentry-drop")], required=True)
+    # Empty: a processing-only node, which takes jobs from a shared queue and watches nothing.
+    watch: tuple[Path, ...] = _setting([Path("~/momentry-drop")])
     host: str = _setting("127.0.0.1")
     port: int = _setting(8765, minimum=0, maximum=65535)  # 0: any free port
     token: str = _setting("", env="MOMENTRY_API_TOKEN", check=_header_safe)
     database_url: str = _setting("", env="DATABASE_URL", check=_database_url)
-    # Set: job state is mirrored into the Momentry system's momentry:* Redis keys (mirror.py).
+    # Set: job state is mirrored into the Momentry system's momentry:* Redis keys (sidecars/).
     redis_url: str = _setting("", env="REDIS_URL", check=_redis_db_number)
     # How long a write waits for another's lock on the SQLite file before it fails.
     database_timeout: float = _setting(15.0, minimum=0.1, maximum=3600)
@@ -193,13 +193,21 @@ class QueueConfig:
     max_crashes: int = _setting(3, minimum=1, maximum=100)
     # No job starts while the data dir's disk has less free space than this.
     min_free_disk_mb: float = _setting(1024.0, minimum=0, maximum=1e9)
+    # Nor while it has fewer free inodes (files it may still create) than this: a long
+    # video's cut run alone writes a thumbnail per scene.
+    min_free_inodes: int = _setting(20000, minimum=0, maximum=10**12)
 
 
 @dataclass(frozen=True)
 class IngestConfig:
     settle_seconds: float = _setting(5.0, minimum=0, maximum=MAX_SECONDS)
     extensions: tuple[str, ...] = _setting(
-        [".mp4", ".mov", ".m4v", ".mkv", ".avi", ".webm", ".mts"], required=True
+        [
+            *(".mp4", ".mov", ".m4v", ".mkv", ".avi", ".webm", ".mts", ".mxf"),
+            # Audio files: the audio processors run, the frame processors do not apply.
+            *(".m4a", ".mp3", ".wav", ".aac", ".flac", ".ogg", ".opus"),
+        ],
+        required=True,
     )
     # Empty: dropped files are registered, nothing is queued.
     processors: tuple[str, ...] = _setting(["asr", "cut", "yolo", "ocr", "face", "pose"])
@@ -409,13 +417,14 @@ def _build_section(
 def _default(f: dataclasses.Field) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
-    return f.default_factory()  # type: ignore[misc]
+    return f.default_factory()  # type: ignore[operator]
 
 
 def _coerce(key: str, f: dataclasses.Field, value: Any, origin: str, base: Path) -> Any:
     """``value`` as the setting's type, checked; a relative path is made absolute against
     ``base``, once, so that every later use (the service, backup, the unit file) agrees."""
-    kind = f.type
+    kind = str(f.type)  # the annotation's text: this module's annotations are strings
+    result: Any
     try:
         if kind == "bool":
             result = _to_bool(value)

@@ -1,10 +1,9 @@
-"""Flushing to the drive itself, so that what is written survives a power cut.
+"""Flushing to the drive itself, so that what is written survives a power cut."""
 
-On macOS ``fsync`` hands the data to the drive but leaves it in the drive's own
-cache, where a power cut can lose it (fsync(2) there says so); ``F_FULLFSYNC``
-flushes that cache too. Elsewhere ``fsync`` does all of it. A rename or a new
-entry lives in its folder, so the folder is flushed after it.
-"""
+# On macOS ``fsync`` hands the data to the drive but leaves it in the drive's own
+# cache, where a power cut can lose it (fsync(2) there says so); ``F_FULLFSYNC``
+# flushes that cache too. Elsewhere ``fsync`` does all of it. A rename or a new
+# entry lives in its folder, so the folder is flushed after it.
 
 from __future__ import annotations
 

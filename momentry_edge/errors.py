@@ -1,4 +1,4 @@
-"""Errors the core raises for client mistakes; api.py maps each to one HTTP status."""
+"""Errors the core raises for client mistakes; http/app.py maps each to one HTTP status."""
 
 
 class ClientError(Exception):

@@ -12,6 +12,8 @@ import logging
 import logging.handlers
 import os
 import sys
+import threading
+import time
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
@@ -108,6 +110,34 @@ class RotatingFile(logging.handlers.RotatingFileHandler):
         if self.stream is None:  # delayed, or closed by a rollover that failed
             self.stream = self._open()
         return self.maxBytes > 0 and self._regular and self.stream.tell() >= self.maxBytes
+
+
+class Repeats:
+    """Says a recurring failure when it first happens, then the same one again at most
+    every ``every`` seconds (a resource run out fails the same way at every tick), and
+    once when it has passed."""
+
+    def __init__(self, logger: logging.Logger, every: float = 60.0) -> None:
+        self._log = logger
+        self._every = every
+        self._said: dict[str, tuple[str, float]] = {}  # what -> (its error, said at)
+        self._lock = threading.Lock()
+
+    def failed(self, what: str, error: BaseException) -> None:
+        text = f"{type(error).__name__}: {error}"
+        now = time.monotonic()
+        with self._lock:
+            said = self._said.get(what)
+            if said is not None and said[0] == text and now - said[1] < self._every:
+                return
+            self._said[what] = (text, now)
+        self._log.error("%s failed", what, exc_info=error)
+
+    def worked(self, what: str) -> None:
+        with self._lock:
+            said = self._said.pop(what, None)
+        if said is not None:
+            self._log.info("%s works again", what)
 
 
 def _drop_cut_line(path: str) -> None:

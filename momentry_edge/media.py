@@ -1,14 +1,15 @@
-"""Media probing and frame decoding with PyAV (no ffmpeg binary).
+"""Media probing and frame decoding with PyAV (no ffmpeg binary)."""
 
-``probe`` tells whether a file is usable and what it is; every failure becomes a
-``MediaError`` whose ``reason`` can be shown to a user as is. ``iter_frames``
-yields decoded frames with exact frame indices, starting anywhere, so a resumed
-run sees the same frames (indices and pixels) as an uninterrupted one.
-
-Frame indices are computed from each frame's presentation timestamp and the
-stream's frame rate, not by counting, so they do not depend on where decoding
-started. For variable-frame-rate files they follow the average rate.
-"""
+# ``probe`` tells whether a file is usable and what it is; every failure becomes a
+# ``MediaError`` whose ``reason`` can be shown to a user as is. ``iter_frames``
+# yields decoded frames with exact frame indices, starting anywhere, so a resumed
+# run sees the same frames (indices and pixels) as an uninterrupted one.
+#
+# Frame indices are computed from each frame's presentation timestamp and the
+# stream's frame rate, not by counting, so they do not depend on where decoding
+# started. For variable-frame-rate files the rate is the stream's base rate (the
+# one every timestamp fits), so each frame keeps an index of its own; each frame's
+# time is its own timestamp.
 
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ import av
 import numpy as np
 from av.container import InputContainer
 from av.video.frame import VideoFrame
-from av.video.reformatter import VideoReformatter
 from av.video.stream import VideoStream
+
+from momentry_edge.pictures import Converter, upright_size
 
 # What PyAV raises for unreadable, odd or vanished input.
 _AV_ERRORS = (av.FFmpegError, OSError, ValueError, EOFError)
@@ -44,15 +46,25 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class MediaInfo:
     duration: float  # seconds
-    width: int
-    height: int
-    fps: float
+    # width, height, fps and video_codec are None for a file without a video track
+    # (an audio file); its frame_count is 0.
+    width: int | None
+    height: int | None
+    fps: float | None
     frame_count: int  # from the container's frame count, else duration * fps
-    video_codec: str
-    audio_codec: str | None
+    video_codec: str | None
+    audio_codec: str | None  # the first audio track's
     has_audio: bool
     size: int  # bytes
     container: str  # demuxer name, e.g. "mov,mp4,m4a,3gp,3g2,mj2"
+    audio_tracks: int = 0
+    # Degrees counterclockwise a player turns the stored picture (a phone's display
+    # matrix); width and height are those of the picture shown, upright.
+    rotation: int = 0
+
+    @property
+    def has_video(self) -> bool:
+        return self.video_codec is not None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,7 +114,8 @@ class MediaNotFoundError(MediaError):
 
 
 def probe(path: Path | str) -> MediaInfo:
-    """Read the container and decode the first (and a late) video frame.
+    """Read the container and decode the first (and a late) video frame; a file with
+    audio but no video track (an audio file) has its first audio frame decoded instead.
 
     Raises ``MediaError`` (``MediaNotFoundError`` for a missing file); never a PyAV error.
     """
@@ -141,20 +154,16 @@ def iter_frames(
     """Yield ``(frame_index, seconds, image)`` for every frame from ``start_frame`` on
     whose index is a multiple of ``step`` (so a resumed run samples the same frames).
 
-    ``image`` is HxWx3 in ``fmt``, resized to ``size=(width, height)`` when given.
+    ``image`` is HxWx3 in ``fmt``, upright, resized to ``size=(width, height)`` when given.
     Starting later seeks to the keyframe before ``start_frame`` and decodes forward.
     Raises ``MediaError`` for unreadable input.
     """
     if start_frame < 0 or step < 1:
         raise ValueError("start_frame must be >= 0 and step >= 1")
-    width, height = size if size is not None else (None, None)
-    # One scaler for the whole run, single-threaded: a new or threaded swscale
-    # context per frame costs more than the conversion, and decoding already
-    # keeps the cores busy.
-    scaler = VideoReformatter()
+    convert = Converter(size, fmt)  # upright, as a player shows it
     for index, seconds, frame in iter_decoded(path, start_frame=start_frame):
         if index % step == 0:
-            yield index, seconds, scaler.reformat(frame, width, height, fmt, threads=1).to_ndarray()
+            yield index, seconds, convert(frame)
 
 
 def iter_decoded(
@@ -169,9 +178,9 @@ def iter_decoded(
     if start_frame < 0:
         raise ValueError("start_frame must be >= 0")
     with _open(path) as container:
-        if not container.streams.video:
+        stream = video_stream(container)
+        if stream is None:
             raise MediaError("no video stream")
-        stream = container.streams.video[0]
         if threaded:
             stream.thread_type = "AUTO"
         else:
@@ -198,6 +207,13 @@ class _Clock:
         rate = stream.average_rate or stream.guessed_rate or stream.base_rate
         if not rate:
             raise MediaError("unsupported video: no frame rate")
+        base: Any = stream.base_rate  # a Fraction, or None
+        # Variable frame rate (dropped frames, a phone's): on the average rate's grid two
+        # frames can round to one index. The base rate is the one FFmpeg finds every
+        # timestamp fits; taken when it is plausibly that of the frames (not a time base).
+        self.variable = bool(base) and rate < base <= 4 * rate
+        if self.variable:
+            rate = base
         self.rate = Fraction(rate)
         self.time_base = Fraction(stream.time_base or Fraction(1, 90_000))
         self.origin = stream.start_time or 0
@@ -275,11 +291,31 @@ def _open(path: Path | str) -> InputContainer:
         raise MediaError(f"not a readable media file: {_message(e)}") from None
 
 
+def video_stream(container: InputContainer) -> VideoStream | None:
+    """The first video track that moves: cover art (an mp3's or m4a's attached picture)
+    is a still image that players show beside the sound, not video."""
+    for stream in container.streams.video:
+        if not stream.disposition & av.stream.Disposition.attached_pic:
+            return stream
+    return None
+
+
+def has_video(path: Path | str) -> bool | None:
+    """Whether the file has a video track; None when it cannot be read."""
+    try:
+        with _open(path) as container:
+            return video_stream(container) is not None
+    except (MediaError, *_AV_ERRORS):
+        return None
+
+
 def _probe_open(container: InputContainer, size: int) -> MediaInfo:
-    if not container.streams.video:
-        raise MediaError("no video stream")
-    video = container.streams.video[0]
+    video = video_stream(container)
     audio = container.streams.audio[0] if container.streams.audio else None
+    if video is None:
+        if audio is None:
+            raise MediaError("no video or audio stream")
+        return _probe_audio(container, audio, size)
     clock = _Clock(video)
     fps = float(clock.rate)
 
@@ -289,18 +325,21 @@ def _probe_open(container: InputContainer, size: int) -> MediaInfo:
         duration = float(video.duration * clock.time_base)
     else:
         duration = (video.frames or 0) / fps
-    frame_count = video.frames or round(duration * fps)
+    frame_count = round(duration * fps) if clock.variable else video.frames or round(duration * fps)
 
-    if not _decodes_a_frame(container, video):
+    first = _first_frame(container, video)
+    if first is None:
         raise MediaError("truncated or corrupt: could not decode any video frame")
     if duration > 2.0 and _ends_early(container, video, clock, duration):
         raise MediaError(f"truncated or corrupt: the data ends before the stated {duration:.1f} s")
 
     ctx = video.codec_context
+    rotation = round(first.rotation)
+    width, height = upright_size(ctx.width, ctx.height, rotation)
     return MediaInfo(
         duration=round(duration, 3),
-        width=ctx.width,
-        height=ctx.height,
+        width=width,
+        height=height,
         fps=fps,
         frame_count=int(frame_count),
         video_codec=ctx.name,
@@ -308,22 +347,50 @@ def _probe_open(container: InputContainer, size: int) -> MediaInfo:
         has_audio=audio is not None,
         size=size,
         container=container.format.name,
+        audio_tracks=len(container.streams.audio),
+        rotation=rotation,
     )
 
 
-def _decodes_a_frame(container: InputContainer, stream: VideoStream) -> bool:
+def _probe_audio(container: InputContainer, audio: Any, size: int) -> MediaInfo:
+    """An audio file: its length and codec, once a frame of it decodes."""
+    if container.duration:
+        duration = container.duration / av.time_base
+    elif audio.duration and audio.time_base:
+        duration = float(audio.duration * audio.time_base)
+    else:
+        duration = 0.0
+    if _first_frame(container, audio) is None:
+        raise MediaError("truncated or corrupt: could not decode any audio")
+    return MediaInfo(
+        duration=round(duration, 3),
+        width=None,
+        height=None,
+        fps=None,
+        frame_count=0,
+        video_codec=None,
+        audio_codec=audio.codec_context.name,
+        has_audio=True,
+        size=size,
+        container=container.format.name,
+        audio_tracks=len(container.streams.audio),
+    )
+
+
+def _first_frame(container: InputContainer, stream: Any) -> Any:
+    """The first frame that decodes (within _PROBE_PACKETS), or None."""
     try:
         for n, packet in enumerate(container.demux(stream)):
             if n >= _PROBE_PACKETS:
                 break
             try:
-                if packet.decode():
-                    return True
+                if frames := packet.decode():
+                    return frames[0]
             except av.InvalidDataError:
                 continue  # a damaged packet; a later keyframe may still decode
     except _AV_ERRORS:
         pass  # demuxing failed: judged as undecodable
-    return False
+    return None
 
 
 def _ends_early(
@@ -373,6 +440,8 @@ def _looks_like_media(path: Path) -> bool:
         or head.startswith(b"\x00\x00\x01\xba")  # mpeg program stream
         or head[0:1] == head[188:189] == b"\x47"  # mpeg transport stream
         or head[4:5] == head[196:197] == b"\x47"  # m2ts (AVCHD .mts)
+        or head.startswith((b"ID3", b"fLaC", b"OggS"))  # mp3 with tags, flac, ogg/opus
+        or (head.startswith(b"RIFF") and head[8:12] == b"WAVE")
     )
 
 

@@ -1,15 +1,14 @@
-"""One POST to someone else's server (a job callback, an operator alert), bounded in time.
+"""One POST to someone else's server (a job callback, an operator alert), bounded in time."""
 
-httpx's timeouts bound each connect, send and read on its own, so a server that
-answers a byte at a time (each within the read timeout) could hold the sending
-thread forever, and none of them bounds the host name's lookup, which the system
-resolver may take far longer over. Here the whole exchange, from the lookup up to
-the status line and headers, gets ``deadline`` seconds: it runs on a thread of its
-own, and at the deadline the caller gets TooSlow while the exchange's socket is
-shut down, which wakes a blocked read; a lookup that answers late connects no more.
-The reply's body is never read: the status is the answer, and a huge or endless
-body must neither hold the thread nor fill its memory.
-"""
+# httpx's timeouts bound each connect, send and read on its own, so a server that
+# answers a byte at a time (each within the read timeout) could hold the sending
+# thread forever, and none of them bounds the host name's lookup, which the system
+# resolver may take far longer over. Here the whole exchange, from the lookup up to
+# the status line and headers, gets ``deadline`` seconds: it runs on a thread of its
+# own, and at the deadline the caller gets TooSlow while the exchange's socket is
+# shut down, which wakes a blocked read; a lookup that answers late connects no more.
+# The reply's body is never read: the status is the answer, and a huge or endless
+# body must neither hold the thread nor fill its memory.
 
 from __future__ import annotations
 

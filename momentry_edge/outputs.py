@@ -1,38 +1,43 @@
-"""Processor results on disk: where they live, how they are written, shared and read back.
+"""Processor results on disk: where they live, how they are written, shared and read back."""
 
-``<data_dir>/results/<file_uuid>/`` holds one file's results:
+# One piece (~640 lines): the results folder's layout, its writes, links and reads
+# keep one set of rules about what is the service's own file.
 
-- ``<processor>.json``: the processor's document, ``status`` completed, failed or partial
-  (cancelled), with ``result``, ``error`` and ``last_checkpoint``;
-- ``<processor>.srt`` / ``.vtt``: subtitles beside asr's and asrx's documents;
-- ``cut.thumbnails/``: cut's scene keyframes, named in ``cut.json``;
-- ``<processor>.failed.json`` or ``.partial.json``: a later run that failed or was
-  cancelled, kept beside a complete result so that it never replaces it; removed
-  when the processor next completes. At most one of the two is there at a time.
-
-Files are written 0640 and folders 0750 whatever the process umask, so the group the
-service runs with (a web server, the studio's tools) can read results.
-"""
+# ``<data_dir>/results/<file_uuid>/`` holds one file's results:
+#
+# - ``<processor>.json``: the processor's document, ``status`` completed, failed or partial
+#   (cancelled), with ``result``, ``error`` and ``last_checkpoint``;
+# - ``<processor>.srt`` / ``.vtt``: subtitles beside asr's and asrx's documents;
+# - ``cut.thumbnails/``: cut's scene keyframes, named in ``cut.json``;
+# - ``<processor>.failed.json`` or ``.partial.json``: a later run that failed or was
+#   cancelled, kept beside a complete result so that it never replaces it; removed
+#   when the processor next completes. At most one of the two is there at a time.
+#
+# Files are written 0640 and folders 0750 whatever the process umask, so the group the
+# service runs with (a web server, the studio's tools) can read results.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import stat
+import threading
 import time
 from collections.abc import Callable
 from json.encoder import encode_basestring as _string
 from pathlib import Path
 from typing import Any
 
-from . import db, durable
+from . import durable, store, trees
 from .clock import iso
-from .db import Job, MediaFile, ProcessorRun
+from .store import Job, MediaFile, ProcessorRun
 
 FILE_MODE = 0o640
 DIR_MODE = 0o750
@@ -182,24 +187,24 @@ def write_json_atomic(path: Path, data: Any) -> Path:
 
 def _indented(data: Any) -> str:
     """``json.dumps(data, ensure_ascii=False, indent=2)``, the same text, but strict JSON
-    (db.NotJSON for NaN or Infinity: strict parsers refuse them). For a document
+    (store.NotJSON for NaN or Infinity: strict parsers refuse them). For a document
     (a dict of mostly plain values) its top level is written here and each plain value
     by json's C encoder: json's indenting encoder is written in Python."""
     if not isinstance(data, dict) or not data or not all(isinstance(k, str) for k in data):
-        return db.to_json(data, indent=2)
+        return store.to_json(data, indent=2)
     items = []
     for key, value in data.items():
         if isinstance(value, dict | list | tuple) and value:
             # Nested lines one level deeper: JSON strings hold no raw line breaks.
-            text = db.to_json(value, indent=2).replace("\n", "\n  ")
+            text = store.to_json(value, indent=2).replace("\n", "\n  ")
         elif isinstance(value, str):
             text = _string(value)
         elif value is None:
             text = "null"
         else:
-            text = db.to_json(value)
+            text = store.to_json(value)
         items.append(f"  {_string(key)}: {text}")
-    return db.utf8("{\n" + ",\n".join(items) + "\n}")  # the strings written as they are
+    return store.utf8("{\n" + ",\n".join(items) + "\n}")  # the strings written as they are
 
 
 def write_result(
@@ -292,10 +297,9 @@ def result_folders(data_dir: Path, record: MediaFile) -> list[Path]:
         .join(Job)
         .where(Job.file == record.id, ProcessorRun.output_path.is_null(False))
         .order_by(ProcessorRun.id.desc())
-        .tuples()
     )
     folders = [own]
-    for (output_path,) in written:
+    for (output_path,) in store.rows(written):
         folder = Path(output_path).parent
         # Only a results folder of this file: a duplicate's document is linked into it.
         if folder.name == record.file_uuid and folder not in folders:
@@ -315,29 +319,65 @@ def read_result(folders: list[Path], processor: str) -> bytes | None:
             aside_path(folder, processor, PARTIAL),
             document_path(folder, processor),
         ):
-            document = _read_own(path)
+            document = _read_own(folder, path.name)
             if document is not None:
                 return document
     return None
 
 
-def _read_own(path: Path) -> bytes | None:
-    """The bytes of the file the service wrote at ``path``; None when there is none.
+def read_sidecar(folders: list[Path], name: str) -> bytes | None:
+    """A file written beside the documents (``asr.srt``), from the first of ``folders``
+    that has it; None when none has."""
+    for folder in folders:
+        content = _read_own(folder, name)
+        if content is not None:
+            return content
+    return None
 
-    A link, or anything but a regular file, counts as none: a link put in a results folder
-    (by hand, or by a backup restored) could point anywhere on the machine, and a FIFO
-    would hold the request for ever.
+
+def _read_own(folder: Path, name: str) -> bytes | None:
+    """The bytes of the file the service wrote at ``folder / name`` (``name`` may hold
+    ``/``); None when there is none (see _open_own)."""
+    fd = _open_own(folder, name)
+    if fd is None:
+        return None
+    with open(fd, "rb") as file:
+        return file.read()
+
+
+def _open_own(folder: Path, name: str) -> int | None:
+    """A descriptor of the regular file at ``folder / name``; None when there is none.
+
+    A link anywhere below the results root, or anything but a regular file, counts as
+    none: a link put in a results folder (by hand, or by a backup restored) could point
+    anywhere on the machine, and a FIFO would hold the request for ever. Each part is
+    opened without following links, from the results root (which may itself be a link:
+    results on shared storage).
     """
+    parts = [folder.name, *name.split("/")]
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(folder.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):
         return None
+    try:
+        for part, flags in zip(parts, [_DIR_FLAGS] * (len(parts) - 1) + [_FILE_FLAGS], strict=True):
+            inner = os.open(part, flags, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+    except (FileNotFoundError, NotADirectoryError):
+        pass
     except OSError as exc:
-        if exc.errno == errno.ELOOP:  # the last part of the path is a link
-            return None
-        raise
-    with open(fd, "rb") as file:
-        return file.read() if stat.S_ISREG(os.fstat(fd).st_mode) else None
+        if exc.errno != errno.ELOOP:  # ELOOP: a part of the path is a link
+            os.close(fd)
+            raise
+    os.close(fd)
+    return None
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def scene_thumbnail(folders: list[Path], index: str) -> bytes | None:
@@ -348,26 +388,56 @@ def scene_thumbnail(folders: list[Path], index: str) -> bytes | None:
         return None
     for folder in folders:
         try:
-            cut = _read_own(document_path(folder, "cut"))
+            names = _thumbnail_names(folder)
         except OSError:
             return None
-        if cut is None:
+        if names is None:
             continue
         try:
-            document = json.loads(cut)
-        except ValueError:
-            return None
-        try:
-            name = document["result"]["scenes"][int(index)]["thumbnail"]
-        except (LookupError, TypeError):
+            name = names[int(index)]
+        except IndexError:
             return None
         if not isinstance(name, str) or not name.startswith(f"{THUMBNAILS}/") or ".." in name:
             return None
         try:
-            return _read_own(folder / name)
+            return _read_own(folder, name)
         except OSError:
             return None
     return None
+
+
+# cut.json's thumbnail names by (folder, the file's identity): a long video's cut.json is
+# megabytes, and a page of thumbnails asks for each scene's.
+_THUMBNAIL_NAMES: collections.OrderedDict[tuple[Any, ...], list[Any]] = collections.OrderedDict()
+_THUMBNAIL_NAMES_KEPT = 16
+_thumbnail_lock = threading.Lock()
+
+
+def _thumbnail_names(folder: Path) -> list[Any] | None:
+    """The ``thumbnail`` of each scene in ``folder``'s cut.json ([] if it is not a cut
+    document), None when there is no cut.json; parsed once per version of the file."""
+    fd = _open_own(folder, document_path(folder, "cut").name)
+    if fd is None:
+        return None
+    with open(fd, "rb") as file:
+        st = os.fstat(fd)
+        key = (str(folder), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        with _thumbnail_lock:
+            if (names := _THUMBNAIL_NAMES.get(key)) is not None:
+                _THUMBNAIL_NAMES.move_to_end(key)
+                return names
+        try:
+            scenes = json.loads(file.read())["result"]["scenes"]
+            names = [
+                scene.get("thumbnail") if isinstance(scene, dict) else None for scene in scenes
+            ]
+        except (ValueError, LookupError, TypeError, AttributeError):
+            names = []
+    with _thumbnail_lock:
+        _THUMBNAIL_NAMES[key] = names
+        while len(_THUMBNAIL_NAMES) > _THUMBNAIL_NAMES_KEPT:
+            _THUMBNAIL_NAMES.popitem(last=False)
+    return names
 
 
 # -- the retention sweep's part ----------------------------------------------------------------
@@ -386,15 +456,42 @@ def stored(data_dir: Path) -> list[tuple[str, float]]:
     return found
 
 
+# The folders a run fills before its result is placed (processors/keyframes.py's
+# ``.cut.thumbnails.work``, and the ``.new`` and ``.old`` sets of its publish): named
+# ``.<processor>.<what>.<work|new|old>``, each matched whole.
+WORK_FOLDER = re.compile(r"\.[a-z0-9_-]+\.[^/]+\.(?:work|new|old)")
+
+
+def remove_work(out_dir: Path, processor: str) -> int:
+    """Remove the work folders of ``processor``'s run in ``out_dir`` (a run that ended
+    without its result: they may hold thousands of files); returns how many."""
+    removed = 0
+    try:
+        with os.scandir(out_dir) as entries:
+            found = [
+                e
+                for e in entries
+                if e.name.startswith(f".{processor}.")
+                and WORK_FOLDER.fullmatch(e.name)
+                and e.is_dir(follow_symlinks=False)
+            ]
+    except (FileNotFoundError, NotADirectoryError):
+        return 0
+    for entry in found:
+        trees.remove(entry.path)
+        removed += 1
+    return removed
+
+
 def remove(data_dir: Path, file_uuid: str) -> None:
     """Remove a file's results folder (linked results of other files stay with them)."""
-    shutil.rmtree(results_dir(data_dir, file_uuid), ignore_errors=True)
+    trees.remove(results_dir(data_dir, file_uuid))
 
 
 # -- results shared between files of the same content ----------------------------------------
 
 
-@db.retried  # read as a run starts: a dropped connection must not fail the run
+@store.retried  # read as a run starts: a dropped connection must not fail the run
 def duplicate_output(
     record: MediaFile, processor: str, model: str | None, version: str, out_dir: Path
 ) -> tuple[str, str] | None:
@@ -413,13 +510,12 @@ def duplicate_output(
         .where(
             MediaFile.fingerprint == record.fingerprint,
             ProcessorRun.processor == processor,
-            ProcessorRun.status == db.RunStatus.COMPLETED,
+            ProcessorRun.status == store.RunStatus.COMPLETED,
             ProcessorRun.model.is_null() if model is None else ProcessorRun.model == model,
         )
         .order_by(ProcessorRun.completed_at.desc())
-        .tuples()
     )
-    for output_path, original, original_id in query:
+    for output_path, original, original_id in store.rows(query):
         source = Path(output_path or "")
         try:
             document = json.loads(source.read_text(encoding="utf-8"))
@@ -462,7 +558,7 @@ def content_hash(record: MediaFile) -> str | None:
     except OSError:
         return None
     after = _regular_stat(path)
-    if after is None or db.written(before, after):
+    if after is None or store.written(before, after):
         return None  # written while it was read
     value = digest.hexdigest()
     # Stored only while the record still describes this content (not re-registered meanwhile).
@@ -489,10 +585,10 @@ def _still_holds(record: MediaFile, st: os.stat_result) -> bool:
     decide, as a rescan's look would."""
     if record.holds(st):
         return True
-    if (record.size, record.mtime, record.inode) != tuple(db.stamp(st).values())[:3]:
+    if (record.size, record.mtime, record.inode) != tuple(store.stamp(st).values())[:3]:
         return False
     try:
-        return db.fingerprint(Path(record.path), st.st_size) == record.fingerprint
+        return store.fingerprint(Path(record.path), st.st_size) == record.fingerprint
     except OSError:
         return False
 
@@ -512,13 +608,14 @@ def _link_outputs(source: Path, processor: str, out_dir: Path) -> Path:
     them), and these keep what they are, the results of this content."""
     make_dir(out_dir)
     for item in source.parent.glob(f"{processor}.*"):
-        if item.name.endswith((f".{PARTIAL}.json", f".{FAILED}.json")):
-            continue
+        if item.name.endswith((f".{PARTIAL}.json", f".{FAILED}.json")) or item.is_symlink():
+            continue  # a link there is none of ours: what it points to is not shared
         target = out_dir / item.name
         tmp = out_dir / f".{item.name}.{os.getpid()}.link"
         _remove(tmp)
         if item.is_dir():
-            shutil.copytree(item, tmp, copy_function=_link_or_copy)
+            # A link inside is copied as the link, which is never served (_open_own).
+            shutil.copytree(item, tmp, symlinks=True, copy_function=_link_or_copy)
             durable.flush_folder(tmp)
             old = out_dir / f".{item.name}.{os.getpid()}.old"
             _remove(old)
@@ -536,14 +633,11 @@ def _link_outputs(source: Path, processor: str, out_dir: Path) -> Path:
 
 def _link_or_copy(source: Path | str, target: Path | str) -> None:
     try:
-        os.link(source, target)
+        os.link(source, target, follow_symlinks=False)
     except OSError:  # a file system without hard links (some external drives)
-        shutil.copy2(source, target)
+        shutil.copy2(source, target, follow_symlinks=False)
         durable.flush_file(target)
 
 
 def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
+    trees.remove(path)

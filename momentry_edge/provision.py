@@ -1,17 +1,16 @@
-"""Models the configured processors need, pulled at start in the background.
+"""Models the configured processors need, pulled at start in the background."""
 
-At start-up the service finds, for each processor, the catalog model it would
-load and whether that model is in place. With ``[models] auto_pull`` on, one
-thread pulls the missing ones, one after another, exactly as `momentry-edge
-models pull` does (``models.pull``: every digest checked before a file is put
-in place; a model already verified is not touched). Until its model is in
-place a processor is *coming*: not ready, but jobs that need it wait in line
-instead of failing. A pull that fails (no source reachable, wrong bytes, a full
-disk, or one that would leave less than ``queue.min_free_disk_mb`` free, refused
-before anything is written) leaves its processors not ready with the reason and
-the fix, and the service goes on; it is tried again after ``RETRY_AFTER``, or at
-the next start, never in a tight loop.
-"""
+# At start-up the service finds, for each processor, the catalog model it would
+# load and whether that model is in place. With ``[models] auto_pull`` on, one
+# thread pulls the missing ones, one after another, exactly as `momentry-edge
+# models pull` does (``weights.pull``: every digest checked before a file is put
+# in place; a model already verified is not touched). Until its model is in
+# place a processor is *coming*: not ready, but jobs that need it wait in line
+# instead of failing. A pull that fails (no source reachable, wrong bytes, a full
+# disk, or one that would leave less than ``queue.min_free_disk_mb`` free, refused
+# before anything is written) leaves its processors not ready with the reason and
+# the fix, and the service goes on; it is tried again after ``RETRY_AFTER``, or at
+# the next start, never in a tight loop.
 
 from __future__ import annotations
 
@@ -23,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import models
+from . import weights
 from .clock import iso
 from .events import bus
 from .processors import Registry
@@ -34,19 +33,19 @@ log = logging.getLogger(__name__)
 QUEUED, PULLING, READY, FAILED = "queued", "pulling", "ready", "failed"
 RETRY_AFTER = 3600.0  # seconds before a failed pull is tried again
 WATCH_EVERY = 30.0  # while a pull has failed: how often to look for a model pulled by hand
-EVENT_EVERY = 0.5  # at most this often a `models.pull` progress event per model
+EVENT_EVERY = 0.5  # at most this often a `weights.pull` progress event per model
 BUSY_POLL = 0.5  # while another process pulls the same model: how often to look again
 
 
 class _Stopped(Exception):
-    """Raised through models.pull when the service stops; the partial file is kept."""
+    """Raised through weights.pull when the service stops; the partial file is kept."""
 
 
 @dataclass
 class Pull:
     """One model being (or to be) put in place for this service's processors."""
 
-    spec: models.ModelSpec
+    spec: weights.ModelSpec
     models_dir: Path
     state: str = QUEUED
     done: int = 0
@@ -85,7 +84,7 @@ class Pull:
             shown = f"{self.percent} %" if self.percent is not None else f"{self.done} bytes"
             who = "another process is pulling" if self.elsewhere else "pulling"
             return f"{who} {name}: {shown} (jobs that need it wait)"
-        fix = f"run `{models.pull_command(self.spec, self.models_dir)}`"
+        fix = f"run `{weights.pull_command(self.spec, self.models_dir)}`"
         offline = offline_packages(self.spec)
         if offline:
             fix += (
@@ -99,7 +98,7 @@ class Pull:
         return f"model {name} could not be pulled: {self.error}; fix: {fix}{retry}"
 
 
-def offline_packages(spec: models.ModelSpec) -> list[str]:
+def offline_packages(spec: weights.ModelSpec) -> list[str]:
     """``name==version`` of the registry packages that carry ``spec``'s bytes."""
     return [
         f"{name}=={version}"
@@ -131,11 +130,11 @@ class Provisioner:
             self._plan(registry, settings)
 
     def _plan(self, registry: Registry, settings: Any) -> None:
-        """The model each processor would load (as models.needed finds them, but in each
+        """The model each processor would load (as weights.needed finds them, but in each
         processor's own models dir), for those whose model is not in place."""
         try:
-            catalog = models.load_catalog()
-        except models.ModelError as exc:
+            catalog = weights.load_catalog()
+        except weights.ModelError as exc:
             log.warning("no automatic model pulls: %s", exc)
             return
         for name in registry.names:
@@ -148,8 +147,8 @@ class Provisioner:
                 spec = catalog.find(processor.model, processor.backend, name)
             if spec is None:
                 continue
-            folder = models.looks_in(processor)
-            if models.state(spec, folder).ready:
+            folder = weights.looks_in(processor)
+            if weights.state(spec, folder).ready:
                 continue  # present and verified: left alone
             key = (spec.name, Path(folder))
             pull = self.pulls.setdefault(key, Pull(spec, Path(folder), total=spec.size))
@@ -207,7 +206,7 @@ class Provisioner:
                 return
             changed = False
             for pull in failed:
-                if models.state(pull.spec, pull.models_dir).ready:  # pulled by hand meanwhile
+                if weights.state(pull.spec, pull.models_dir).ready:  # pulled by hand meanwhile
                     pull.state, pull.error, pull.retry_at = READY, None, None
                     self.publish(pull)
                     changed = True
@@ -222,7 +221,7 @@ class Provisioner:
         self.publish(pull)
         log.info("pulling model %s into %s", pull.spec.name, pull.models_dir)
         try:
-            models.pull(
+            weights.pull(
                 pull.spec,
                 pull.models_dir,
                 progress=_Meter(self, pull),
@@ -232,7 +231,7 @@ class Provisioner:
         except _Stopped:
             pull.state, pull.elsewhere = QUEUED, False  # the next start resumes it
             return
-        except (models.ModelError, OSError) as exc:  # no source, wrong bytes, a full disk
+        except (weights.ModelError, OSError) as exc:  # no source, wrong bytes, a full disk
             self._failed(pull, " ".join(str(exc).split()))
         except Exception as exc:
             log.exception("pulling model %s failed", pull.spec.name)
@@ -245,14 +244,14 @@ class Provisioner:
         self._changed()
 
     def _wait_for_other(self, pull: Pull) -> None:
-        """``models.pull``'s ``on_busy``: another process (an operator's `models pull`, a
+        """``weights.pull``'s ``on_busy``: another process (an operator's `models pull`, a
         second service on this data dir) is pulling the model. Its jobs keep waiting, with
         that pull's progress, and this one goes on (finding it in place) when it ends."""
         if not pull.elsewhere:
             pull.elsewhere = True
             log.info("another process is pulling model %s: waiting for it", pull.spec.name)
         if pull.total:
-            left = models.still_to_fetch(pull.spec, pull.models_dir)
+            left = weights.still_to_fetch(pull.spec, pull.models_dir)
             pull.done = max(0, pull.total - left)
         self.publish(pull)
         if self._stop.wait(BUSY_POLL):

@@ -1,10 +1,10 @@
 """``<data_dir>/run.json``: how the CLI finds the running service (its URL, with port 0
 chosen at start), and how ``restore`` knows that one runs.
-
-The file names the process that wrote it. A process is taken to hold it only while it
-runs on this host and was started before the file was written: after a kill -9 its pid
-may be another program's by now.
 """
+
+# The file names the process that wrote it. A process is taken to hold it only while it
+# runs on this host and was started before the file was written: after a kill -9 its pid
+# may be another program's by now.
 
 from __future__ import annotations
 
@@ -27,7 +27,11 @@ def write(data_dir: Path, info: dict[str, Any]) -> None:
 
 def holder(data_dir: Path) -> dict[str, Any] | None:
     """What the file says, while the process that wrote it runs; else None."""
-    path = data_dir / NAME
+    return held_by_live_process(data_dir / NAME)
+
+
+def held_by_live_process(path: Path) -> dict[str, Any] | None:
+    """What a JSON file with a ``pid`` says, while the process that wrote it runs."""
     try:
         written = path.stat().st_mtime
         info = json.loads(path.read_text(encoding="utf-8"))

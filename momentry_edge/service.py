@@ -1,5 +1,8 @@
 """`momentry-edge run`: database + workers + HTTP in one process, started and stopped in order."""
 
+# One piece (~620 lines): the Service that wires the parts, and the start-up's own
+# checks and messages.
+
 from __future__ import annotations
 
 import errno
@@ -16,33 +19,36 @@ from typing import Any
 
 from . import (
     __version__,
-    backup,
     cluster,
-    db,
-    housekeeping,
-    ingest,
+    datalock,
     jobs,
     logs,
-    models,
     outputs,
+    registry,
     runfile,
-    views,
+    settings,
+    store,
+    watch_folders,
+    weights,
 )
-from .alerts import AlertSender
-from .api import make_app
-from .callbacks import CallbackSender
 from .clock import iso
 from .config import Config, ConfigError
-from .db import Job, JobStatus, MediaFile
 from .errors import Conflict, Invalid
 from .events import bus
-from .gate import Gate
-from .http_server import BaseWSGIServer, start_server, stop_server
-from .mirror import RedisMirror
+from .http.app import make_app
+from .http.server import BaseWSGIServer, start_server, stop_server
+from .ingest import intake, paths
+from .ingest.watcher import Watcher
+from .jobs import views
 from .processors import Registry
 from .provision import Provisioner
-from .watcher import Watcher
-from .worker import Workers
+from .sidecars.alerts import AlertSender
+from .sidecars.callbacks import CallbackSender
+from .sidecars.mirror import RedisMirror
+from .store import Job, JobStatus, MediaFile
+from .upkeep import backup, dbcheck, housekeeping
+from .worker.dispatch import Workers
+from .worker.gate import Gate, disk_space
 
 log = logging.getLogger(__name__)
 
@@ -54,15 +60,18 @@ DAY = 86400.0
 
 
 class Service:
+    # One piece (~390 lines): start, the main loop and stop wire the same parts.
     def __init__(self, config: Config) -> None:
         check_bind_address(config)
         self.config = config
         self.stopping = threading.Event()
+        self._held: int | None = None  # the data dir's lock (datalock), while this runs
         self.node = config.service.node_id or socket.gethostname()
         self.owner = f"{self.node}/{os.getpid()}/{secrets.token_hex(3)}"
-        models.use_data_dir(config.data_dir)  # before any processor looks for its model
+        weights.use_data_dir(config.data_dir)  # before any processor looks for its model
         self.registry = _registry(config)
         self.gate = Gate(config.queue)
+        self._failing = logs.Repeats(log)  # housekeeping steps failing at every tick
         # Missing models the processors need are pulled in the background (provision.py);
         # a node that runs no jobs has no use for them.
         auto_pull = config.models.auto_pull and config.queue.worker_enabled
@@ -71,13 +80,13 @@ class Service:
             config.processors,
             auto_pull,
             self._models_changed,
-            keep_free=int(config.queue.min_free_disk_mb * models.MB),
+            keep_free=int(config.queue.min_free_disk_mb * weights.MB),
         )
         self.workers = Workers(
             config, self.registry, self.gate, self.node, self.owner, self.provision
         )
-        # Drop folders: settled files and rescans go through the intake (ingest.py).
-        self.intake = ingest.Intake(
+        # Drop folders: settled files and rescans go through the intake (intake.py).
+        self.intake = intake.Intake(
             config.service.watch,
             config.ingest.extensions,
             config.ingest.settle_seconds,
@@ -138,7 +147,7 @@ class Service:
         if processors is not None:
             processors = self.registry.validate(processors)
         level = jobs.parse_priority(priority)
-        path, root = ingest.resolve_in_watch(raw_path, self.config.service.watch)
+        path, root = paths.resolve_in_watch(raw_path, self.config.service.watch)
         admitted = self.intake.register(
             path,
             root,
@@ -162,13 +171,17 @@ class Service:
         detail = views.job_detail(job, self.workers.effective_limit())
         return urls, {"event": "job.finished", "job": detail}
 
-    def queue_status(self) -> dict[str, Any]:
+    def queue_status(self, limit: int = 50, offset: int = 0) -> dict[str, Any]:
         extra = {
             "nodes": cluster.node_rows(within=self.config.queue.lease_seconds),
             "blocked_reason": self.gate.blocked_reason,  # why nothing starts, besides a pause
             "models": self.provision.status(),  # models pulled at this start, and how far
+            "warnings": watch_folders.problems(self.config.service.watch),
+            "disk": disk_space(self.config, *outputs.written_folders(self.config.data_dir)),
+            "last_backup": backup.last_backup(self.config.data_dir),
         }
-        return views.queue_status(self.workers.effective_limit(), self.gate.load, extra, self.node)
+        limit_now = self.workers.effective_limit()
+        return views.queue_status(limit_now, self.gate.load, extra, self.node, limit, offset)
 
     def processors(self) -> dict[str, dict[str, Any]]:
         """``GET /api/v1/processors``: readiness, and the pull of a model still coming."""
@@ -180,7 +193,7 @@ class Service:
         try:  # the node row other nodes read (provision starts after register_node)
             cluster.set_processors(self.node, self.owner, sorted(self.workers.can_run))
         finally:
-            db.release_connection()
+            store.release_connection()
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -193,23 +206,30 @@ class Service:
             raise self.config.error(
                 "service.data_dir", f"cannot write logs to {exc.filename}: {exc.strerror}"
             ) from None
+        self._hold_data_dir()
         q = self.config.queue
         # The database's own errors at start (a file that cannot be opened or written, a
         # full disk, a server that is down) become one line here, not one try per step.
         try:
             # A damaged SQLite file stops the start here, before anything reads or writes it.
-            database = backup.connect_checked(self.config)
+            database = dbcheck.connect_checked(self.config)
             cluster.sync_clock(database)  # before anything is stamped with the queue's time
             try:
                 cluster.register_node(self.node, self.owner, sorted(self.workers.can_run))
             except Conflict as exc:  # not a setting: the holder may be stopping still
                 raise NodeIdInUse(f"cannot start: service.node_id: {exc.message}") from None
+            if store.is_postgres(database) and datalock.restoring(database):
+                where = store.safe_url(self.config.service.database_url)
+                raise StartFailed(
+                    f"cannot start: a restore into {where} is under way; start the service "
+                    "once it has ended"
+                )
             # Into its row; one kept from the API is cut to the threads there are now.
             jobs.init_queue_state(
                 q.max_concurrent, q.dynamic_concurrency, self.node, ceiling=q.worker_threads
             )
         # Operational errors only: any other is a bug, and its traceback is wanted.
-        except (OSError, sqlite3.OperationalError, *db.OUTAGE_ERRORS) as exc:
+        except (OSError, sqlite3.OperationalError, *store.OUTAGE_ERRORS) as exc:
             raise database_error(self.config, exc) from None
         self.notifier = cluster.Notifier(database, on_wake=self.workers.kick)
         bus.listen(self.notifier.on_event)
@@ -238,6 +258,22 @@ class Service:
         self.watcher.start()  # its first act is the start-up rescan
         self._write_run_file()
         log.info("momentry-edge %s listening on %s (node %s)", __version__, self.url, self.node)
+        self._announce()
+
+    def _announce(self) -> None:
+        """Where it listens and what it watches, on stdout even without a terminal (the
+        log on stderr keeps to problems then): the first thing an operator looks for."""
+        watch = self.config.service.watch
+        watching = ", ".join(map(str, watch)) if watch else "nothing (a processing-only node)"
+        lines = [
+            f"momentry-edge {__version__} listening on {self.url}",
+            f"  watching: {watching}",
+            f"  data dir: {self.config.data_dir} (log: logs/momentry-edge.log)",
+            f"  settings: {self.config.source or 'defaults and environment'}",
+        ]
+        if not self.config.queue.worker_enabled:
+            lines.append("  runs no jobs (queue.worker_enabled = false)")
+        print("\n".join(lines), flush=True)
 
     def run_forever(self) -> None:
         """The main thread's loop: housekeeping until a signal sets ``stopping``."""
@@ -272,13 +308,13 @@ class Service:
                 self.gate.check_disk(*outputs.written_folders(self.config.data_dir))
                 self.gate.sample(jobs.queue_state(self.node).max_concurrent)
             elif task == "database_file":
-                if problem := db.file_replaced():
+                if problem := store.file_replaced():
                     self._stop_for(problem)
             elif task == "heartbeat":
                 self.workers.renew_leases()
                 cluster.heartbeat(self.node, self.owner, self.workers.effective_limit())
                 self.node_watch.check()  # a node whose heartbeat stopped: node.lost
-                cluster.sync_clock(db.Job._meta.database)  # a clock set right meanwhile
+                cluster.sync_clock(store.Job._meta.database)  # a clock set right meanwhile
             elif task == "reap":
                 reaped = jobs.reap(
                     self.node, self.owner, self.workers.policy, in_hand=self.workers.in_hand()
@@ -301,9 +337,12 @@ class Service:
                 # Here, not on a worker thread: a copy of 100,000 jobs (130 MB) takes about
                 # 2 s (benchmarks/backup_bench.py), and the service's writers never wait for it.
                 backup.scheduled(self.config)
-        except Exception:
-            # The database may be briefly unreachable; the next tick tries again.
-            log.exception("housekeeping step %r failed", task)
+        except Exception as exc:
+            # The database may be briefly unreachable, the descriptors or the disk run
+            # out; the next tick tries again (the same failure said once a minute).
+            self._failing.failed(f"housekeeping step {task!r}", exc)
+        else:
+            self._failing.worked(f"housekeeping step {task!r}")
 
     def _stop_for(self, problem: str) -> None:
         """Stop with exit code 1, which the service manager restarts after (not 2)."""
@@ -325,6 +364,7 @@ class Service:
         if self.workers.started:
             self.workers.stop()
         if self.notifier is None:
+            self._let_go()
             return  # start-up failed before the database was ready
         self.notifier.stop()
         self.callbacks.stop()
@@ -336,7 +376,7 @@ class Service:
             for job in list(held):
                 jobs.requeue(job, self.owner)
             cluster.leave(self.node, self.owner)
-        except db.OUTAGE_ERRORS as exc:
+        except store.OUTAGE_ERRORS as exc:
             # The next start-up (or another node, once the leases run out) recovers them.
             log.error("could not return running jobs to the line at stop: %s", exc)
         if self.mirror is not None:
@@ -344,8 +384,30 @@ class Service:
         if self.alerts is not None:
             self.alerts.stop()
         runfile.remove(self.config.data_dir, self.owner)
-        db.Job._meta.database.close()
+        registry.unregister(self.owner)
+        store.Job._meta.database.close()
+        self._let_go()
         log.info("stopped")
+
+    def _hold_data_dir(self) -> None:
+        """Held until the stop: a restore is refused meanwhile, and one under way now
+        refuses this start, from its first step to its last."""
+        try:
+            self._held = datalock.share(self.config.data_dir)
+        except datalock.Held:
+            raise StartFailed(
+                f"cannot start: a restore into {self.config.data_dir} is under way; start "
+                "the service once it has ended"
+            ) from None
+        except OSError as exc:
+            raise self.config.error(
+                "service.data_dir", f"cannot open {self.config.data_dir}: {exc.strerror}"
+            ) from None
+
+    def _let_go(self) -> None:
+        if self._held is not None:
+            os.close(self._held)
+            self._held = None
 
     def _start_http(self) -> None:
         host, port = self.config.service.host, self.config.service.port
@@ -360,12 +422,23 @@ class Service:
 
     def _write_run_file(self) -> None:
         runfile.write(self.config.data_dir, self._run_info())
+        registry.register(self._registry_entry())
 
     def _keep_run_file(self) -> None:
         """Write run.json again if no live process holds it: services sharing a data dir,
         the last started has it, and once that one has stopped and removed it, another."""
         if runfile.holder(self.config.data_dir) is None:
-            self._write_run_file()
+            runfile.write(self.config.data_dir, self._run_info())
+        if not registry.registered():  # e.g. the folder was emptied by hand
+            registry.register(self._registry_entry())
+
+    def _registry_entry(self) -> dict[str, Any]:
+        config = self.config
+        return self._run_info() | {
+            "data_dir": str(config.data_dir),
+            "config": str(config.source) if config.source else None,
+            "settings": settings.effective(config),
+        }
 
     def _run_info(self) -> dict[str, Any]:
         return {
@@ -423,7 +496,7 @@ def database_error(config: Config, exc: Exception) -> Exception:
     key = "service.database_url" if url else "service.data_dir"
     text = _one_line(exc)
     if url.startswith(("postgres://", "postgresql://")):
-        where = backup._safe_url(url)
+        where = store.safe_url(url)
         text = text.split("; ")[0]  # libpq's hint lines ("Is the server running ...") aside
         if "authentication failed" in text or "does not exist" in text:
             return config.error(key, f"{where}: {text}")
@@ -437,7 +510,8 @@ def database_error(config: Config, exc: Exception) -> Exception:
     if code in (errno.ENOSPC, errno.EDQUOT) or "disk is full" in lowered:
         return StartFailed(f"cannot start: the disk holding {path} is full; free some space")
     if code in (errno.EACCES, errno.EPERM):
-        return config.error(key, f"cannot open {exc.filename or path}: {exc.strerror}")
+        name = getattr(exc, "filename", None) or path
+        return config.error(key, f"cannot open {name}: {getattr(exc, 'strerror', text)}")
     if code == errno.EISDIR or (path is not None and os.path.isdir(path)):
         return config.error(key, f"{path} is a directory, not a database file")
     if "readonly" in lowered:

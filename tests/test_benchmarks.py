@@ -66,6 +66,13 @@ def test_backup_bench_restores_what_it_filled() -> None:
     assert "restore (service stopped)" in out and "200 jobs" in out
 
 
+def test_quality_audio_prints_a_row_for_each_case() -> None:
+    out = run_benchmark("quality_audio.py", "--seconds", "16")
+    assert out.splitlines()[0].split()[:3] == ["case", "taken", "tracks"]
+    for case in ("JFK .m4a", "JFK on track 2", "music only .mp3", "16 s of speech .mp4"):
+        assert case in out
+
+
 def test_asr_bench_shares_one_model_call_between_asr_and_asrx() -> None:
     out = run_benchmark("asr_bench.py", "--seconds", "10", "--repeat", "1")
     assert "overhead ratio (edge RTF / direct RTF):" in out

@@ -214,7 +214,9 @@ def test_a_node_cut_off_past_its_lease_stops_before_another_takes_its_job(
     total = 150
     settings = {
         "processors.steps": {"steps": total, "step_seconds": 0.1},
-        "queue": {"lease_seconds": 2},
+        # Heartbeats every lease/3: with 2 s, a runner loaded by the whole suite once let
+        # node b's own lease run out too (a second takeover); 4 s keeps one takeover.
+        "queue": {"lease_seconds": 4},
     }
     with own_login(database_url, "node_a") as (url, cut):
         a = node(start_service, "a", service={"database_url": url}, **settings)

@@ -7,8 +7,8 @@ import dataclasses
 import re
 from pathlib import Path
 
-from momentry_edge import config
-from momentry_edge.openapi import openapi_document
+from momentry_edge import config, events
+from momentry_edge.http.openapi import openapi_document
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 README = DOCS.parent / "README.md"
@@ -74,3 +74,32 @@ def test_every_event_type_a_stream_carries_is_in_the_api_reference() -> None:
     assert "job.finished" in types and "queue.paused" in types
     missing = sorted(t for t in types if f"`{t}`" not in events)
     assert not missing, f"document these in docs/api.md (GET /api/v1/events): {missing}"
+
+
+def test_the_event_catalogue_names_every_event_type_published_and_no_other() -> None:
+    published = _published_event_types()
+    assert published == set(events.EVENTS), (
+        f"add to events.EVENTS: {sorted(published - set(events.EVENTS))}; "
+        f"no longer published: {sorted(set(events.EVENTS) - published)}"
+    )
+    assert all(events.EVENTS.values())
+
+
+def test_the_readme_is_a_newcomers_path_and_its_links_lead_somewhere() -> None:
+    text = README.read_text(encoding="utf-8")
+    assert len(text.encode()) <= 12_000, "keep the README short: details go to docs/"
+    # The two commands come first, as they are.
+    assert text.split("```")[1].strip().splitlines() == [
+        "scripts/run     # set up .venv and run the service on its embedded defaults",
+        "scripts/test    # set up .venv and run the tests (real SQLite and PostgreSQL)",
+    ]
+    headings = re.findall(r"(?m)^## (.+)$", text)
+    for needed in ("Drop a file", "Watch it", "Where the results are", "Start at boot"):
+        assert needed in headings
+    assert headings.index("Drop a file") < headings.index("Start at boot")
+    # Only documents in the repository: none that readers cannot open.
+    assert "API.md" not in text.replace("docs/api.md", "") and "Job Worker plan" not in text
+    for page in (DOCS.parent, DOCS):
+        for document in page.glob("*.md"):
+            for target in re.findall(r"\]\(([^)#:]+\.md)", document.read_text(encoding="utf-8")):
+                assert (document.parent / target).exists(), f"{document.name} links {target}"

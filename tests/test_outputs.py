@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from conftest import ServiceProcess, wait_for
 
-from momentry_edge import db, durable, outputs
+from momentry_edge import durable, outputs, store
 from momentry_edge.clock import iso
-from momentry_edge.db import Job, MediaFile
 from momentry_edge.processors.keyframes import Keyframes
+from momentry_edge.store import Job, MediaFile
 
 PRAGMAS = ("synchronous", "fullfsync", "checkpoint_fullfsync")
 
@@ -140,7 +140,7 @@ def test_a_document_is_indented_json_in_a_folder_made_for_it(tmp_path):
     assert (mode(path), mode(folder), mode(folder.parent)) == (0o640, 0o750, 0o750)
     assert [p.name for p in folder.iterdir()] == ["cut.json"]  # no temp file left
     # Strict JSON: NaN is refused, and nothing is written.
-    with pytest.raises(db.NotJSON, match="NaN or Infinity"):
+    with pytest.raises(store.NotJSON, match="NaN or Infinity"):
         outputs.write_result(folder, job, "yolo", outputs.COMPLETED, {"ratio": float("nan")})
     assert [p.name for p in folder.iterdir()] == ["cut.json"]
 
@@ -228,7 +228,7 @@ def test_a_folder_its_file_system_cannot_flush_is_left_as_it_is():
 
 
 def test_the_queue_database_flushes_through_the_drive_cache(tmp_path):
-    database = db.sqlite(tmp_path / "queue.db")
+    database = store.sqlite(tmp_path / "queue.db")
     database.connect()
     pragmas = [database.execute_sql(f"PRAGMA {p}").fetchone()[0] for p in PRAGMAS]
     assert pragmas == [2, 1, 1]  # FULL; F_FULLFSYNC where the system has it (macOS)

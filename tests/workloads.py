@@ -79,6 +79,12 @@ class Flaky(Processor):
         return {"attempt": ctx.attempt}
 
 
+class FlakyToo(Flaky):
+    """A second processor failing as flaky does: one job, two processors, one error."""
+
+    name = "flaky_too"
+
+
 class Quiet(Processor):
     """Runs while the file named by ``hold_while_exists`` exists and never reports: a run
     that says nothing until it ends. With ``note``, it then writes ``quiet.txt`` beside

@@ -6,7 +6,7 @@ import importlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .. import db
+from .. import store
 from ..errors import Invalid
 from .base import PROCESSOR_NAMES, PermanentError, Processor, Readiness
 
@@ -104,7 +104,7 @@ class Registry:
 
 def _width(column: str) -> int:
     """How many characters the queue's processor_run table holds in ``column``."""
-    return getattr(db.ProcessorRun, column).max_length
+    return getattr(store.ProcessorRun, column).max_length
 
 
 def _settings_problem(processor: Processor) -> str | None:

@@ -1,31 +1,36 @@
-"""Speech to text (``asr``) and speech to text with word timings (``asrx``).
+"""Speech to text (``asr``) and speech to text with word timings (``asrx``)."""
 
-One pipeline, two backends. The run decodes the audio once (PyAV, 16 kHz mono),
-finds speech with Silero VAD, cuts the silences out as faster-whisper's own VAD
-filter does, and packs the speech into chunks of at most ``chunk_seconds`` that
-begin and end at silences. faster-whisper (CTranslate2 int8, the CPU backend)
-transcribes all the speech in one call, window after window as Whisper does; with
-``chunk_seconds`` below Whisper's 30 s window no window reaches past its chunk
-(more checkpoints, at a cost in speed);
-mlx-whisper (Apple silicon; also on MLX's CPU backend on Linux x86_64 when
-configured by name, slower, so that the Apple path is tested) is given one chunk
-per call. Times are mapped back to the file's timeline here, so the result is
-the same shape whichever backend ran.
+# One piece (~960 lines): the speech processors and the one transcription they share
+# (chunks, checkpoints, word timings) change together.
 
-The run saves a checkpoint (the segments so far and where to go on from) at the
-start of every Whisper window (saved when that window's first segment is out,
-so a resume redoes at most two windows) and after every chunk. No text carries
-over from one window to the next, so a resumed run decodes what an
-uninterrupted one would. One thing does carry over with word timings: where
-speech last ended, from which faster-whisper judges whether a window's first
-word follows a pause (and then shortens it, moving the segment's start). The
-checkpoint keeps it and the resumed run starts from it, so a resumed run gives
-the same segments as an uninterrupted one.
-
-asr and asrx of one job with the same settings share one transcription
-(``run_shared``, with word timings); each keeps its own result, progress,
-checkpoint and outcome.
-"""
+# One pipeline, two backends. The run decodes the audio once (PyAV, 16 kHz mono,
+# sample for sample as faster-whisper decodes it), each audio track, and transcribes
+# the tracks where Silero VAD hears speech (the only one when there is one), each on
+# its own; segments say their track. With ``vad`` it cuts the silences out as
+# faster-whisper's own VAD filter does, and packs the speech into chunks of at most
+# ``chunk_seconds`` that begin and end at silences. faster-whisper (CTranslate2
+# int8, the CPU backend) transcribes a track in one call, window after window as
+# Whisper does; with
+# ``chunk_seconds`` below Whisper's 30 s window no window reaches past its chunk
+# (more checkpoints, at a cost in speed);
+# mlx-whisper (Apple silicon; also on MLX's CPU backend on Linux x86_64 when
+# configured by name, slower, so that the Apple path is tested) is given one chunk
+# per call. Times are mapped back to the file's timeline here, so the result is
+# the same shape whichever backend ran.
+#
+# The run saves a checkpoint (the segments so far and where to go on from) at the
+# start of every Whisper window (saved when that window's first segment is out,
+# so a resume redoes at most two windows) and after every chunk. Two things carry
+# over from one window to the next, and the checkpoint keeps both, so a resumed run
+# gives the same segments as an uninterrupted one: the text so far (as in
+# faster-whisper's default call, each window is decoded going on from it), and with
+# word timings where speech last ended, from which faster-whisper judges whether a
+# window's first word follows a pause (and then shortens it, moving the segment's
+# start).
+#
+# asr and asrx of one job with the same settings share one transcription
+# (``run_shared``, with word timings); each keeps its own result, progress,
+# checkpoint and outcome.
 
 from __future__ import annotations
 
@@ -41,7 +46,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from momentry_edge import audio, media, models
+from momentry_edge import audio, media, weights
 from momentry_edge.processors.backends import (
     MLX_HINT,
     Backend,
@@ -96,7 +101,9 @@ class Options:
     backend: str = "auto"
     model: str = "whisper-base"
     language: str | None = None  # None: detect from the first chunk of speech
-    vad: bool = True
+    # Off, as in faster-whisper's default call: cutting the silences out (Silero VAD) is
+    # faster on sparse speech, but moves Whisper's windows and can cost words.
+    vad: bool = False
     chunk_seconds: float = WINDOW_SECONDS  # speech packed into one Whisper window (at most)
     beam_size: int = 5  # faster-whisper; mlx-whisper decodes greedily
     compute_type: str = "int8"
@@ -153,6 +160,7 @@ class Piece:
     words: list[dict[str, Any]] | None = None
     window: float = 0.0  # where the Whisper window that gave it began
     last_speech: float = 0.0  # where speech last ended before that window (word timings)
+    prompt: list[int] = field(default_factory=list)  # the text tokens its window went on from
 
 
 @dataclass
@@ -201,20 +209,23 @@ class FasterWhisperEngine:
         word_timestamps: bool,
         clips: Sequence[tuple[float, float]] = (),
         last_speech: float = 0.0,
+        prompt: Sequence[int] = (),
     ) -> Transcript:
         """Pieces of ``clips`` (start and end seconds into ``samples``; default: all of
         it); no window reaches past the end of its clip. ``last_speech``: where speech
-        ended before the first clip (a resumed run), for the word timings."""
-        model, last_speech_at = _going_on_from(self.model, last_speech)
+        ended before the first clip (a resumed run), for the word timings; ``prompt``:
+        the text tokens the first window goes on from (a resumed run)."""
+        model, last_speech_at, prompts = _going_on_from(self.model, last_speech)
         segments, info = model.transcribe(
             samples,
             language=language,
             beam_size=self.beam_size,
             word_timestamps=word_timestamps,
             vad_filter=False,  # done once for the whole file, before this
-            # Each window decoded on its own, so a run resumed at a window's start
-            # gives what an uninterrupted run gives.
-            condition_on_previous_text=False,
+            # Each window goes on from the text before it, as in faster-whisper's default
+            # call; a run resumed at a window's start is given that text (``prompt``).
+            condition_on_previous_text=True,
+            initial_prompt=list(prompt) or None,
             clip_timestamps=[t for clip in clips for t in clip] or "0",
         )
         per_second = self.model.frames_per_second
@@ -229,13 +240,14 @@ class FasterWhisperEngine:
                 else None,
                 window=s.seek / per_second,
                 last_speech=last_speech_at.get(s.seek, 0.0),
+                prompt=prompts[-1] if prompts else [],
             )
             for s in segments
         )
         return Transcript(info.language, info.language_probability, pieces)
 
 
-def _going_on_from(model: Any, last_speech: float) -> tuple[Any, dict[int, float]]:
+def _going_on_from(model: Any, last_speech: float) -> tuple[Any, dict[int, float], list[list[int]]]:
     """A copy of faster-whisper's ``model`` for one call whose word timings go on from
     ``last_speech`` (a call starts from 0), and where speech last ended before each
     window of the call (by the window's seek), filled in as the windows are decoded.
@@ -243,7 +255,10 @@ def _going_on_from(model: Any, last_speech: float) -> tuple[Any, dict[int, float
     faster-whisper carries that value from window to window and shortens a window's
     first word if it ends long after that; a run resumed at a window must start from the
     value the uninterrupted run had there, or the segment starts elsewhere. faster-whisper
-    has no option for it, so the call's word alignment is wrapped."""
+    has no option for it, so the call's word alignment is wrapped.
+
+    And the text tokens each window went on from (the newest last): its ``prompt``,
+    which a run resumed at that window is given to go on from alike."""
     call = copy.copy(model)  # shares the loaded model; only this call sees the override
     last_speech_at: dict[int, float] = {}
     own = False  # faster-whisper tracks it itself from the first window with segments
@@ -255,12 +270,29 @@ def _going_on_from(model: Any, last_speech: float) -> tuple[Any, dict[int, float
         if segments and segments[0]:  # the window's segments: from here on it is tracked
             last_speech_at[segments[0][0]["seek"]] = last_speech_timestamp
             own = True
-        return model.add_word_timestamps(
-            segments, *args, last_speech_timestamp=last_speech_timestamp
-        )
+        try:
+            return model.add_word_timestamps(
+                segments, *args, last_speech_timestamp=last_speech_timestamp
+            )
+        except IndexError:
+            # faster-whisper finds no alignment for a sliver left at a clip's end (no
+            # audio frames to align its tokens to) and fails indexing the empty result:
+            # those segments keep their times, without word timings.
+            for segment in segments:
+                for piece in segment:
+                    piece["words"] = []
+            return last_speech_timestamp
+
+    prompts: list[list[int]] = []
+    kept = model.max_length // 2 - 1  # as many as Whisper's prompt takes (get_prompt)
+
+    def get_prompt(tokenizer: Any, previous_tokens: list[int], **options: Any) -> Any:
+        prompts.append(list(previous_tokens[-kept:]))  # asked once a window, before it
+        return model.get_prompt(tokenizer, previous_tokens, **options)
 
     call.add_word_timestamps = add_word_timestamps
-    return call, last_speech_at
+    call.get_prompt = get_prompt
+    return call, last_speech_at, prompts
 
 
 _MLX_LOCK = threading.Lock()  # mlx-whisper keeps its model in a class attribute
@@ -279,7 +311,7 @@ class MlxEngine:
         self.model = load_model(self.path, dtype=mx.float16 if self.fp16 else mx.float32)
         # Every array read in now, the positional embeddings too (not parameters): MLX
         # cannot evaluate an array on a thread other than the one that made it, and the
-        # model runs on a runner thread (worker.py), not this one.
+        # model runs on a runner thread (worker/runners.py), not this one.
         mx.eval([v for m in self.model.modules() for v in m.values() if isinstance(v, mx.array)])
 
     def transcribe(
@@ -328,9 +360,11 @@ def _word(start: float, end: float, word: str, probability: float) -> dict[str, 
 
 @dataclass(frozen=True)
 class Chunk:
-    """Stretches of the audio (sample ranges) that are transcribed together, concatenated."""
+    """Stretches of one audio track (sample ranges) that are transcribed together,
+    concatenated."""
 
     spans: tuple[tuple[int, int], ...]
+    track: int = 0  # among the file's audio tracks, from 0
 
     @property
     def start(self) -> float:
@@ -375,7 +409,7 @@ def speech_spans(pcm: np.ndarray, opts: Options) -> list[tuple[int, int]]:
     return [(int(s["start"]), int(s["end"])) for s in found if s["end"] > s["start"]]
 
 
-def plan_chunks(spans: list[tuple[int, int]], chunk_seconds: float) -> list[Chunk]:
+def plan_chunks(spans: list[tuple[int, int]], chunk_seconds: float, track: int = 0) -> list[Chunk]:
     """Pack speech spans, in order, into chunks of at most ``chunk_seconds`` of audio."""
     limit = int(chunk_seconds * SAMPLE_RATE)
     chunks: list[Chunk] = []
@@ -383,12 +417,12 @@ def plan_chunks(spans: list[tuple[int, int]], chunk_seconds: float) -> list[Chun
     length = 0
     for a, b in spans:
         if current and length + (b - a) > limit:
-            chunks.append(Chunk(tuple(current)))
+            chunks.append(Chunk(tuple(current), track))
             current, length = [], 0
         current.append((a, b))
         length += b - a
     if current:
-        chunks.append(Chunk(tuple(current)))
+        chunks.append(Chunk(tuple(current), track))
     return chunks
 
 
@@ -411,7 +445,7 @@ class AsrProcessor(Processor):
         self._engine: Engine | None = None
         self._problem: str | None = None  # why this processor cannot run, known up front
         self._bad_settings: str | None = None
-        self.spec: models.ModelSpec | None = None
+        self.spec: weights.ModelSpec | None = None
         try:
             self.opts = Options.parse(self.settings)
         except (TypeError, ValueError) as e:
@@ -425,7 +459,7 @@ class AsrProcessor(Processor):
         self.models_dir = (
             Path(self.opts.models_dir).expanduser()
             if self.opts.models_dir
-            else models.models_root()
+            else weights.models_root()
         )
         if self._problem is None and self.choice.backend is None:
             self._problem = f"no {self.name} backend: {self.choice.reason}"
@@ -434,8 +468,8 @@ class AsrProcessor(Processor):
 
     def _find_model(self, backend: str) -> None:
         try:
-            catalog = models.load_catalog()
-        except models.ModelError as e:
+            catalog = weights.load_catalog()
+        except weights.ModelError as e:
             self._problem = str(e)
             return
         self.spec = catalog.find(self.opts.model, backend, self.name)
@@ -454,7 +488,7 @@ class AsrProcessor(Processor):
         if self._problem is not None:
             return Readiness(False, self._problem)
         assert self.spec is not None
-        state = models.state(self.spec, self.models_dir)
+        state = weights.state(self.spec, self.models_dir)
         return Readiness(state.ready, state.reason)
 
     def load(self) -> None:
@@ -464,13 +498,13 @@ class AsrProcessor(Processor):
         if self._engine is not None:
             return
         assert self.spec is not None
-        folder = models.model_dir(self.spec, self.models_dir)
+        folder = weights.model_dir(self.spec, self.models_dir)
         try:
             self._engine = ENGINES[self.backend](folder, self.opts)
         except Exception as e:  # verified files the library cannot read, or the library
             raise PermanentError(
                 f"{self.backend} cannot load {folder}: {type(e).__name__}: {e}; "
-                + models.unloadable_fix(self.spec, self.models_dir)
+                + weights.unloadable_fix(self.spec, self.models_dir)
             ) from e
         log.info("%s: %s model %s loaded from %s", self.name, self.backend, self.model, folder)
 
@@ -530,6 +564,7 @@ class _State:
     unit: int = 0
     at: float = 0.0
     last_speech: float = 0.0
+    prompt: list[int] = field(default_factory=list)
     saved: int = 0
     segments: list[dict[str, Any]] = field(default_factory=list)
     language: str | None = None
@@ -553,6 +588,8 @@ class _Transcription:
         self.duration = 0.0
         self.total = 1  # progress in whole seconds of audio
         self.units: list[Chunk] = []
+        self.tracks: list[int] = []  # the audio tracks transcribed
+        self.heard: dict[int, list[tuple[int, int]]] = {}  # speech by track, for _snap
         self.key: dict[str, Any] = {}
 
     def run(self) -> list[Outcome]:
@@ -572,58 +609,79 @@ class _Transcription:
         lead.load()
         assert lead._engine is not None and lead.spec is not None
         engine = lead._engine
-        pcm = _decode(self.media_path)
-        if pcm is None or len(pcm) == 0:  # no audio track, or an empty one
+        tracks = _decode(self.media_path)
+        if not any(len(pcm) for pcm in tracks):  # no audio track, or empty ones
             self._report(1, 1, lambda partial: {"timestamp": 0.0, "partial": partial})
             self._finish()
             return
 
-        self.duration = len(pcm) / SAMPLE_RATE
-        self.total = max(1, round(self.duration))
-        spans = speech_spans(pcm, opts)
-        chunks = plan_chunks(spans, opts.chunk_seconds)
-        clips: list[tuple[float, float]] = []
-        if getattr(engine, "streams", False):
-            # All the speech in one unit. By default in Whisper's own windows, as
-            # faster-whisper's VAD filter has them. Shorter chunks become the call's clips,
-            # so windows end at their silences; that costs windows beyond the checkpoints
-            # gained: Whisper seldom closes a short window's last segment, which is then
-            # decoded again (twice the windows with 30 s clips).
-            self.units = [Chunk(tuple(spans))] if spans else []
-            if opts.chunk_seconds < WINDOW_SECONDS:
-                clips = _clips(chunks)
-            elif spans:
-                clips = _clips(self.units)
-        else:
-            self.units = chunks
+        self.duration = max(len(pcm) for pcm in tracks) / SAMPLE_RATE
+        # Where the VAD hears speech, track by track: which tracks to transcribe, and
+        # where segments without word timings start and end (Whisper's own segment
+        # times run from the start of its window, often seconds before the speech).
+        listen = opts.vad or not self.words or sum(1 for pcm in tracks if len(pcm)) > 1
+        heard = {
+            t: speech_spans(pcm, opts) if opts.vad else _hears(pcm) if listen else []
+            for t, pcm in enumerate(tracks)
+            if len(pcm)
+        }
+        speech = {
+            t: heard[t] if opts.vad else speech_spans(tracks[t], opts)
+            for t in _speaking_tracks(heard)
+        }
+        self.heard = {} if self.words else heard
+        self.tracks = sorted(speech)
+        self.total = max(1, round(self.duration)) * len(speech)
+        clips: list[list[tuple[float, float]]] = []  # a streaming engine's, unit by unit
+        for track, spans in speech.items():
+            chunks = plan_chunks(spans, opts.chunk_seconds, track)
+            if getattr(engine, "streams", False):
+                # A track's speech in one unit. By default in Whisper's own windows, as
+                # faster-whisper's VAD filter has them. Shorter chunks become the call's
+                # clips, so windows end at their silences; that costs windows beyond the
+                # checkpoints gained: Whisper seldom closes a short window's last segment,
+                # which is then decoded again (twice the windows with 30 s clips).
+                if spans:
+                    unit = Chunk(tuple(spans), track)
+                    self.units.append(unit)
+                    short = opts.chunk_seconds < WINDOW_SECONDS
+                    clips.append(_clips(chunks if short else [unit]))
+            else:
+                self.units += chunks
         units = self.units
         self.key = opts.checkpoint_key(lead.spec.name, lead.backend, self.words)
+        self.key["tracks"] = self.tracks
         self.state = state = _resume(self.lead_ctx.checkpoint, self.key, units)
         reached = _file_time(units, state.unit, state.at)
         if state.saved:
             for processor, _ in self.members:
                 log.info("%s: resuming at %.1f s of %.1f s", processor.name, reached, self.duration)
-        self._report(min(self.total, math.floor(reached)) if state.saved else 0, self.total)
+        self._report(self._progress(state.unit, reached) if state.saved else 0, self.total)
 
         first = state.unit
         for index in range(first, len(units)):
             unit = units[index]
             start = state.at  # 0 but where a run resumes inside a unit
             log.info(
-                "%s: %s transcribes %.1f s of speech from %.1f s",
+                "%s: %s transcribes %.1f s of speech from %.1f s of audio track %d",
                 self.names,
                 lead.backend,
                 sum(b - a for a, b in unit.spans) / SAMPLE_RATE - start,
                 unit.to_file_time(start),
+                unit.track,
             )
             transcript = engine.transcribe(
-                unit.samples(pcm),
+                unit.samples(tracks[unit.track]),
                 language=state.language or opts.language,
                 word_timestamps=self.words,
                 # The clips from where this run starts (only a streaming engine has
                 # clips, and only there can a run start inside a unit).
                 **(
-                    {"clips": _from(clips, start), "last_speech": state.last_speech}
+                    {
+                        "clips": _from(clips[index], start),
+                        "last_speech": state.last_speech,
+                        "prompt": state.prompt,
+                    }
                     if clips
                     else {}
                 ),
@@ -635,11 +693,11 @@ class _Transcription:
             for piece in transcript.pieces:
                 if piece.window > window:  # every window before this piece's is decoded
                     window = piece.window
-                    self._checkpoint(index, window, piece.last_speech)
-                segment = _segment(piece, unit)
+                    self._checkpoint(index, window, piece.last_speech, piece.prompt)
+                segment = _segment(piece, unit, self.heard.get(unit.track))
                 if segment is not None:
                     state.segments.append(segment)
-                    self._report(min(self.total, math.floor(segment["end"])), self.total)
+                    self._report(self._progress(index, segment["end"]), self.total)
             self._checkpoint(index + 1, 0.0)
 
         if first == len(units):  # no speech at all, or every unit was done before a restart
@@ -647,26 +705,38 @@ class _Transcription:
             self._report(self.total, self.total, lambda p: {"timestamp": stamp, "partial": p})
         self._finish()
 
-    def _checkpoint(self, unit: int, at: float, last_speech: float = 0.0) -> None:
+    def _checkpoint(
+        self, unit: int, at: float, last_speech: float = 0.0, prompt: Sequence[int] = ()
+    ) -> None:
         """Units before ``unit``, and ``at`` seconds of unit ``unit``, are done: save that,
-        with where speech last ended before ``at`` (word timings go on from there)."""
+        with where speech last ended before ``at`` (word timings go on from there) and
+        the text tokens the window at ``at`` goes on from."""
         state = self.state
         state.unit, state.at, state.saved = unit, at, state.saved + 1
-        state.last_speech = last_speech
+        state.last_speech, state.prompt = last_speech, list(prompt)
         stamp = round(_file_time(self.units, unit, at), 3)
         last = unit == len(self.units)
         self._report(
-            self.total if last else min(self.total, math.floor(stamp)),
+            self.total if last else self._progress(unit, stamp),
             self.total,
             lambda partial: {
                 "timestamp": stamp,
                 "chunk": state.saved,
                 "resume": [unit, round(at, 3)],
                 "last_speech": last_speech,  # not rounded: the resumed run goes on from it
+                "prompt": state.prompt,
                 "settings": self.key,
                 "partial": partial,
             },
         )
+
+    def _progress(self, unit: int, seconds: float) -> int:
+        """Whole seconds of audio done, ``seconds`` into unit ``unit``'s track (the
+        tracks are transcribed one after the other)."""
+        if unit >= len(self.units):
+            return self.total
+        done = self.tracks.index(self.units[unit].track) * max(1, round(self.duration))
+        return min(self.total, done + math.floor(seconds))
 
     def _finish(self) -> None:
         """Each member's subtitles and result."""
@@ -677,7 +747,7 @@ class _Transcription:
                 segments = _view(state.segments, processor.word_timestamps)
                 processor.write_subtitles(ctx, segments)
                 self.outcomes[slot] = _result(
-                    state.language, state.probability, self.duration, segments
+                    state.language, state.probability, self.duration, segments, self.tracks
                 )
             except BaseException as exc:
                 self.outcomes[slot] = exc
@@ -711,16 +781,34 @@ class _Transcription:
     def _partial(self, processor: AsrProcessor) -> dict[str, Any]:
         state = self.state
         segments = _view(state.segments, processor.word_timestamps)
-        return _result(state.language, state.probability, self.duration, segments)
+        return _result(state.language, state.probability, self.duration, segments, self.tracks)
 
 
-def _decode(path: Path) -> np.ndarray | None:
+def _decode(path: Path) -> list[np.ndarray]:
     try:
-        return audio.decode(path)
+        return audio.decode_tracks(path)
     except media.MediaNotFoundError as e:
         raise ProcessorError(e.reason, transient=True) from None
     except media.MediaError as e:
         raise PermanentError(e.reason) from None
+
+
+def _speaking_tracks(heard: dict[int, list[tuple[int, int]]]) -> list[int]:
+    """The tracks to transcribe: the one there is, or every track where the VAD hears
+    speech (a camera's silent or noise-only track is left out); the first when it hears
+    none, so Whisper has the last word, as on a file with one track."""
+    if len(heard) == 1:
+        return list(heard)
+    return [t for t, spans in heard.items() if spans] or [min(heard)]
+
+
+def _hears(pcm: np.ndarray) -> list[tuple[int, int]]:
+    """Sample ranges with speech (Silero VAD, as ``speech_spans`` finds it)."""
+    from faster_whisper.vad import VadOptions, get_speech_timestamps
+
+    options = VadOptions(min_silence_duration_ms=500, speech_pad_ms=200)
+    found = get_speech_timestamps(pcm, options, sampling_rate=SAMPLE_RATE)
+    return [(int(s["start"]), int(s["end"])) for s in found if s["end"] > s["start"]]
 
 
 def _clips(chunks: list[Chunk]) -> list[tuple[float, float]]:
@@ -757,8 +845,8 @@ def _resume(checkpoint: dict[str, Any] | None, key: dict[str, Any], units: list[
     """Where to go on from, from a usable checkpoint.
 
     One made with other settings, or whose position is not where this run's plan
-    puts it, or without where speech last ended (made before that was kept), is
-    ignored: the run starts over rather than mix two plans.
+    puts it, or without where speech last ended or the text it went on from (made
+    before those were kept), is ignored: the run starts over rather than mix two plans.
     """
     if not checkpoint or checkpoint.get("settings") != key:
         return _State()
@@ -766,7 +854,7 @@ def _resume(checkpoint: dict[str, Any] | None, key: dict[str, Any], units: list[
     if not (isinstance(position, list) and len(position) == 2 and type(saved) is int):
         return _State()
     unit, at = position
-    last_speech = checkpoint.get("last_speech")
+    last_speech: Any = checkpoint.get("last_speech")  # checked below
     if type(unit) is not int or not 0 <= unit <= len(units):
         return _State()
     if type(at) not in (int, float) or type(last_speech) not in (int, float):
@@ -775,24 +863,32 @@ def _resume(checkpoint: dict[str, Any] | None, key: dict[str, Any], units: list[
         return _State()
     if abs(_file_time(units, unit, at) - checkpoint.get("timestamp", -1)) > 1e-3:
         return _State()
+    prompt = checkpoint.get("prompt")
+    if not (isinstance(prompt, list) and all(type(t) is int for t in prompt)):
+        return _State()
     partial = checkpoint.get("partial") or {}
     return _State(
-        unit,
-        float(at),
-        float(last_speech),
-        saved,
-        list(partial.get("segments", [])),
-        partial.get("language"),
-        partial.get("language_probability"),
+        unit=unit,
+        at=float(at),
+        last_speech=float(last_speech),
+        prompt=prompt,
+        saved=saved,
+        segments=list(partial.get("segments", [])),
+        language=partial.get("language"),
+        probability=partial.get("language_probability"),
     )
 
 
-def _segment(piece: Piece, chunk: Chunk) -> dict[str, Any] | None:
+def _segment(
+    piece: Piece, chunk: Chunk, heard: list[tuple[int, int]] | None = None
+) -> dict[str, Any] | None:
     text = piece.text.strip()
     if not text:
         return None
     start, end = _span(chunk, piece.start, piece.end)
-    segment: dict[str, Any] = {"start": start, "end": end, "text": text}
+    if heard and piece.words is None:
+        start, end = _snap(start, end, heard)
+    segment: dict[str, Any] = {"start": start, "end": end, "text": text, "track": chunk.track}
     if piece.words is not None:
         segment["words"] = []
         for w in piece.words:
@@ -803,6 +899,15 @@ def _segment(piece: Piece, chunk: Chunk) -> dict[str, Any] | None:
                     {"start": w_start, "end": w_end, "word": word, "probability": probability}
                 )
     return segment
+
+
+def _snap(start: float, end: float, heard: list[tuple[int, int]]) -> tuple[float, float]:
+    """A segment's span narrowed to the speech heard within it (none heard: as it is)."""
+    inside = [(a, b) for a, b in heard if a / SAMPLE_RATE < end and b / SAMPLE_RATE > start]
+    if not inside:
+        return start, end
+    first = max(start, round(inside[0][0] / SAMPLE_RATE, 3))
+    return first, max(first, min(end, round(inside[-1][1] / SAMPLE_RATE, 3)))
 
 
 def _span(chunk: Chunk, start: float, end: float) -> tuple[float, float]:
@@ -817,12 +922,17 @@ def _result(
     probability: float | None,
     duration: float,
     segments: list[dict[str, Any]],
+    tracks: list[int],
 ) -> dict[str, Any]:
-    """The API.md ``asr``/``asrx`` result."""
+    """The API.md ``asr``/``asrx`` result; with several tracks, their segments in time
+    order (each says its track)."""
+    if len(tracks) > 1:
+        segments = sorted(segments, key=lambda s: (s["start"], s.get("track", 0)))
     return {
         "language": language,
         "language_probability": None if probability is None else round(float(probability), 4),
         "duration": round(duration, 3),
+        "tracks": tracks,
         "text": " ".join(s["text"] for s in segments),
         "segments": segments,
     }

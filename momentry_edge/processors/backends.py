@@ -1,12 +1,11 @@
-"""Which backend a processor runs on this machine, and where its model file is.
+"""Which backend a processor runs on this machine, and where its model file is."""
 
-``choose`` is a pure function of the platform, the importable packages and the
-configured backend, so the choice made on a Mac can be tested on Linux by
-passing a ``Platform``. Each processor lists its backends fastest first; the
-Apple ones only count on Apple silicon, except that one which also runs
-elsewhere (MLX has a CPU backend on Linux) is used there when configured by
-name. Whatever runs, the result JSON has the same shape and names the backend.
-"""
+# ``choose`` is a pure function of the platform, the importable packages and the
+# configured backend, so the choice made on a Mac can be tested on Linux by
+# passing a ``Platform``. Each processor lists its backends fastest first; the
+# Apple ones only count on Apple silicon, except that one which also runs
+# elsewhere (MLX has a CPU backend on Linux) is used there when configured by
+# name. Whatever runs, the result JSON has the same shape and names the backend.
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import models
+from .. import weights
 from .base import PermanentError
 
 ML_HINT = "pip install 'momentry-edge[ml]' (scripts/setup does it)"
@@ -114,12 +113,12 @@ def resolve_model(
         return path
     models_dir = settings.get("models_dir")
     try:
-        return models.locate(
+        return weights.locate(
             model,
             backend,
             suffix,
             Path(str(models_dir)).expanduser() if models_dir else None,
             processor,
         )
-    except models.ModelError as exc:
+    except weights.ModelError as exc:
         raise PermanentError(f"{exc}; or set processors.{processor}.model_path") from None

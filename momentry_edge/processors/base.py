@@ -1,11 +1,10 @@
-"""What every processor implements, and the context it runs in.
+"""What every processor implements, and the context it runs in."""
 
-A processor knows nothing of the queue: it is given a media file and a
-``RunContext`` and returns its ``result`` dict. It reports progress through the
-context, which also saves its checkpoint, renews the job's lease and raises
-``Stop`` when the job was cancelled, the service is shutting down or the job
-ran out of time. The worker writes the output file.
-"""
+# A processor knows nothing of the queue: it is given a media file and a
+# ``RunContext`` and returns its ``result`` dict. It reports progress through the
+# context, which also saves its checkpoint, renews the job's lease and raises
+# ``Stop`` when the job was cancelled, the service is shutting down or the job
+# ran out of time. The worker writes the output file.
 
 from __future__ import annotations
 
@@ -29,6 +28,7 @@ class StopReason(enum.StrEnum):
     SHUTDOWN = "shutdown"  # the service is stopping; the job goes back in line
     TIMEOUT = "timeout"  # the run outlived its task_timeout
     LEASE = "lease"  # the job's lease was lost: another worker has it
+    DISK_FULL = "disk_full"  # a write met a full disk; the job goes back in line
 
 
 class Stop(Exception):  # a signal to end early, not an error
@@ -115,6 +115,11 @@ class Processor:
 
     def load(self) -> None:
         """Load models; called once per worker before the first run."""
+
+    def not_applicable(self, media_path: Path) -> str | None:
+        """Why this processor has nothing to do on the file (e.g. frames of an audio
+        file), or None. The run is then skipped with that reason, not failed."""
+        return None
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
         raise NotImplementedError

@@ -1,11 +1,10 @@
-"""Scene cuts with PySceneDetect's ContentDetector over frames decoded by PyAV.
+"""Scene cuts with PySceneDetect's ContentDetector over frames decoded by PyAV."""
 
-A frame processor: it shares the job's decode pass (see frames.py) and takes
-every frame, downscaled (cuts do not need full resolution). Every ~2 s of video
-the pass saves a checkpoint holding the cuts so far and the detector's filter
-state, so a resumed run continues exactly where the stopped one was and returns
-the same result an uninterrupted run would.
-"""
+# A frame processor: it shares the job's decode pass (see frames.py) and takes
+# every frame, downscaled (cuts do not need full resolution). Every ~2 s of video
+# the pass saves a checkpoint holding the cuts so far and the detector's filter
+# state, so a resumed run continues exactly where the stopped one was and returns
+# the same result an uninterrupted run would.
 
 from __future__ import annotations
 
@@ -15,14 +14,16 @@ import numpy as np
 from scenedetect.detectors import ContentDetector
 
 from momentry_edge import media
+from momentry_edge.outputs import THUMBNAILS
 from momentry_edge.processors.base import PermanentError
-from momentry_edge.processors.frames import FramePlan, FrameProcessor
-from momentry_edge.processors.keyframes import Keyframes
+from momentry_edge.processors.frames import FramePlan, FrameProcessor, video_geometry
+from momentry_edge.processors.keyframes import Keyframes, work_folder
 
 # scenedetect 0.6.7 keeps its min_scene_len bookkeeping (the last frame above the
 # threshold, a pending merge of rapid cuts) in the detector's FlashFilter. A
 # resumed run restores it; a fresh filter would treat the resume point as the
 # start of the video and could add or drop cuts. Plain ints/bools: JSON-able.
+RECENT = 256  # frames back a cut found may name (the detector names the frame it is fed)
 _FILTER_FIELDS = ("_last_above", "_merge_enabled", "_merge_triggered", "_merge_start")
 
 
@@ -34,13 +35,21 @@ class CutProcessor(FrameProcessor):
 
     def plan(self, info: media.MediaInfo, checkpoint: dict[str, Any] | None) -> FramePlan:
         settings = self._settings()
-        self._fps = info.fps
+        width, height, self._fps = video_geometry(info)
         self._run_settings = settings
         self._detector = ContentDetector(
             threshold=settings["threshold"], min_scene_len=settings["min_scene_len"]
         )
         resume = _usable_checkpoint(checkpoint, settings)
+        if resume and resume["cuts_frames"] and not self._thumbnails_kept():
+            resume = None  # its scenes' thumbnails went with the work folder: start over
         self._cuts: list[int] = list(resume["cuts_frames"]) if resume else []
+        # Each cut's own time (variable frame rate: not index / fps); older checkpoints
+        # have none.
+        self._times: dict[int, float] = {}
+        if resume and len(resume.get("cuts_times", ())) == len(self._cuts):
+            self._times = dict(zip(self._cuts, resume["cuts_times"], strict=True))
+        self._recent: dict[int, float] = {}  # the time of frames a cut may still name
         self._done = resume["frame"] if resume else 0  # frames [0, done) are processed
         self._pending_filter = resume["filter"] if resume else None
         self._keyframes = self._thumbnails(fresh=resume is None)
@@ -50,7 +59,7 @@ class CutProcessor(FrameProcessor):
         return FramePlan(
             resume=self._done,
             start=max(0, self._done - 1),
-            size=_scaled_size(info.width, info.height, settings["downscale"]),
+            size=_scaled_size(width, height, settings["downscale"]),
             fmt="bgr24",
         )
 
@@ -62,15 +71,26 @@ class CutProcessor(FrameProcessor):
             _restore_filter(self._detector, self._pending_filter)
             self._pending_filter = None
         found = self._detector.process_frame(index, image)
-        self._cuts += found
+        self._recent[index] = seconds
+        if len(self._recent) > 2 * RECENT:
+            self._recent = {i: t for i, t in self._recent.items() if i > index - RECENT}
+        self._add(found)
         self._done = index + 1
         if self._keyframes is not None:
             for at in sorted(found):
                 self._keyframes.cut(at)
             self._keyframes.offer(index, image)
 
+    def _add(self, found: list[int]) -> None:
+        self._cuts += found
+        for at in found:
+            if at in self._recent:
+                self._times[at] = self._recent[at]
+
     def checkpoint(self, done: int) -> dict[str, Any]:
-        state = _checkpoint(self._done, self._cuts, self._detector, self._run_settings, self._fps)
+        state = _checkpoint(
+            self._done, self._cuts, self._times, self._detector, self._run_settings, self._fps
+        )
         if self._finished is not None:
             state["partial"] = self._finished  # with its thumbnails
         return state
@@ -79,8 +99,8 @@ class CutProcessor(FrameProcessor):
         if self._done == 0:
             raise PermanentError("truncated or corrupt: could not decode any video frame")
         found = self._detector.post_process(self._done - 1)
-        self._cuts += found
-        result = self._finished = _result(self._cuts, self._done, self._fps)
+        self._add(found)
+        result = self._finished = _result(self._cuts, self._times, self._done, self._fps)
         if self._keyframes is not None:
             for at in sorted(found):
                 self._keyframes.cut(at)
@@ -106,6 +126,14 @@ class CutProcessor(FrameProcessor):
         if isinstance(max_side, bool) or not isinstance(max_side, int) or max_side < 0:
             raise PermanentError("bad cut settings: thumbnail_max_side must be a whole number >= 0")
         return enabled, max_side
+
+    def _thumbnails_kept(self) -> bool:
+        """Whether the thumbnails of a checkpoint's scenes are still there to resume with
+        (a run that ended without its result removed its work folder)."""
+        enabled, _ = self._thumbnail_settings()
+        if not enabled or self.output_dir is None:
+            return True
+        return work_folder(self.output_dir).is_dir() or (self.output_dir / THUMBNAILS).is_dir()
 
     def _thumbnails(self, fresh: bool) -> Keyframes | None:
         """Scene thumbnails for this run, or None when they are off (or nowhere to go)."""
@@ -153,16 +181,22 @@ def _usable_checkpoint(
 
 
 def _checkpoint(
-    done: int, cuts: list[int], detector: ContentDetector, settings: dict[str, Any], fps: float
+    done: int,
+    cuts: list[int],
+    times: dict[int, float],
+    detector: ContentDetector,
+    settings: dict[str, Any],
+    fps: float,
 ) -> dict[str, Any]:
     flash_filter = detector._flash_filter
     return {
         "frame": done,
         "timestamp": round(done / fps, 3),
         "cuts_frames": list(cuts),
+        "cuts_times": [times.get(c, c / fps) for c in cuts],
         "filter": {field: getattr(flash_filter, field) for field in _FILTER_FIELDS},
         "settings": settings,
-        "partial": _result(cuts, done, fps),
+        "partial": _result(cuts, times, done, fps),
     }
 
 
@@ -171,15 +205,19 @@ def _restore_filter(detector: ContentDetector, state: dict[str, Any]) -> None:
         setattr(detector._flash_filter, field, state[field])
 
 
-def _result(cuts: list[int], frame_count: int, fps: float) -> dict[str, Any]:
-    """The API.md ``cut`` result for frames [0, frame_count); ``end_frame`` is inclusive."""
+def _result(
+    cuts: list[int], times: dict[int, float], frame_count: int, fps: float
+) -> dict[str, Any]:
+    """The API.md ``cut`` result for frames [0, frame_count); ``end_frame`` is inclusive.
+    Times are the cut frames' own (``times``, else index / fps)."""
     starts = [0, *sorted(c for c in set(cuts) if 0 < c < frame_count)]
     ends = [*starts[1:], frame_count]
+    at = {0: 0.0, frame_count: frame_count / fps, **{c: times.get(c, c / fps) for c in starts}}
     scenes = [
         {
             "index": i,
-            "start": round(start / fps, 3),
-            "end": round(end / fps, 3),
+            "start": round(at[start], 3),
+            "end": round(at[end], 3),
             "start_frame": start,
             "end_frame": end - 1,
         }
@@ -187,7 +225,7 @@ def _result(cuts: list[int], frame_count: int, fps: float) -> dict[str, Any]:
     ]
     return {
         "scenes": scenes,
-        "cuts": [round(c / fps, 3) for c in starts[1:]],
+        "cuts": [round(at[c], 3) for c in starts[1:]],
         "fps": fps,
         "frame_count": frame_count,
     }

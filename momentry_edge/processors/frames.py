@@ -1,98 +1,42 @@
-"""Frame processors and the shared decode pass.
+"""Frame processors and the shared decode pass."""
 
-Processors that look at pictures (cut, yolo, ocr, face, pose) are
-``FrameProcessor``s: ``plan`` restores a checkpoint and says which frames the
-processor wants (from where, every how many, at what size), ``feed`` hands it
-one frame, ``checkpoint`` and ``finish`` give its state and its result.
-
-``run_shared`` decodes a video once and feeds every member; a frame is
-converted once per (size, pixel format) that some member wants at that index.
-Each member keeps its own progress, checkpoint and outcome, so one failing does
-not stop the others. A processor run on its own goes through the same pass
-with one member, so it gives the same result alone or shared. Given more than
-one thread, the pass decodes on one and feeds the members on the others: the
-models (onnxruntime, MediaPipe, OpenCV) let go of the GIL for most of their work.
-A processor that looks at each frame on its own (``independent_frames``) is
-not bound to one thread: its frames are shared out among the threads, each
-looking with an instance of its own (a spare), and the findings are taken back
-in frame order.
-"""
+# Processors that look at pictures (cut, yolo, ocr, face, pose) are
+# ``FrameProcessor``s: ``plan`` restores a checkpoint and says which frames the
+# processor wants (from where, every how many, at what size), ``feed`` hands it
+# one frame, ``checkpoint`` and ``finish`` give its state and its result.
+#
+# ``run_shared`` decodes a video once and feeds every member; a frame is
+# converted once per (size, pixel format) that some member wants at that index.
+# Each member keeps its own progress, checkpoint and outcome, so one failing does
+# not stop the others. A processor run on its own goes through the same pass
+# with one member, so it gives the same result alone or shared. Given more than
+# one thread, the pass decodes on one and feeds the members on the others: the
+# models (onnxruntime, MediaPipe, OpenCV) let go of the GIL for most of their work.
+# A processor that looks at each frame on its own (``independent_frames``) is
+# not bound to one thread: its frames are shared out among the threads, each
+# looking with an instance of its own (a spare), and the findings are taken back
+# in frame order.
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import copy
-import gc
 import logging
 import math
-import threading
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-from av.video.frame import VideoFrame
-from av.video.reformatter import VideoReformatter
 
 from momentry_edge import media
 
 from .backends import Backend, choose, this_platform
-from .base import PermanentError, Processor, ProcessorError, Readiness, RunContext, Stop
+from .base import PermanentError, Processor, ProcessorError, Readiness, RunContext
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_SECONDS = 2.0  # of video between checkpoints: a resume redoes at most this much
-REPORT_SECONDS = 1.0  # of wall time: progress (and a chance to stop) at least this often
-# Partial results grow with the video, and so does the cost of saving them. A save
-# that took more than CHEAP_SAVE seconds of CPU delays the next one by SAVE_SPACING
-# times as long, so saving never costs more than ~1/SAVE_SPACING of the run. CPU, not
-# wall time: on a busy machine a cheap save that waited for a core is still cheap.
-# Nor the garbage collector's: a full collection of a heap with models loaded takes
-# ~0.1 s in whichever thread allocates when one is due; charged to a cheap save, it put
-# the next saves off for seconds.
-CHEAP_SAVE = 0.01
-SAVE_SPACING = 20
-# Parallel pass: bytes of images queued per member thread (memory stays flat; counted in
-# bytes, not frames, so that many small frames for one member, cut's, do not hold up the
-# decode while the thread is on one big frame for another), and how often a blocked
-# thread looks whether the pass is ending.
-BYTES_IN_FLIGHT = 32 << 20
-POLL_SECONDS = 0.1
-# Report points the threads may be ahead of the caller: what waits for its report (the
-# lanes' findings, the checkpoints taken) stays bounded when it lags (a slow database).
-MARKS_AHEAD = 4
-UNKNOWN_COST = 0.01  # seconds a frame is taken to cost before one was timed
 
 Outcome = dict[str, Any] | BaseException
-
-
-class _Collections(threading.local):
-    """CPU seconds this thread spent in Python's garbage collector."""
-
-    spent = 0.0
-    started = 0.0
-
-
-_collections = _Collections()
-
-
-def _on_collection(phase: str, info: dict[str, Any]) -> None:
-    now = time.thread_time()
-    if phase == "start":
-        _collections.started = now
-    else:
-        _collections.spent += now - _collections.started
-
-
-gc.callbacks.append(_on_collection)
-
-
-def _save_clock() -> float:
-    """This thread's CPU seconds but those spent collecting garbage: what a save costs."""
-    return time.thread_time() - _collections.spent
 
 
 @dataclass(frozen=True)
@@ -101,6 +45,9 @@ class FramePlan:
 
     resume: int  # frames [0, resume) were done by an earlier attempt
     step: int = 1  # frames whose index is a multiple of step
+    # Or, when > 0, this many frames a second of the video's own time: the first frame
+    # at or after each multiple of 1/rate s (right on variable-frame-rate video too).
+    rate: float = 0.0
     size: tuple[int, int] | None = None  # (width, height); None: the source size
     fmt: str = "rgb24"
     start: int | None = None  # feed from here if before ``resume`` (cut primes on one frame)
@@ -120,6 +67,12 @@ class FrameProcessor(Processor):
     # instances of the processor (same settings, planned alike) on other threads,
     # handing each finding to this one's ``take`` in frame order.
     independent_frames: ClassVar[bool] = False
+
+    def not_applicable(self, media_path: Path) -> str | None:
+        # A file that cannot be read is left to the run, which says why.
+        if media.has_video(media_path) is False:
+            return "not applicable: the file has no video track"
+        return None
 
     def plan(self, info: media.MediaInfo, checkpoint: dict[str, Any] | None) -> FramePlan:
         """Start a run: reset state, restore ``checkpoint`` if usable, say what to feed."""
@@ -145,6 +98,8 @@ class FrameProcessor(Processor):
         raise NotImplementedError
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
+        from .frame_pass import run_shared  # the engine builds on this contract: asked here
+
         outcome = run_shared(ctx.media_path, [(self, ctx)])[0]
         if isinstance(outcome, BaseException):
             raise outcome
@@ -161,617 +116,11 @@ def probe(path: Path) -> media.MediaInfo:
         raise PermanentError(e.reason) from None
 
 
-class _Member:
-    def __init__(self, slot: int, processor: FrameProcessor, ctx: RunContext) -> None:
-        self.slot = slot
-        self.processor = processor
-        self.ctx = ctx
-        self.plan: FramePlan | None = None
-        self.saved = -1  # frame count of the last checkpoint saved
-        self.next_save = 0.0  # monotonic time before which no checkpoint is saved
-        self.busy = 0.0  # seconds spent in feed (parallel pass: how threads are shared out)
-        # Parallel pass, independent frames: the instance each thread analyses with, and
-        # what was found, by frame index, until the caller takes it in order.
-        self.lanes: list[FrameProcessor] = []
-        self.found: dict[int, tuple[float, Any]] = {}
-        # Parallel pass: the frame it failed at (nothing from there on is fed, its reports
-        # before still happen) and the error.
-        self.fails_at: float = math.inf
-        self.error: BaseException | None = None
-
-    def wants(self, index: int) -> bool:
-        plan = self.plan
-        assert plan is not None
-        return index >= plan.first and (index < plan.resume or index % plan.step == 0)
-
-    @property
-    def key(self) -> tuple[Any, str]:
-        assert self.plan is not None
-        return self.plan.size, self.plan.fmt
-
-
-def run_shared(
-    media_path: Path,
-    members: Sequence[tuple[FrameProcessor, RunContext]],
-    threads: int = 1,
-    spare: Callable[[int], FrameProcessor | None] | None = None,
-) -> list[Outcome]:
-    """Decode ``media_path`` once and feed every member; each member's result or error.
-
-    With ``threads`` > 1, one thread decodes and up to ``threads`` others feed the
-    members (see ``_Parallel``); results, reports and checkpoints are the same.
-    ``spare(i)`` gives another instance of member ``i``'s processor (same settings,
-    not in use elsewhere) or None: a member with ``independent_frames`` has its
-    frames analysed on every thread, one spare a thread besides itself.
-    A ``Stop`` from any member's report (cancel, shutdown, timeout: all job-wide)
-    ends the pass after every member has saved its checkpoint; each unfinished
-    member's outcome is then that ``Stop``.
-    """
-    outcomes: list[Outcome | None] = [None] * len(members)
-    active = [_Member(i, p, c) for i, (p, c) in enumerate(members)]
-    try:
-        info = probe(media_path)
-    except ProcessorError as exc:
-        return [exc] * len(members)
-    for m in list(active):
-        try:
-            m.processor.output_dir = m.ctx.output_dir
-            m.plan = m.processor.plan(info, m.ctx.checkpoint)
-        except BaseException as exc:
-            outcomes[m.slot] = exc
-            active.remove(m)
-    if not active:
-        return outcomes  # type: ignore[return-value]
-
-    first = min(m.plan.first for m in active)  # type: ignore[union-attr]
-    clock = _ReportClock(max(1, round(CHECKPOINT_SECONDS * info.fps)), first)
-    feeder = _Parallel if threads > 1 else _Serial
-    if threads > 1 and spare is not None:
-        for m in active:
-            m.lanes = _lanes(m, spare, info, threads)
-    stop = None
-    try:
-        with feeder(media_path, first, active, outcomes, clock, threads) as fed:
-            # At each report point every member's checkpoint holds exactly the frames
-            # before it (taken there, or now: see _Parallel).
-            for done in fed:
-                total = max(info.frame_count, done)
-                stop = _report_all(active, outcomes, done, total, taken=fed.taken)
-                if stop is not None:
-                    break
-    except media.MediaNotFoundError as e:
-        return _fail_all(outcomes, active, ProcessorError(e.reason, transient=True))
-    except media.MediaError as e:
-        return _fail_all(outcomes, active, PermanentError(e.reason))
-    if stop is not None:
-        return _stopped(outcomes, active, stop)
-    if not active:
-        return outcomes  # type: ignore[return-value]
-
-    # Nothing decoded from ``first`` on: every member resumes at the end (the last
-    # checkpoint holds the whole result), the video is the frames before it.
-    done = max(fed.done, first)
-    if done == 0:
-        error = PermanentError("truncated or corrupt: could not decode any video frame")
-        return _fail_all(outcomes, active, error)
-    for m in list(active):
-        try:
-            outcomes[m.slot] = m.processor.finish(done)
-        except BaseException as exc:
-            outcomes[m.slot] = exc
-            active.remove(m)
-    # The last checkpoint holds the whole result (what finish added included: cut's
-    # post-processing and thumbnails): a crash before the output file is written
-    # resumes at the end instead of starting over. A stop asked for now does not
-    # throw the finished results away; the job notices it next.
-    _report_all(active, outcomes, done, done, final=True)
-    return outcomes  # type: ignore[return-value]
-
-
-def _lanes(
-    m: _Member, spare: Callable[[int], FrameProcessor | None], info: media.MediaInfo, threads: int
-) -> list[FrameProcessor]:
-    """The member and ``threads - 1`` spares planned alike, one per thread; [] when the
-    member's frames are not independent or a spare cannot be had (it is fed on one thread)."""
-    if not m.processor.independent_frames:
-        return []
-    lanes = [m.processor]
-    for _ in range(threads - 1):
-        try:
-            other = spare(m.slot)
-            if other is None or type(other) is not type(m.processor):
-                return []
-            other.output_dir = m.ctx.output_dir
-            plan = other.plan(info, None)
-        except BaseException as exc:  # the member still runs, on one thread
-            log.warning("no spare %s for the frame pass: %s", m.processor.name, exc)
-            return []
-        assert m.plan is not None
-        if (plan.step, plan.size, plan.fmt) != (m.plan.step, m.plan.size, m.plan.fmt):
-            return []
-        lanes.append(other)
-    return lanes
-
-
-class _ReportClock:
-    """Report points: every ``every`` frames of video, and at least every REPORT_SECONDS."""
-
-    def __init__(self, every: int, first: int) -> None:
-        self.every = every
-        self.next = (first // every + 1) * every
-        self.last = time.monotonic()
-
-    def due(self, done: int) -> bool:
-        now = time.monotonic()
-        if done < self.next and now - self.last < REPORT_SECONDS:
-            return False
-        self.next = (done // self.every + 1) * self.every
-        self.last = now
-        return True
-
-
-class _Serial:
-    """Decode and feed on the calling thread, one member after another.
-
-    Iterating yields ``done`` at each report point; ``done`` is then the frame count.
-    """
-
-    def __init__(
-        self,
-        media_path: Path,
-        first: int,
-        active: list[_Member],
-        outcomes: list[Outcome | None],
-        clock: _ReportClock,
-        threads: int = 1,
-    ) -> None:
-        self.media_path, self.first, self.clock = media_path, first, clock
-        self.active, self.outcomes = active, outcomes
-        self.done = 0
-        self.taken: dict[int, tuple[dict[str, Any] | None, float]] = {}  # none: see _Parallel
-
-    def __enter__(self) -> _Serial:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-    def __iter__(self) -> Iterator[int]:
-        scaler = VideoReformatter()
-        for index, seconds, frame in media.iter_decoded(self.media_path, start_frame=self.first):
-            images = _convert(frame, index, self.active, scaler)
-            for m in list(self.active):
-                if m.wants(index) and not _feed(m, self.outcomes, index, seconds, images):
-                    self.active.remove(m)
-            self.done = index + 1
-            if self.clock.due(self.done):
-                yield self.done
-            if not self.active:
-                return
-
-
-@dataclass
-class _Mark:
-    """A report point (or the end) in every member thread's queue, after the frames
-    before ``done``."""
-
-    seq: int
-    done: int
-    owner: dict[int, int]  # member slot -> the thread that feeds it after the mark
-    last: bool = False
-    # The checkpoints member threads took there, by slot: (the checkpoint, or None where
-    # none was due; the CPU seconds it took).
-    saves: dict[int, tuple[dict[str, Any] | None, float]] = field(default_factory=dict)
-
-
-class _Parallel:
-    """Decode on one thread and feed the members on up to ``threads`` others; nobody but
-    the caller waits at a report point.
-
-    Each member thread has a queue of the frames its members want, bounded in bytes so
-    memory stays flat however long the video. At a report point the decode thread puts
-    a mark in every queue and goes on decoding. A member with lanes (independent frames,
-    a spare per thread) has each frame analysed on the thread with the least work still
-    queued; its run state changes only in ``take``, which the caller does in frame
-    order, so the caller takes its checkpoints too. Any other member (cut: ``feed``
-    changes its state) is fed by one thread at a time; reaching a mark, having fed it
-    exactly the frames before, that thread takes its checkpoint (when one is due) and
-    goes on at once. The caller waits until every thread has passed the mark, takes
-    what the lanes found before it, in order, and reports as a single thread would,
-    while the threads work on the frames after it (up to MARKS_AHEAD marks on: a caller
-    further behind holds the decode).
-
-    At each mark the decode thread may share the members without lanes out again (the
-    ones that took longest so far first, each onto the thread with the least time),
-    when that lowers the busiest thread's time by a tenth: a member handed over is fed
-    by its new thread only once the old one has passed the mark (the new one waits for
-    it there: the only wait besides the caller's, and rare). A member that fails (feed,
-    analyse, take, checkpoint, report) is fed nothing from the frame it failed at and
-    still reported at the marks before it. Leaving the ``with`` block ends and joins
-    every thread.
-    """
-
-    def __init__(
-        self,
-        media_path: Path,
-        first: int,
-        active: list[_Member],
-        outcomes: list[Outcome | None],
-        clock: _ReportClock,
-        threads: int,
-    ) -> None:
-        self.media_path, self.first, self.clock = media_path, first, clock
-        self.active, self.outcomes = active, outcomes
-        self.members = {m.slot: m for m in active}
-        self.done = 0
-        self.error: BaseException | None = None
-        self.taken: dict[int, tuple[dict[str, Any] | None, float]] = {}  # at the last mark
-        count = threads if any(m.lanes for m in active) else min(threads, len(active))
-        self.owner = _share_out([m for m in active if not m.lanes], count)
-        # Seconds and frames each thread spent on each member (a thread writes only its
-        # own), and the work (estimated seconds) the decode gave each thread and what of
-        # it the thread did: the difference is what is still queued.
-        self.spent = [collections.Counter[int]() for _ in range(count)]
-        self.looks = [collections.Counter[int]() for _ in range(count)]
-        self.given = [0.0] * count
-        self.worked = [0.0] * count
-        # The marks the caller has yet to report, and the last one each thread passed.
-        self.marks: collections.deque[_Mark] = collections.deque()
-        self.seq = 0  # the next mark's
-        self.passed = [-1] * count
-        self.progress = threading.Condition()
-        self.lock = threading.Lock()  # what lanes found; failures
-        self.quit = threading.Event()
-        self.queues = [_Inbox(BYTES_IN_FLIGHT, self.quit) for _ in range(count)]
-        self.threads = [threading.Thread(target=self._decode, name="frames-decode")]
-        self.threads += [
-            threading.Thread(target=self._work, args=(i, dict(self.owner)), name=f"frames-{i}")
-            for i in range(count)
-        ]
-
-    def __enter__(self) -> _Parallel:
-        try:
-            for thread in self.threads:
-                thread.start()
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.quit.set()  # a stop or an error: the others leave what they were doing
-        for thread in self.threads:
-            if thread.ident is not None:  # started
-                thread.join()
-
-    def __iter__(self) -> Iterator[int]:
-        while True:
-            mark = self._next_mark()
-            self._take_found(mark.done)
-            self._prune(mark.done)
-            if mark.last:
-                break
-            self.taken = {
-                m.slot: mark.saves.get(m.slot, (None, 0.0)) for m in self.active if not m.lanes
-            }
-            yield mark.done
-            for m in self.members.values():  # one that failed in its report is fed no more
-                if isinstance(outcome := self.outcomes[m.slot], BaseException):
-                    self._fail(m, mark.done, outcome)
-        for thread in self.threads:
-            thread.join()
-        if self.error is not None:
-            raise self.error
-
-    def _next_mark(self) -> _Mark:
-        """The next mark, once every member thread has passed it."""
-        with self.progress:
-            while not (self.marks and min(self.passed) >= self.marks[0].seq):
-                if self.quit.is_set():  # a thread ended early
-                    raise self.error or RuntimeError("frame pass: a thread ended early")
-                self.progress.wait(POLL_SECONDS)
-            self.progress.notify_all()  # the decode may wait for room for a mark
-            return self.marks.popleft()
-
-    def _take_found(self, done: int) -> None:
-        """Hand each member with lanes what they found before ``done``, in frame order."""
-        for m in self.active:
-            if not m.lanes or m.fails_at < done:
-                continue
-            with self.lock:
-                found = [(i, m.found.pop(i)) for i in sorted(i for i in m.found if i < done)]
-            for index, (seconds, what) in found:
-                try:
-                    m.processor.take(index, seconds, what)
-                except BaseException as exc:
-                    self._fail(m, index, exc)
-                    break
-
-    def _prune(self, done: int) -> None:
-        """Members that failed before ``done`` get their error as outcome."""
-        for m in self.active:
-            if m.fails_at < done:
-                self.outcomes[m.slot] = m.error
-        self.active[:] = [m for m in self.active if self.outcomes[m.slot] is None]
-
-    def _fail(self, m: _Member, at: float, exc: BaseException) -> None:
-        """``m`` failed at frame ``at``: the first failure counts."""
-        with self.lock:
-            if at < m.fails_at:
-                m.fails_at, m.error = at, exc
-
-    def _decode(self) -> None:
-        scaler = VideoReformatter()
-        try:
-            # One decoder thread: the pass's others are busy with the members.
-            decoded = media.iter_decoded(self.media_path, start_frame=self.first, threaded=False)
-            with contextlib.closing(decoded):
-                for index, seconds, frame in decoded:
-                    wanting = [m for m in self.members.values() if index < m.fails_at]
-                    if not wanting or self.quit.is_set():
-                        break
-                    images = _convert(frame, index, wanting, scaler)
-                    tasks: dict[int, list[_Member]] = {}
-                    cost = collections.Counter[int]()
-                    for m in wanting:
-                        if m.wants(index):
-                            thread = self._thread_for(m, cost)
-                            tasks.setdefault(thread, []).append(m)
-                    for thread, members in sorted(tasks.items()):
-                        size = sum(images[key].nbytes for key in {m.key for m in members})
-                        self.given[thread] += cost[thread]  # as the thread adds it to worked
-                        item = (index, seconds, images, members, cost[thread])
-                        self.queues[thread].put(item, size)
-                    self.done = index + 1
-                    if self.clock.due(self.done):
-                        self._mark(self.done)
-        except BaseException as exc:  # MediaError for the caller, or a bug: raised there
-            self.error = exc
-        self._mark(self.done, last=True)
-
-    def _thread_for(self, m: _Member, cost: collections.Counter[int]) -> int:
-        """The thread to give ``m`` a frame: its owner, or with lanes the one with the least
-        work queued (``cost``: this frame's so far), then given so far; what the frame is
-        likely to cost is added to ``cost``."""
-        looks = sum(c[m.slot] for c in self.looks)
-        estimate = sum(c[m.slot] for c in self.spent) / looks if looks else UNKNOWN_COST
-        thread = self.owner.get(m.slot, 0)
-        if m.lanes:
-            threads = range(len(self.queues))
-            queued = [(self.given[t] - self.worked[t] + cost[t], self.given[t]) for t in threads]
-            thread = queued.index(min(queued))
-        cost[thread] += estimate
-        return thread
-
-    def _mark(self, done: int, last: bool = False) -> None:
-        """Put a mark in every queue (after the frames before ``done``), for the caller too."""
-        owner = self.owner if last else self._reshare()
-        mark = _Mark(self.seq, done, owner, last)
-        self.seq += 1
-        with self.progress:
-            while len(self.marks) >= MARKS_AHEAD and not self.quit.is_set():
-                self.progress.wait(POLL_SECONDS)  # the caller lags: see MARKS_AHEAD
-            self.marks.append(mark)
-        for q in self.queues:
-            q.put(mark)
-        self.owner = owner
-
-    def _reshare(self) -> dict[int, int]:
-        """Who feeds each member without lanes after the next mark."""
-        members = [m for m in self.members.values() if not m.lanes and self.done < m.fails_at]
-        count = len(self.queues)
-        owner = _share_out(members, count)
-        better = _busiest(owner, members, count) < 0.9 * _busiest(self.owner, members, count)
-        return owner if better else self.owner
-
-    def _work(self, thread: int, owner: dict[int, int]) -> None:
-        """Feed this thread's queue; ``owner``: who fed the members without lanes since
-        the last mark."""
-        q = self.queues[thread]
-        try:
-            while (item := q.get()) is not None:
-                if isinstance(item, _Mark):
-                    if not self._pass(thread, item, owner) or item.last:
-                        return
-                    owner = item.owner
-                    continue
-                index, seconds, images, members, cost = item
-                for m in members:
-                    if index < m.fails_at:
-                        self._look(m, thread, index, seconds, images[m.key])
-                self.worked[thread] += cost
-        except BaseException as exc:  # a bug here: end the pass, the caller raises it
-            self.error = exc
-            self.quit.set()
-
-    def _look(self, m: _Member, thread: int, index: int, seconds: float, image: np.ndarray) -> None:
-        """Feed ``m`` a frame, or with lanes analyse it with this thread's instance."""
-        started = time.perf_counter()
-        try:
-            if m.lanes:
-                found = m.lanes[thread].analyse(index, seconds, image)
-                with self.lock:
-                    m.found[index] = (seconds, found)
-            else:
-                m.processor.feed(index, seconds, image)
-        except BaseException as exc:
-            self._fail(m, index, exc)
-        spent = time.perf_counter() - started
-        if not m.lanes:
-            m.busy += spent
-        self.spent[thread][m.slot] += spent
-        self.looks[thread][m.slot] += 1
-
-    def _pass(self, thread: int, mark: _Mark, owner: dict[int, int]) -> bool:
-        """Take the checkpoints due at ``mark`` of the members this thread fed, say it has
-        passed it, then wait for the old thread of each member handed to this one there to
-        pass it too. False when the pass is ending."""
-        for slot, fed_by in owner.items():
-            m = self.members[slot]
-            if fed_by == thread and not mark.last and mark.done <= m.fails_at:
-                mark.saves[slot] = self._save(m, mark.done)
-        with self.progress:
-            self.passed[thread] = mark.seq
-            self.progress.notify_all()
-            for slot, fed_by in mark.owner.items():
-                before = owner.get(slot, thread)
-                while fed_by == thread != before and self.passed[before] < mark.seq:
-                    if self.quit.is_set():
-                        return False
-                    self.progress.wait(POLL_SECONDS)
-        return True
-
-    def _save(self, m: _Member, done: int) -> tuple[dict[str, Any] | None, float]:
-        """``m``'s checkpoint at ``done`` if one is due, and the CPU seconds it took. The
-        caller adds its report's to space the next one (it may be a few marks behind)."""
-        assert m.plan is not None
-        if done <= m.plan.resume or time.monotonic() < m.next_save:
-            return None, 0.0
-        cpu = _save_clock()
-        try:
-            # A copy: it is reported after this thread has fed the member more frames.
-            return copy.deepcopy(m.processor.checkpoint(done)), _save_clock() - cpu
-        except BaseException as exc:
-            self._fail(m, done - 1, exc)  # no report at this mark
-            return None, 0.0
-
-
-class _Inbox:
-    """One member thread's queue, holding at most ``limit`` bytes of images (and always at
-    least one item). Both ends give up once ``quit`` is set."""
-
-    def __init__(self, limit: int, quit: threading.Event) -> None:
-        self.limit, self.quit = limit, quit
-        self.items: collections.deque[tuple[Any, int]] = collections.deque()
-        self.bytes = 0
-        self.changed = threading.Condition()
-
-    def put(self, item: Any, size: int = 0) -> None:
-        with self.changed:
-            while not self.quit.is_set():
-                if not self.items or self.bytes + size <= self.limit:
-                    self.items.append((item, size))
-                    self.bytes += size
-                    self.changed.notify()
-                    return
-                self.changed.wait(POLL_SECONDS)
-
-    def get(self) -> Any:
-        """The next item; None once the pass is ending."""
-        with self.changed:
-            while not self.quit.is_set():
-                if self.items:
-                    item, size = self.items.popleft()
-                    self.bytes -= size
-                    self.changed.notify()
-                    return item
-                self.changed.wait(POLL_SECONDS)
-            return None
-
-
-def _share_out(members: list[_Member], threads: int) -> dict[int, int]:
-    """Member slot -> thread: the members that took longest so far first, each onto the
-    thread with the least time (then fewest members) so far."""
-    loads = [(0.0, 0)] * threads
-    owner = {}
-    for m in sorted(members, key=lambda m: -m.busy):
-        thread = loads.index(min(loads))
-        owner[m.slot] = thread
-        busy, count = loads[thread]
-        loads[thread] = (busy + m.busy, count + 1)
-    return owner
-
-
-def _busiest(owner: dict[int, int], members: list[_Member], threads: int) -> float:
-    """The most time so far of one thread's members, shared out as ``owner`` says."""
-    loads = [0.0] * threads
-    for m in members:
-        loads[owner[m.slot]] += m.busy
-    return max(loads)
-
-
-def _convert(
-    frame: VideoFrame, index: int, members: list[_Member], scaler: VideoReformatter
-) -> dict[tuple[Any, str], np.ndarray]:
-    """The frame converted once per (size, pixel format) that a member wants at ``index``."""
-    images: dict[tuple[Any, str], np.ndarray] = {}
-    for m in members:
-        if m.wants(index) and m.key not in images:
-            width, height = m.key[0] or (None, None)
-            image = scaler.reformat(frame, width, height, m.key[1], threads=1).to_ndarray()
-            image.flags.writeable = False  # shared by members, maybe on other threads
-            images[m.key] = image
-    return images
-
-
-def _feed(
-    m: _Member,
-    outcomes: list[Outcome | None],
-    index: int,
-    seconds: float,
-    images: dict[tuple[Any, str], np.ndarray],
-) -> bool:
-    """Feed one member its image; False (its outcome the error) when ``feed`` raises."""
-    started = time.perf_counter()
-    try:
-        m.processor.feed(index, seconds, images[m.key])
-    except BaseException as exc:
-        outcomes[m.slot] = exc
-        return False
-    finally:
-        m.busy += time.perf_counter() - started
-    return True
-
-
-def _report_all(
-    members: list[_Member],
-    outcomes: list[Outcome | None],
-    done: int,
-    total: int,
-    final: bool = False,
-    taken: Mapping[int, tuple[dict[str, Any] | None, float]] | None = None,
-) -> Stop | None:
-    """Report progress (with a checkpoint where due) for every member; the first Stop.
-    ``taken``, by member slot: the checkpoint already taken at ``done`` (None where none
-    was due) and the CPU seconds it took."""
-    first_stop = None
-    for m in list(members):
-        if not final and m.plan is not None and done <= m.plan.resume:
-            continue  # still before its resume point: nothing new to save
-        now, cpu = time.monotonic(), _save_clock()
-        checkpoint, spent = None, 0.0
-        try:
-            if taken is not None and m.slot in taken:
-                checkpoint, spent = taken[m.slot]
-            elif final or now >= m.next_save:
-                checkpoint = m.processor.checkpoint(done)
-            m.ctx.report(done, total, checkpoint)
-        except Stop as stop:
-            # Job-wide: the others still save their state, then the pass ends.
-            first_stop = first_stop or stop
-        except BaseException as exc:
-            outcomes[m.slot] = exc
-            members.remove(m)
-            continue
-        if checkpoint is not None:
-            m.saved = done
-            spent += _save_clock() - cpu
-            m.next_save = now + SAVE_SPACING * spent if spent > CHEAP_SAVE else 0.0
-    return first_stop
-
-
-def _stopped(outcomes: list[Outcome | None], active: list[_Member], stop: Stop) -> list[Outcome]:
-    for m in active:
-        outcomes[m.slot] = stop
-    return outcomes  # type: ignore[return-value]
-
-
-def _fail_all(
-    outcomes: list[Outcome | None], active: list[_Member], error: ProcessorError
-) -> list[Outcome]:
-    for m in active:
-        outcomes[m.slot] = error
-    return outcomes  # type: ignore[return-value]
+def video_geometry(info: media.MediaInfo) -> tuple[int, int, float]:
+    """A video's (width, height, fps): a frame processor only runs on a file with a video
+    track (``not_applicable`` says so of the others)."""
+    assert info.width is not None and info.height is not None and info.fps is not None
+    return info.width, info.height, info.fps
 
 
 def fit_size(width: int, height: int, max_side: int) -> tuple[int, int] | None:
@@ -857,12 +206,11 @@ class SampledProcessor(FrameProcessor):
         self._run = self.run_settings()
         if not self._loaded:
             self.load()
-        self._fps = info.fps
-        self._step = max(1, round(info.fps / self._run["sample_fps"]))
-        size = fit_size(info.width, info.height, self._run["max_side"])
-        width, height = size or (info.width, info.height)
-        self._scale = (info.width / width, info.height / height)
-        self._bounds = (info.width, info.height)
+        source_width, source_height, self._fps = video_geometry(info)
+        size = fit_size(source_width, source_height, self._run["max_side"])
+        width, height = size or (source_width, source_height)
+        self._scale = (source_width / width, source_height / height)
+        self._bounds = (source_width, source_height)
         self._frames: list[dict[str, Any]] = []
         self._sampled = 0
         resume = 0
@@ -870,7 +218,7 @@ class SampledProcessor(FrameProcessor):
             self._frames = list(checkpoint["partial"]["frames"])
             self._sampled = int(checkpoint["sampled"])
             resume = int(checkpoint["frame"])
-        return FramePlan(resume=resume, step=self._step, size=size, fmt=self.fmt)
+        return FramePlan(resume=resume, rate=self._run["sample_fps"], size=size, fmt=self.fmt)
 
     def feed(self, index: int, seconds: float, image: np.ndarray) -> None:
         self.take(index, seconds, self.analyse(index, seconds, image))
@@ -901,7 +249,7 @@ class SampledProcessor(FrameProcessor):
         return {
             "frames": list(self._frames),
             **self.summarize(self._frames),
-            "sample_fps": round(self._fps / self._step, 3),
+            "sample_fps": self._run["sample_fps"],
             "frames_sampled": self._sampled,
         }
 

@@ -1,17 +1,16 @@
-"""Scene thumbnails for ``cut``: the middle frame of each scene as a JPEG.
+"""Scene thumbnails for ``cut``: the middle frame of each scene as a JPEG."""
 
-The frames come from the ones cut is already fed (the shared decode, at cut's
-decode size). A scene's end is known only at the next cut, so the open scene
-keeps a bounded sample of its frames: every ``stride``-th, and when more than
-``KEEP`` are held, every other one is dropped and the stride doubles. The frame
-kept nearest the middle is then within 1/KEEP of the scene's length of it, at a
-memory cost that does not grow with the video.
-
-A closed scene's JPEG is written at once to a work folder, named by its first
-frame, so a resumed run keeps the thumbnails of the scenes its checkpoint holds;
-``publish`` moves the set into ``cut.thumbnails/`` once the run completes,
-replacing any earlier set in one rename (cut.json names each scene's file).
-"""
+# The frames come from the ones cut is already fed (the shared decode, at cut's
+# decode size). A scene's end is known only at the next cut, so the open scene
+# keeps a bounded sample of its frames: every ``stride``-th, and when more than
+# ``KEEP`` are held, every other one is dropped and the stride doubles. The frame
+# kept nearest the middle is then within 1/KEEP of the scene's length of it, at a
+# memory cost that does not grow with the video.
+#
+# A closed scene's JPEG is written at once to a work folder, named by its first
+# frame, so a resumed run keeps the thumbnails of the scenes its checkpoint holds;
+# ``publish`` moves the set into ``cut.thumbnails/`` once the run completes,
+# replacing any earlier set in one rename (cut.json names each scene's file).
 
 from __future__ import annotations
 
@@ -32,10 +31,15 @@ def thumbnail_name(start_frame: int) -> str:
     return f"{start_frame:010d}.jpg"
 
 
+def work_folder(output_dir: Path) -> Path:
+    """Where a run's thumbnails wait until it completes (outputs.WORK_FOLDER)."""
+    return output_dir / f".{THUMBNAILS}.work"
+
+
 class Keyframes:
     def __init__(self, output_dir: Path, max_side: int, *, fresh: bool) -> None:
         self.final = output_dir / THUMBNAILS
-        self.work = output_dir / f".{THUMBNAILS}.work"
+        self.work = work_folder(output_dir)
         if fresh:
             shutil.rmtree(self.work, ignore_errors=True)  # thumbnails of another run's scenes
         self.max_side = max_side

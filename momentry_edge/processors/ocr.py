@@ -1,11 +1,12 @@
-"""Text in frames with RapidOCR (PP-OCR detection + recognition) on onnxruntime.
+"""Text in frames with RapidOCR (PP-OCR detection + recognition) on onnxruntime."""
 
-The rapidocr package ships its ONNX models, so nothing is downloaded. On a Mac,
-onnxruntime's Core ML provider runs them (``onnxruntime-coreml``); elsewhere the
-CPU provider. Frames go in at up to ``max_side`` pixels (default 1920: text
-needs resolution), text is found on a copy at most ``det_max_side`` (960) and
-read at full size; boxes come back in source-frame pixels.
-"""
+# The rapidocr package ships its ONNX models, so nothing is downloaded. On a Mac,
+# onnxruntime's Core ML provider runs them (``onnxruntime-coreml``); elsewhere the
+# CPU provider. Frames go in at up to ``max_side`` pixels (default 1920: text
+# needs resolution), text is found as RapidOCR's own default call finds it (on a
+# copy whose shorter side is at least 736 px; ``det_max_side`` > 0 caps the longer
+# side instead: faster, small text is lost) and read at full size; boxes come back
+# in source-frame pixels.
 
 from __future__ import annotations
 
@@ -41,27 +42,30 @@ class OcrProcessor(SampledProcessor):
 
     def own_settings(self) -> dict[str, Any]:
         score = settings_number(self.settings, "min_confidence", 0.5, self.name)
-        det_side = settings_number(self.settings, "det_max_side", 960, self.name)
-        if not (0 <= score < 1 and det_side >= 32):
-            raise PermanentError("bad ocr settings: 0 <= min_confidence < 1, det_max_side >= 32")
+        det_side = settings_number(self.settings, "det_max_side", 0, self.name)
+        if not (0 <= score < 1 and (det_side == 0 or det_side >= 32)):
+            raise PermanentError(
+                "bad ocr settings: 0 <= min_confidence < 1, det_max_side 0 or >= 32"
+            )
         return {"min_confidence": score, "det_max_side": int(det_side)}
 
     def load(self) -> None:
         self.require_backend()
         from rapidocr import RapidOCR  # imported here: the service starts without [ml]
 
+        # Text detection as rapidocr's default does it (a shorter side of at least 736
+        # px: small frames are enlarged, or their small labels are missed), unless a
+        # cap on the longer side is set (PaddleOCR's classic 960: less work on 1080p
+        # frames, small text lost). Lines are read from the frame at full size.
+        det_max_side = self.own_settings()["det_max_side"]
+        limits = {"Det.limit_type": "max", "Det.limit_side_len": det_max_side}
         self._engine = RapidOCR(
             params={
                 "Global.log_level": "error",
                 "EngineConfig.onnxruntime.use_coreml": self.backend == "onnxruntime-coreml",
                 # One thread, as yolo (see there): no spinning pool, half the CPU.
                 "EngineConfig.onnxruntime.intra_op_num_threads": 1,
-                # Text detection on a frame at most this big (PaddleOCR's classic 960).
-                # rapidocr's default instead upscales every frame to a 736 px short
-                # side: about 3x the work on video frames, for no gain on 720p text.
-                # Lines are still read from the frame at full size.
-                "Det.limit_type": "max",
-                "Det.limit_side_len": self.own_settings()["det_max_side"],
+                **(limits if det_max_side else {}),
                 # rapidocr turns onnxruntime's memory arena off: every run of a model then
                 # maps, faults in and frees its intermediate tensors afresh (tens of MB
                 # for detection). Kept, they cost ~70 MB an instance and save that CPU.

@@ -1,12 +1,11 @@
-"""Body pose with MediaPipe Pose (BlazePose full), whose models ship in the package.
+"""Body pose with MediaPipe Pose (BlazePose full), whose models ship in the package."""
 
-Only model_complexity=1 is usable offline: mediapipe 0.10.21 bundles
-pose_landmark_full and downloads the lite/heavy variants at run time, which a
-job must never do. Each sampled frame is looked at on its own
-(static_image_mode), so results do not depend on which frames came before:
-a resumed or shared run gives the same keypoints. BlazePose finds at most one
-person per frame (the most prominent).
-"""
+# Only model_complexity=1 is usable offline: mediapipe 0.10.21 bundles
+# pose_landmark_full and downloads the lite/heavy variants at run time, which a
+# job must never do. Each sampled frame is looked at on its own
+# (static_image_mode), so results do not depend on which frames came before:
+# a resumed or shared run gives the same keypoints. BlazePose finds at most one
+# person per frame (the most prominent).
 
 from __future__ import annotations
 

@@ -1,15 +1,14 @@
-"""Object detection with a YOLO model (Ultralytics YOLOv8/YOLO11 detect head).
+"""Object detection with a YOLO model (Ultralytics YOLOv8/YOLO11 detect head)."""
 
-Backends, fastest first:
-- ``coreml`` (Apple silicon): ultralytics running the model exported to Core ML
-  once via coremltools (the ``.mlpackage`` is kept beside the weights), falling
-  back to the PyTorch weights on the Apple GPU when the export fails.
-- ``onnxruntime`` (everywhere): the ONNX export, with letterbox, decode and NMS in
-  numpy; no torch. On a Mac it asks onnxruntime for its Core ML provider.
-
-Class labels come from the model's own metadata. Boxes are in source-frame
-pixels whichever backend ran (frames are fed downscaled; see frames.py).
-"""
+# Backends, fastest first:
+# - ``coreml`` (Apple silicon): ultralytics running the model exported to Core ML
+#   once via coremltools (the ``.mlpackage`` is kept beside the weights), falling
+#   back to the PyTorch weights on the Apple GPU when the export fails.
+# - ``onnxruntime`` (everywhere): the ONNX export, with letterbox, decode and NMS in
+#   numpy; no torch. On a Mac it asks onnxruntime for its Core ML provider.
+#
+# Class labels come from the model's own metadata. Boxes are in source-frame
+# pixels whichever backend ran (frames are fed downscaled; see frames.py).
 
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import models
+from .. import weights
 from .backends import APPLE_HINT, Backend, resolve_model
 from .base import PermanentError, Readiness
 from .frames import SampledProcessor, settings_number
@@ -66,18 +65,18 @@ class YoloProcessor(SampledProcessor):
         if self.settings.get("model_path") or self.choice.backend is None:
             return None  # a file of its own; or no backend, which readiness says
         try:
-            catalog = models.load_catalog()
-        except models.ModelError:
+            catalog = weights.load_catalog()
+        except weights.ModelError:
             return None  # readiness says so
-        if catalog.find(self.model, self.backend, self.name) is None:
+        if catalog.find(self.model, self.backend, self.name) is None:  # type: ignore[arg-type]
             # A model no run here can load: the service refuses to start with it.
-            return f"model: {catalog.unknown(self.name, self.model, self.backend)}"
+            return f"model: {catalog.unknown(self.name, self.model, self.backend)}"  # type: ignore[arg-type]
         return None
 
     def _weights(self) -> Path:
         # Core ML is exported from the PyTorch weights; onnxruntime runs the ONNX export.
         suffix = ".pt" if self.backend == "coreml" else ".onnx"
-        return resolve_model(self.name, self.model, self.backend, suffix, self.settings)
+        return resolve_model(self.name, self.model, self.backend, suffix, self.settings)  # type: ignore[arg-type]
 
     def own_settings(self) -> dict[str, Any]:
         conf = settings_number(self.settings, "confidence", 0.25, self.name)

@@ -1,0 +1,7 @@
+"""`python -m momentry_edge.cli`: what the service files the `autostart` command writes run."""
+
+import sys
+
+from .commands import main
+
+sys.exit(main())

@@ -1,0 +1,113 @@
+"""`momentry-edge logs [-f] [--job ID]`: the service's JSON-lines log as readable lines,
+``2026-12-04 23:06:20 INFO service: message [task]``, times in UTC. The rotated files
+(.1 to .5) are read too, oldest first; -f follows the live file across a rotation."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from ..config import Config
+from ..terminal import printable
+from .client import find_service
+
+NAME = "momentry-edge.log"
+FOLLOW_EVERY = 0.25  # seconds between looks at the live file
+
+
+def command(cfg: Config, args: argparse.Namespace) -> int:
+    folder = log_folder(cfg)
+    live = folder / NAME
+    if not live.exists():
+        print(printable(f"error: no log at {live} (has the service run here?)"), file=sys.stderr)
+        return 1
+    wanted = [line for line in _lines(_files(folder)) if _matches(line, args.job)]
+    for line in deque(wanted, maxlen=args.lines) if args.lines else ():
+        print(line, flush=False)
+    sys.stdout.flush()
+    if args.follow:
+        try:
+            for line in follow(live):
+                if _matches(line, args.job):
+                    print(line, flush=True)
+        except KeyboardInterrupt:
+            return 0
+    return 0
+
+
+def log_folder(cfg: Config) -> Path:
+    """The running service's log folder (it may have a data dir of its own), else ours."""
+    found = find_service(cfg)
+    data_dir = (found.entry or {}).get("data_dir") or cfg.data_dir
+    return Path(data_dir) / "logs"
+
+
+def readable(raw: str) -> str:
+    """One line of the JSON log as a person reads it; a line that is not JSON, as it is."""
+    try:
+        entry: dict[str, Any] = json.loads(raw)
+        stamp = str(entry["time"]).replace("T", " ")[:19]
+        text = f"{stamp} {str(entry['level']).upper()} {entry['logger']}: {entry['message']}"
+    except (ValueError, KeyError, TypeError):
+        return printable(raw.rstrip("\n"))
+    task = entry.get("task_id")
+    if task and task not in text:
+        text += f" [{task}]"
+    line = printable(text)
+    if entry.get("error"):  # the traceback keeps its lines, indented under the message
+        line += "\n" + printable("    " + str(entry["error"]).replace("\n", "\n    "), True)
+    return line
+
+
+def follow(path: Path) -> Iterator[str]:
+    """The lines written to ``path`` from now on, also once it has been rotated."""
+    stream = path.open("rb")
+    stream.seek(0, os.SEEK_END)
+    pending = b""
+    while True:
+        chunk = stream.readline()
+        if chunk:
+            pending += chunk
+            if pending.endswith(b"\n"):  # else half written: the rest comes later
+                yield readable(pending.decode("utf-8", errors="replace"))
+                pending = b""
+            continue
+        time.sleep(FOLLOW_EVERY)
+        if _rotated(path, stream):
+            stream.close()
+            stream, pending = path.open("rb"), b""
+
+
+def _files(folder: Path) -> list[Path]:
+    rotated = sorted(folder.glob(f"{NAME}.[0-9]*"), key=lambda p: -int(p.suffix[1:] or 0))
+    return [*rotated, folder / NAME]
+
+
+def _lines(files: Iterable[Path]) -> Iterator[str]:
+    for path in files:
+        try:
+            with path.open(encoding="utf-8", errors="replace") as stream:
+                for raw in stream:
+                    yield readable(raw)
+        except FileNotFoundError:
+            continue  # rotated away meanwhile
+
+
+def _matches(line: str, job: str | None) -> bool:
+    return job is None or job in line
+
+
+def _rotated(path: Path, stream: BinaryIO) -> bool:
+    try:
+        now = path.stat()
+    except FileNotFoundError:
+        return False
+    held = os.fstat(stream.fileno())
+    return (now.st_ino, now.st_dev) != (held.st_ino, held.st_dev) or now.st_size < stream.tell()

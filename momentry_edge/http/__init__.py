@@ -1,0 +1,1 @@
+"""The HTTP API: the bottle app and its routes, OpenAPI, /metrics and the waitress server."""

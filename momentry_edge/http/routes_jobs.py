@@ -1,0 +1,40 @@
+"""Routes of jobs: list, detail, retry, cancel."""
+
+from __future__ import annotations
+
+import bottle
+
+from .. import jobs, store
+from ..jobs import views
+from .core import Core
+from .parsing import (
+    csv_query,
+    paging,
+)
+from .routes_queue import cancel_job
+
+
+def add(app: bottle.Bottle, service: Core) -> None:
+    @app.get("/api/v1/jobs")
+    def list_jobs() -> dict:
+        statuses = csv_query("status", {*store.FINAL_STATES, *store.ACTIVE_STATES})
+        limit, offset = paging()
+        return views.list_jobs(statuses, limit, offset)
+
+    @app.get("/api/v1/jobs/<job>")
+    def job_detail(job: str) -> dict:
+        return views.job_detail(jobs.find_job(job), service.effective_limit())
+
+    @app.post("/api/v1/jobs/<job>/retry")
+    def retry(job: str) -> dict:
+        retried = jobs.retry(jobs.find_job(job))
+        return {
+            "success": True,
+            "task_id": retried.task_id,
+            "status": retried.status,
+            "position": jobs.position(retried),
+        }
+
+    @app.post("/api/v1/jobs/<job>/cancel")
+    def cancel(job: str) -> dict:
+        return cancel_job(job)

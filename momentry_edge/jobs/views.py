@@ -1,0 +1,543 @@
+"""Read-only views of the tables, shaped as API.md's JSON. Nothing here writes."""
+
+from __future__ import annotations
+
+import heapq
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import peewee as pw
+
+from .. import clock, jobs, store
+from ..clock import iso
+from ..errors import Invalid
+from ..store import Job, JobStatus, MediaFile, ProcessorRun, RunStatus
+from . import estimates
+
+
+def estimated_starts(
+    waiting: Sequence[tuple[Sequence[str], float | None]],
+    ends: Sequence[float],
+    limit: int,
+    now: float,
+    rates: estimates.Rates,
+) -> list[float | None]:
+    """When each waiting job (its processors and its media's duration, in line order)
+    should start: each of ``limit`` slots frees at one of ``ends`` (the running jobs'), or
+    now; each job then holds its slot for its expected time (estimates.Rates). None from
+    the first job of no known time on, or while nothing may start."""
+    if limit <= 0:
+        return [None] * len(waiting)
+    slots = sorted(ends)[:limit] + [now] * max(limit - len(ends), 0)
+    heapq.heapify(slots)
+    starts: list[float | None] = []
+    for processors, duration in waiting:
+        seconds = rates.job_seconds(processors, duration)
+        if seconds is None:
+            return starts + [None] * (len(waiting) - len(starts))
+        start = heapq.heappop(slots)
+        starts.append(start)
+        heapq.heappush(slots, start + seconds)
+    return starts
+
+
+def running_left(running: Sequence[Job], rates: estimates.Rates, now: float) -> dict[int, float]:
+    """Seconds left of each running job (``running`` with their files), where known."""
+    done: dict[int, dict[str, float]] = {job.id: {} for job in running}
+    if running:
+        runs = ProcessorRun.select(
+            ProcessorRun.job,
+            ProcessorRun.processor,
+            ProcessorRun.status,
+            ProcessorRun.progress_current,
+            ProcessorRun.progress_total,
+        ).where(ProcessorRun.job.in_(list(done)))
+        for run in runs:
+            done[run.job_id][run.processor] = _fraction(run)
+    left = {}
+    for job in running:
+        elapsed = max(now - (job.started_at or now), 0)
+        seconds = rates.remaining(done[job.id], job.file.duration, elapsed, job.progress or 0)
+        if seconds is not None:
+            left[job.id] = seconds
+    return left
+
+
+def _fraction(run: ProcessorRun) -> float:
+    if run.status in store.RUN_DONE:
+        return 1.0
+    return min(run.progress_current / run.progress_total, 1.0) if run.progress_total else 0.0
+
+
+def _line(limit: int, offset: int = 0) -> list[tuple[Sequence[str], float | None]]:
+    """Processors and media duration of the pending jobs in line order, from ``offset``."""
+    query = (
+        jobs.pending_in_order()
+        .select(Job.processors, MediaFile.duration)
+        .join(MediaFile)
+        .limit(limit)
+        .offset(offset)
+    )
+    return store.rows(query)
+
+
+def _work_ahead(count: int, rates: estimates.Rates) -> float | None:
+    """Expected seconds of the first ``count`` pending jobs together, summed in the database
+    by processor set (a job far down a long line is not estimated job by job)."""
+    if count <= 0:
+        return 0.0
+    first = (
+        jobs.pending_in_order()
+        .select(pw.Cast(Job.processors, "text").alias("names"), MediaFile.duration)
+        .join(MediaFile)
+        .limit(count)
+    )
+    sql, params = first.sql()
+    rows = store.execute(
+        f"SELECT names, SUM(duration), COUNT(*) - COUNT(duration) FROM ({sql}) AS first_jobs"
+        " GROUP BY names",
+        *params,
+    ).fetchall()
+    work = 0.0
+    for names, seconds, unknown in rows:
+        processors = json.loads(names)
+        if seconds:
+            work += rates.job_seconds(processors, seconds) or 0.0
+        if unknown:
+            if rates.average_job is None:
+                return None
+            work += unknown * rates.average_job
+    return work
+
+
+def _level(ends: Sequence[float], limit: int, now: float, work: float) -> list[float]:
+    """The ``limit`` slots (freeing at ``ends``, or now) once ``work`` seconds are shared
+    out among them, each taking on work from when it frees."""
+    slots = sorted(sorted(ends)[:limit] + [now] * max(limit - len(ends), 0))
+    for k in range(1, len(slots) + 1):
+        level = (work + sum(slots[:k])) / k
+        if k == len(slots) or level <= slots[k]:
+            return [max(slot, level) for slot in slots]
+    return slots
+
+
+def queue_status(
+    effective_limit: int,
+    load: Any,
+    extra: dict[str, Any] | None = None,
+    node: str | None = None,
+    limit: int = 50,
+    offset: int = 0,
+) -> dict[str, Any]:
+    """The queue's status as ``node`` (the one answering) sees it: its own concurrency.
+    ``queue`` holds the running jobs and a page (``limit``, ``offset``) of the waiting ones."""
+    with store.read_snapshot(Job._meta.database):
+        return _queue_status(effective_limit, load, extra, node, limit, offset)
+
+
+def _queue_status(
+    effective_limit: int,
+    load: Any,
+    extra: dict[str, Any] | None,
+    node: str | None,
+    limit: int,
+    offset: int,
+) -> dict[str, Any]:
+    now = clock.now()
+    state = jobs.queue_state(node)
+    rates = estimates.current()
+    counts = dict(store.rows(Job.select(Job.status, pw.fn.COUNT(Job.id)).group_by(Job.status)))
+    pending_count = counts.get(JobStatus.PENDING, 0)
+    running = list(
+        Job.select(Job, MediaFile)
+        .join(MediaFile)
+        .where(Job.status == JobStatus.PROCESSING)
+        .order_by(Job.started_at)
+    )
+    # The page: pending jobs by position, then retrying ones by their next attempt.
+    pending = list(
+        jobs.pending_in_order().select_extend(MediaFile).join(MediaFile).limit(limit).offset(offset)
+    )
+    retrying = []
+    if len(pending) < limit:
+        retrying = list(
+            Job.select(Job, MediaFile)
+            .join(MediaFile)
+            .where(Job.status == JobStatus.RETRYING)
+            .order_by(Job.next_attempt_at, Job.id)
+            .limit(limit - len(pending))
+            .offset(max(offset - pending_count, 0))
+        )
+    left = running_left(running, rates, now)
+    waiting = [(job.processors, job.file.duration) for job in pending]
+    ends = [now + left.get(job.id, 0.0) for job in running]
+    starts = _starts_after(offset, waiting, ends, effective_limit, now, rates)
+    queue: list[dict[str, Any]] = []
+    for job in running:
+        queue.append(
+            _queue_entry(job)
+            | {
+                "started_at": iso(job.started_at),
+                "progress": job.progress,
+                "node": job.node,
+                "estimated_end": iso(now + left[job.id]) if job.id in left else None,
+            }
+        )
+    for number, (job, start) in enumerate(zip(pending, starts, strict=True), start=offset + 1):
+        queue.append(
+            _queue_entry(job)
+            | {
+                "queued_at": iso(job.queued_at),
+                "position": number,
+                "estimated_start": iso(_held(start, job, effective_limit)),
+                "not_before": iso(job.not_before),
+            }
+        )
+    for job in retrying:
+        queue.append(
+            _queue_entry(job)
+            | {
+                "next_attempt_at": iso(job.next_attempt_at),
+                "error": job.error_message,
+                "retry_count": job.retry_count,
+            }
+        )
+    return {
+        "active_count": len(running),
+        "max_concurrent": state.max_concurrent,
+        "effective_concurrency": effective_limit,
+        "dynamic_concurrency": state.dynamic_concurrency,
+        "pending_count": pending_count,
+        "retrying_count": counts.get(JobStatus.RETRYING, 0),
+        "paused": state.paused,
+        "queue": queue,
+        "statistics": {
+            "total_processed": sum(
+                counts.get(s, 0) for s in (JobStatus.COMPLETED, JobStatus.PARTIAL, JobStatus.FAILED)
+            ),
+            "total_failed": counts.get(JobStatus.FAILED, 0),
+            "total_partial": counts.get(JobStatus.PARTIAL, 0),
+            "total_cancelled": counts.get(JobStatus.CANCELLED, 0),
+            "average_time": _round(rates.average_job),
+        },
+        "resources": {
+            "cpu_percent": load.cpu_percent if load else None,
+            "memory_percent": load.memory_percent if load else None,
+            "gpu_percent": load.gpu_percent if load else None,
+        },
+        **(extra or {}),
+    }
+
+
+def _held(start: float | None, job: Job, effective_limit: int) -> float | None:
+    """A job asked not to start before a time starts no earlier than that, history or not;
+    while nothing may start (paused, blocked) it has no estimate, its own time or not."""
+    if job.not_before is None or effective_limit <= 0:
+        return start
+    return max(start or job.not_before, job.not_before)
+
+
+def _queue_entry(job: Job) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "task_id": job.task_id,
+        "file_uuid": job.file.file_uuid,
+        "file_name": job.file.name,
+        "status": job.status,
+        "priority": store.PRIORITY_NAMES[job.priority],
+        "processors": job.processors,
+    }
+
+
+def _runs(job: Job) -> list[ProcessorRun]:
+    """The job's runs, each ``last_checkpoint`` cut down in the query to what is shown of
+    it (``frame``, ``timestamp``). A checkpoint holds the partial result too: parsing
+    them all (and collecting the garbage) made every status request cost ~10 ms of CPU
+    beside a running job. The rows are only read here: never saved back."""
+    postgres = store.is_postgres(ProcessorRun._meta.database)
+    fields = [f for f in ProcessorRun._meta.sorted_fields if f is not ProcessorRun.last_checkpoint]
+    shown = [_checkpoint_value(key, postgres).alias(f"checkpoint_{key}") for key in _SHOWN]
+    query = ProcessorRun.select(*fields, *shown).where(ProcessorRun.job == job.id)
+    runs = list(query.order_by(ProcessorRun.position))
+    for run in runs:
+        values = {key: getattr(run, f"checkpoint_{key}") for key in _SHOWN}
+        place = {k: json.loads(v) if postgres else v for k, v in values.items() if v is not None}
+        run.last_checkpoint = place or None
+    return runs
+
+
+_SHOWN = ("frame", "timestamp")  # of a checkpoint: where the run is (see run_detail)
+
+
+def _checkpoint_value(key: str, postgres: bool) -> Any:
+    """SQL for ``last_checkpoint[key]`` (NULL when absent): as JSON text on PostgreSQL, the
+    number itself on SQLite (json_extract)."""
+    if postgres:
+        return pw.SQL(f"(last_checkpoint::json -> '{key}')::text")
+    return pw.fn.json_extract(ProcessorRun.last_checkpoint, f"$.{key}").coerce(False)
+
+
+def job_summary(job: Job, resolved_by: str | None = None) -> dict[str, Any]:
+    runs = _runs(job)
+    summary = _queue_entry(job) | {
+        "progress": job.progress,
+        "completed": [r.processor for r in runs if r.status in store.RUN_DONE],
+        "failed": [r.processor for r in runs if r.status == RunStatus.FAILED],
+        "created_at": iso(job.created_at),
+    }
+    if job.status in (JobStatus.FAILED, JobStatus.PARTIAL):
+        summary |= {"error": job.error_message, "resolved_by": resolved_by}
+    return summary
+
+
+def _resolved() -> pw.Node:
+    """SQL: the job (failed or partial) has a later job of its file that completed (the
+    file uploaded again, or the job retried as new): it is no longer a failure."""
+    later = Job.alias()
+    newer = later.select(pw.SQL("1")).where(
+        later.file == Job.file, later.id > Job.id, later.status == JobStatus.COMPLETED
+    )
+    return pw.fn.EXISTS(newer)
+
+
+def _resolvers(page: list[Job]) -> dict[int, str]:
+    """job id -> task_id of the later completed job of its file, for the failed in ``page``."""
+    failed = [j for j in page if j.status in (JobStatus.FAILED, JobStatus.PARTIAL)]
+    if not failed:
+        return {}
+    later = (
+        Job.select(Job.file, Job.id, Job.task_id)
+        .where(Job.file.in_({j.file_id for j in failed}), Job.status == JobStatus.COMPLETED)
+        .order_by(Job.id)
+    )
+    completed: dict[int, list[tuple[int, str]]] = {}
+    for file_id, job_id, task_id in store.rows(later):
+        completed.setdefault(file_id, []).append((job_id, task_id))
+    found = {}
+    for job in failed:
+        after = [task for job_id, task in completed.get(job.file_id, []) if job_id > job.id]
+        if after:
+            found[job.id] = after[0]
+    return found
+
+
+def job_detail(job: Job, effective_limit: int) -> dict[str, Any]:
+    with store.read_snapshot(Job._meta.database):
+        return _job_detail(Job.get_by_id(job.id), effective_limit)
+
+
+def queue_place(job_id: int, effective_limit: int) -> tuple[Job, int | None, str | None]:
+    """A job as it is now, its place in line and estimated start: what the answer to a
+    request that queued it says (job_detail's figures without the rest)."""
+    with store.read_snapshot(Job._meta.database):
+        job = jobs.get(job_id)
+        return job, *_place(job, effective_limit)
+
+
+def _place(job: Job, effective_limit: int) -> tuple[int | None, str | None]:
+    position = jobs.position(job)
+    if position is None:
+        return None, None
+    now = clock.now()
+    rates = estimates.current()
+    running = list(
+        Job.select(Job, MediaFile).join(MediaFile).where(Job.status == JobStatus.PROCESSING)
+    )
+    left = running_left(running, rates, now)
+    ends = [now + left.get(r.id, 0.0) for r in running]
+    waiting = _line(1, position - 1)
+    start = _starts_after(position - 1, waiting, ends, effective_limit, now, rates)[-1]
+    return position, iso(_held(start, job, effective_limit))
+
+
+def _starts_after(
+    ahead: int,
+    waiting: Sequence[tuple[Sequence[str], float | None]],
+    ends: Sequence[float],
+    limit: int,
+    now: float,
+    rates: estimates.Rates,
+) -> list[float | None]:
+    """Estimated starts of ``waiting`` (in line order), behind ``ahead`` pending jobs."""
+    if limit <= 0:
+        return [None] * len(waiting)
+    if ahead:
+        work = _work_ahead(ahead, rates)
+        if work is None:
+            return [None] * len(waiting)
+        ends = _level(ends, limit, now, work)
+    return estimated_starts(waiting, ends, limit, now, rates)
+
+
+def _estimated_end(job: Job) -> str | None:
+    """When a running job should end (see estimates); None for any other."""
+    if job.status != JobStatus.PROCESSING:
+        return None
+    now = clock.now()
+    left = running_left([job], estimates.current(), now).get(job.id)
+    return None if left is None else iso(now + left)
+
+
+def _job_detail(job: Job, effective_limit: int) -> dict[str, Any]:
+    position, estimated = _place(job, effective_limit)
+    return _queue_entry(job) | {
+        "position": position,
+        "estimated_start": estimated,
+        "progress": job.progress,
+        "retry_count": job.retry_count,
+        "max_retries": job.max_retries,
+        "task_timeout": job.task_timeout,
+        "not_before": iso(job.not_before),
+        "crash_count": job.crash_count,
+        "cancel_requested": job.cancel_requested,
+        "node": job.node,
+        "next_attempt_at": iso(job.next_attempt_at),
+        "estimated_end": _estimated_end(job),
+        "options": job.options,
+        "processors": {run.processor: run_detail(run) for run in _runs(job)},
+        "created_at": iso(job.created_at),
+        "queued_at": iso(job.queued_at),
+        "started_at": iso(job.started_at),
+        "completed_at": iso(job.completed_at),
+        "error_message": job.error_message,
+    }
+
+
+def run_detail(run: ProcessorRun) -> dict[str, Any]:
+    detail: dict[str, Any] = {"status": run.status, "attempts": run.attempts}
+    if run.progress_total:
+        detail.update(
+            progress=int(100 * min(run.progress_current / run.progress_total, 1)),
+            current=run.progress_current,
+            total=run.progress_total,
+        )
+    elif run.status in store.RUN_DONE:
+        detail["progress"] = 100
+    checkpoint = run.last_checkpoint or {}
+    optional = {
+        "output_path": run.output_path,
+        "started_at": iso(run.started_at),
+        "completed_at": iso(run.completed_at),
+        "error": run.error,
+        "reason": run.reason,
+        "backend": run.backend,
+        "model": run.model,
+        "last_checkpoint": {k: checkpoint[k] for k in ("frame", "timestamp") if k in checkpoint}
+        or None,
+    }
+    return detail | {k: v for k, v in optional.items() if v is not None}
+
+
+def list_jobs(statuses: list[str], limit: int, offset: int) -> dict[str, Any]:
+    # The page is picked by id alone, from the status index, and only its jobs are read
+    # with their files: joined and sorted in one query, every job of those statuses was
+    # read for each page, so a long history slowed the TUI's two lists a second.
+    chosen = Job.select(Job.id)
+    if statuses:
+        chosen = chosen.where(Job.status.in_(statuses))
+    with store.read_snapshot(Job._meta.database):
+        total = chosen.count()
+        ids = _page(chosen, (Job.id.desc(),), limit, offset)
+        page = list(
+            Job.select(Job, MediaFile)
+            .join(MediaFile)
+            .where(Job.id.in_(ids))
+            .order_by(Job.id.desc())
+        )
+        resolvers = _resolvers(page)
+        return {"jobs": [job_summary(job, resolvers.get(job.id)) for job in page], "total": total}
+
+
+def _page(chosen: Any, order: tuple, limit: int, offset: int) -> list[int]:
+    """The ids of one page of ``chosen`` (a select of Job.id) in ``order``."""
+    return [row[0] for row in store.rows(chosen.order_by(*order).limit(limit).offset(offset))]
+
+
+def dead_jobs(limit: int, offset: int) -> dict[str, Any]:
+    """Jobs that ran out of retries (or could not be retried), newest first, with each
+    processor's error; a page of them, as the other lists (they pile up with the history).
+    A job whose file completed a later job is no longer a failure: it is left out."""
+    newest_first = (Job.completed_at.desc(), Job.id.desc())
+    ended_badly = Job.status.in_((JobStatus.FAILED, JobStatus.PARTIAL))
+    chosen = Job.select(Job.id).where(ended_badly, ~_resolved())  # type: ignore[operator]
+    with store.read_snapshot(Job._meta.database):
+        total = chosen.count()
+        ids = _page(chosen, newest_first, limit, offset)
+        if not ids:
+            return {"jobs": [], "total": total}
+        page = Job.select(Job, MediaFile).join(MediaFile).where(Job.id.in_(ids))
+        failed: dict[int, dict[str, Any]] = {job_id: {} for job_id in ids}
+        runs = (
+            ProcessorRun.select(
+                ProcessorRun.job, ProcessorRun.processor, ProcessorRun.error, ProcessorRun.attempts
+            )
+            .where(ProcessorRun.job.in_(ids), ProcessorRun.status == RunStatus.FAILED)
+            .order_by(ProcessorRun.job, ProcessorRun.position)
+        )
+        for run in runs:
+            failed[run.job_id][run.processor] = {"error": run.error, "attempts": run.attempts}
+        dead = [
+            _queue_entry(job)
+            | {
+                "retry_count": job.retry_count,
+                "completed_at": iso(job.completed_at),
+                "error_message": job.error_message,
+                "failed": failed[job.id],
+            }
+            for job in page.order_by(*newest_first)
+        ]
+    return {"jobs": dead, "total": total}
+
+
+def file_summary(record: MediaFile) -> dict[str, Any]:
+    newest = Job.select(Job.status).where(Job.file == record.id).order_by(Job.id.desc()).first()
+    return {
+        "file_uuid": record.file_uuid,
+        "file_name": record.name,
+        "path": record.rel_path,
+        "state": record.state,
+        "reason": record.reason,
+        "size": record.size,
+        "status": newest.status if newest else None,
+    }
+
+
+def file_detail(record: MediaFile) -> dict[str, Any]:
+    history = Job.select().where(Job.file == record.id).order_by(Job.id.desc())
+    return file_summary(record) | {
+        "duration": record.duration,
+        "width": record.width,
+        "height": record.height,
+        "fps": record.fps,
+        "video_codec": record.video_codec,
+        "audio_codec": record.audio_codec,
+        "fingerprint": record.fingerprint,
+        "registered_at": iso(record.registered_at),
+        "jobs": [
+            {"task_id": j.task_id, "status": j.status, "created_at": iso(j.created_at)}
+            for j in history
+        ],
+    }
+
+
+def list_files(
+    states: list[str], limit: int, offset: int, name: str | None = None
+) -> dict[str, Any]:
+    query = MediaFile.select()
+    if states:
+        query = query.where(MediaFile.state.in_(states))
+    if name and ("\0" in name or len(name) > 1000):
+        raise Invalid("name must be at most 1000 characters, without NUL")
+    if name:  # a part of the name, in any case (LIKE's wildcards taken as themselves)
+        escaped = re.sub(r"([\\%_])", r"\\\1", name.lower())
+        like = (pw.fn.LOWER(MediaFile.name), pw.SQL("LIKE"), f"%{escaped}%", pw.SQL("ESCAPE '\\'"))
+        query = query.where(pw.NodeList(like))
+    total = query.count()
+    page = query.order_by(MediaFile.id.desc()).limit(limit).offset(offset)
+    return {"files": [file_summary(f) for f in page], "total": total}
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)

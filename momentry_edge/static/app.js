@@ -1,0 +1,608 @@
+// The web console: reads and acts through the service's own HTTP API (docs/api.md) and
+// stays current from its event stream. No library, no build step, nothing from elsewhere.
+"use strict";
+
+const PAGE = 25;
+const $ = (id) => document.getElementById(id);
+const state = {
+  token: sessionStorage.getItem("momentry-token") || "",
+  waitingOffset: 0, failedOffset: 0, filesOffset: 0, rejectedOffset: 0,
+  search: "", status: null, skew: 0, fileUuid: null, blobs: [], places: {},
+};
+
+// -- the API -----------------------------------------------------------------------------
+
+class ApiError extends Error {
+  constructor(status, message) { super(message); this.status = status; }
+}
+
+function headers(extra) {
+  const h = Object.assign({}, extra || {});
+  if (state.token) h.Authorization = "Bearer " + state.token;
+  return h;
+}
+
+async function call(method, path, body) {
+  const init = { method, headers: headers(body ? { "Content-Type": "application/json" } : {}) };
+  if (body) init.body = JSON.stringify(body);
+  const reply = await fetch(path, init);
+  const date = Date.parse(reply.headers.get("Date") || "");
+  if (!Number.isNaN(date)) state.skew = date - Date.now();  // the service's clock, to a second
+  if (reply.status === 401) { signOut(); throw new ApiError(401, "the token is needed"); }
+  if (!reply.ok) {
+    let message = reply.status + " " + reply.statusText;
+    try { message = (await reply.json()).error.message; } catch (_) { /* not JSON */ }
+    throw new ApiError(reply.status, message);
+  }
+  return reply;
+}
+
+const get = async (path) => (await call("GET", path)).json();
+const optional = (path) => get(path).catch((e) => { if (e.status === 404) return null; throw e; });
+
+async function act(method, path, body) {
+  try {
+    await call(method, path, body);
+    say("");
+    refresh("all", true);
+  } catch (e) {
+    if (e.status !== 401) say(e.message);
+  }
+}
+
+// -- signing in --------------------------------------------------------------------------
+
+function signOut() {
+  state.token = "";
+  sessionStorage.removeItem("momentry-token");
+  stopStream();
+  $("app").hidden = true;  // nothing of the queue or the files stays on screen
+  for (const id of ["running", "waiting", "failed", "files", "rejected", "scenes", "transcript"]) {
+    $(id).replaceChildren();
+  }
+  $("login").hidden = false;
+  $("live").textContent = "the token is needed";
+  $("token").focus();
+}
+
+async function start() {
+  if (document.documentElement.dataset.token === "required" && !state.token) {
+    signOut();  // asked for before any request: none is refused, nothing is shown
+    return;
+  }
+  try {
+    await call("GET", "/api/v1/queue/status?limit=1&offset=0");
+  } catch (e) {
+    if (e.status !== 401) { $("live").textContent = "cannot reach the service: " + e.message; }
+    return;
+  }
+  $("login").hidden = true;
+  $("app").hidden = false;
+  route();
+  openStream();
+}
+
+$("login").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  state.token = $("token").value;
+  $("token").value = "";
+  try {
+    await call("GET", "/api/v1/queue/status?limit=1&offset=0");
+  } catch (e) {
+    $("login-error").textContent = e.status === 401 ? "That token is not the service's." : e.message;
+    return;
+  }
+  sessionStorage.setItem("momentry-token", state.token);
+  $("login-error").textContent = "";
+  start();
+});
+
+// -- the event stream ----------------------------------------------------------------------
+// Read with fetch(), not EventSource: EventSource cannot send the Authorization header,
+// and the token must not go in the URL (it would sit in logs and the browser's history).
+
+let stream = null;
+let backoff = 1000;
+
+function stopStream() {
+  if (stream) stream.abort();
+  stream = null;
+}
+
+async function openStream() {
+  stopStream();
+  const controller = new AbortController();
+  stream = controller;
+  try {
+    const reply = await fetch("/api/v1/events", { headers: headers(), signal: controller.signal });
+    if (reply.status === 401) { signOut(); return; }
+    if (!reply.ok) throw new Error(reply.status === 503 ? "too many open pages" : "" + reply.status);
+    $("live").textContent = "live";
+    backoff = 1000;
+    refresh("all");  // whatever changed while the stream was closed
+    const reader = reply.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += value;
+      let end;
+      while ((end = buffer.indexOf("\n\n")) >= 0) {
+        const block = buffer.slice(0, end);
+        buffer = buffer.slice(end + 2);
+        const data = block.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5));
+        if (data.length) onEvent(JSON.parse(data.join("\n")));
+      }
+    }
+    throw new Error("the service closed the stream");
+  } catch (e) {
+    if (controller.signal.aborted || stream !== controller) return;
+    $("live").textContent = "not live (" + e.message + "); reconnecting…";
+    setTimeout(() => { if (stream === controller) openStream(); }, backoff);
+    backoff = Math.min(backoff * 2, 30000);
+  }
+}
+
+function onEvent(event) {
+  if (event.type === "job.progress") refresh("running");
+  else if (event.type === "models.pull") refresh("service");
+  else refresh("all");
+}
+
+// At most one refresh a second, whatever the rate of events: each one reads a page of
+// each list, never the whole line. What a person did (``now``) is shown at once.
+let pending = new Set();
+let timer = null;
+let drawing = false;
+let urgent = false;
+let last = 0;
+
+function refresh(what, now) {
+  if ($("app").hidden) return;  // signed out: nothing is read until the token is given
+  pending.add(what);
+  urgent = urgent || !!now;
+  if (drawing) return;  // drawn again once this draw ends
+  if (timer && !now) return;
+  clearTimeout(timer);
+  const wait = now ? 0 : Math.max(0, last + 1000 - Date.now());
+  timer = setTimeout(async () => {
+    const asked = pending;
+    pending = new Set();
+    urgent = false;
+    last = Date.now();
+    drawing = true;
+    try {
+      await draw(asked);
+    } catch (e) {
+      if (e.status !== 401) say(e.message);
+    }
+    drawing = false;
+    timer = null;
+    if (pending.size) refresh([...pending][0], urgent);
+  }, wait);
+}
+setInterval(() => refresh("all"), 30000);  // estimates and free space move without events
+
+async function draw(asked) {
+  if (state.fileUuid) {
+    if (asked.has("all")) await drawFileJobs();
+    return;
+  }
+  const all = asked.has("all");
+  const status = await get(`/api/v1/queue/status?limit=${PAGE}&offset=${state.waitingOffset}`);
+  state.status = status;
+  drawService(status);
+  await drawRunning(status);
+  if (!all) return;
+  drawWaiting(status);
+  await Promise.all([drawFailed(), drawFiles(), drawRejected()]);
+}
+
+// -- words and numbers ---------------------------------------------------------------------
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (key === "text") node.textContent = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else if (value !== null && value !== undefined && value !== false) node.setAttribute(key, value);
+  }
+  for (const child of children) if (child !== null && child !== undefined) node.append(child);
+  return node;
+}
+
+function say(text) { $("message").textContent = text; }
+
+function clockTime(seconds) {
+  seconds = Math.max(0, seconds);
+  const m = Math.floor(seconds / 60);
+  const s = seconds - m * 60;
+  const h = Math.floor(m / 60);
+  const mm = h ? String(m % 60).padStart(2, "0") : String(m);
+  return (h ? h + ":" : "") + mm + ":" + s.toFixed(1).padStart(4, "0");
+}
+
+function span(seconds) {
+  if (seconds === null || !Number.isFinite(seconds)) return "unknown";
+  seconds = Math.round(seconds);
+  if (seconds < 60) return seconds + " s";
+  if (seconds < 3600) return Math.floor(seconds / 60) + " min " + (seconds % 60) + " s";
+  return Math.floor(seconds / 3600) + " h " + Math.floor((seconds % 3600) / 60) + " min";
+}
+
+function when(iso) {
+  if (!iso) return "not known";
+  const t = new Date(iso);
+  return t.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" });
+}
+
+function bytes(mb) {
+  return mb >= 1024 ? (mb / 1024).toFixed(1) + " GB" : mb + " MB";
+}
+
+const now = () => (Date.now() + state.skew) / 1000;
+const statusWord = (s) => el("span", { class: "status status-" + s, text: s });
+const folderOf = (path) => (path && path.includes("/") ? path.slice(0, path.lastIndexOf("/")) : ".");
+
+function pager(id, offset, total, onPage) {
+  const nav = $(id);
+  nav.replaceChildren();
+  if (total <= PAGE && offset === 0) return;
+  const end = Math.min(offset + PAGE, total);
+  nav.append(
+    el("button", { type: "button", disabled: offset === 0, text: "Previous page",
+      onclick: () => onPage(Math.max(0, offset - PAGE)) }),
+    el("span", { text: `${total ? offset + 1 : 0}–${end} of ${total}` }),
+    el("button", { type: "button", disabled: end >= total, text: "Next page",
+      onclick: () => onPage(offset + PAGE) }),
+  );
+}
+
+// -- the service ---------------------------------------------------------------------------
+
+function drawService(s) {
+  const word = s.paused ? "paused" : s.blocked_reason ? "blocked" : "running";
+  const line = $("service-state");
+  line.className = "state state-" + word;
+  line.textContent = "queue " + word + (s.blocked_reason ? ": " + s.blocked_reason : "");
+  $("pause").disabled = s.paused;
+  $("resume").disabled = !s.paused;
+  const input = $("max-concurrent");
+  if (document.activeElement !== input) input.value = s.max_concurrent;
+  const facts = [
+    ["Jobs", `${s.active_count} running · ${s.pending_count} pending · ${s.retrying_count || 0} retrying`],
+    ["Concurrency", `effective ${s.effective_concurrency} / max ${s.max_concurrent}` +
+      (s.dynamic_concurrency ? " (dynamic)" : "")],
+    ["Finished", `${s.statistics.total_processed} (${s.statistics.total_failed} failed)`],
+  ];
+  for (const d of s.disk || []) {
+    facts.push(["Free disk", `${bytes(d.free_mb)} of ${bytes(d.total_mb)} for ${d.folder}` +
+      ` (nothing starts below ${bytes(d.min_free_mb)})`]);
+  }
+  for (const n of s.nodes || []) {
+    facts.push(["Node", `${n.id} on ${n.host}: ${n.active} running of ${n.max_concurrent}`]);
+  }
+  for (const m of s.models || []) {
+    const done = m.total ? ` ${m.percent}% (${bytes(Math.round(m.done / 2 ** 20))})` : "";
+    facts.push(["Model pull", `${m.model}: ${m.state}${done}${m.error ? ": " + m.error : ""}`]);
+  }
+  const b = s.last_backup;
+  facts.push(["Last backup", b ? `${when(b.created_at)} (${b.scheduled ? "scheduled" : "by hand"})` : "none in the data folder"]);
+  $("service-facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: v })]));
+}
+
+$("pause").addEventListener("click", () => act("POST", "/api/v1/queue/pause"));
+$("resume").addEventListener("click", () => act("POST", "/api/v1/queue/resume"));
+$("concurrency").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const value = Number($("max-concurrent").value);
+  act("PUT", "/api/v1/queue/concurrency", { max_concurrent: value });
+});
+
+// -- running jobs --------------------------------------------------------------------------
+
+async function drawRunning(s) {
+  const running = s.queue.filter((j) => j.status === "processing");
+  const details = await Promise.all(running.map((j) => optional("/api/v1/jobs/" + j.task_id)));
+  await Promise.all(running.map((j) => placeOf(j.file_uuid)));
+  const items = running.map((j, i) => runningItem(j, details[i]));
+  $("running").replaceChildren(...(items.length ? items : [el("li", { class: "muted", text: "No job is running." })]));
+}
+
+async function placeOf(uuid) {
+  if (!(uuid in state.places)) {
+    const file = await optional("/api/v1/files/" + uuid);
+    state.places[uuid] = file ? file.path : "";
+  }
+  return state.places[uuid];
+}
+
+// Time left from each processor's own rate on this file (items done per second since it
+// began); the processors of a job run side by side, so the job ends with the slowest.
+function remaining(detail) {
+  let longest = 0;
+  let known = false;
+  let waiting = 0;
+  for (const run of Object.values(detail.processors)) {
+    if (run.status === "pending") { waiting += 1; continue; }
+    if (run.status !== "running") continue;
+    if (!run.total || !run.current || !run.started_at) continue;
+    const elapsed = now() - Date.parse(run.started_at) / 1000;
+    if (elapsed <= 0) continue;
+    known = true;
+    longest = Math.max(longest, (run.total - run.current) / (run.current / elapsed));
+  }
+  const text = known ? "about " + span(longest) + " left" : "time left not known yet";
+  return waiting ? `${text}; ${waiting} processor${waiting > 1 ? "s" : ""} not started` : text;
+}
+
+function runningItem(job, detail) {
+  const path = state.places[job.file_uuid] || job.file_name;
+  const rows = [];
+  for (const [name, run] of Object.entries(detail ? detail.processors : {})) {
+    const pct = run.progress || 0;
+    const count = run.total ? ` (${run.current} / ${run.total})` : "";
+    rows.push(el("div", { class: "proc" },
+      el("span", { text: name }),
+      el("progress", { max: 100, value: pct, "aria-label": `${name} progress on ${job.file_name}` }),
+      el("span", { class: "muted", text: `${run.status} ${pct}%${count}` })));
+  }
+  return el("li", { "data-task": job.task_id },
+    el("div", { class: "row" },
+      el("a", { class: "name", href: "#/file/" + job.file_uuid, text: job.file_name }),
+      statusWord(job.status),
+      el("span", { class: "muted", text: "in " + folderOf(path) }),
+      el("span", { class: "muted", text: detail ? remaining(detail) : "" }),
+      el("button", { type: "button", "aria-label": "Cancel " + job.file_name, text: "Cancel",
+        onclick: () => act("POST", `/api/v1/jobs/${job.task_id}/cancel`) })),
+    ...rows);
+}
+
+// -- the waiting line ----------------------------------------------------------------------
+
+function drawWaiting(s) {
+  const waiting = s.queue.filter((j) => j.status === "pending" || j.status === "retrying");
+  const items = waiting.map((j) => {
+    const label = j.file_name;
+    const select = el("select", { "aria-label": "Priority of " + label,
+      onchange: (e) => act("PUT", `/api/v1/queue/task/${j.task_id}/priority`, { priority: e.target.value }) },
+      ...["high", "normal", "low"].map((p) => el("option", { value: p, text: p, selected: p === j.priority })));
+    const place = j.status === "pending" ? `#${j.position}` : "retrying";
+    const start = j.status === "pending"
+      ? "starts " + (j.estimated_start ? when(j.estimated_start) : "not known (paused, blocked or no history)")
+      : "next attempt " + when(j.next_attempt_at);
+    return el("li", { "data-task": j.task_id },
+      el("div", { class: "row" },
+        el("span", { text: place }),
+        el("a", { class: "name", href: "#/file/" + j.file_uuid, text: label }),
+        statusWord(j.status),
+        el("span", { class: "muted", text: start }),
+        select,
+        j.status === "pending" ? el("button", { type: "button", "aria-label": "Prioritize " + label,
+          text: "Prioritize", onclick: () => act("POST", "/api/v1/queue/prioritize/" + j.file_uuid) }) : null,
+        el("button", { type: "button", "aria-label": "Cancel " + label, text: "Cancel",
+          onclick: () => act("POST", `/api/v1/jobs/${j.task_id}/cancel`) })));
+  });
+  $("waiting").replaceChildren(...(items.length ? items : [el("li", { class: "muted", text: "Nothing is waiting." })]));
+  pager("waiting-pager", state.waitingOffset, s.pending_count + (s.retrying_count || 0), (o) => { state.waitingOffset = o; refresh("all", true); });
+}
+
+// -- failed jobs ---------------------------------------------------------------------------
+
+async function drawFailed() {
+  const dead = await get(`/api/v1/queue/dead?limit=${PAGE}&offset=${state.failedOffset}`);
+  const items = dead.jobs.map((j) => el("li", { "data-task": j.task_id },
+    el("div", { class: "row" },
+      el("a", { class: "name", href: "#/file/" + j.file_uuid, text: j.file_name }),
+      statusWord(j.status),
+      el("span", { class: "muted", text: "ended " + when(j.completed_at) }),
+      el("button", { type: "button", "aria-label": "Retry " + j.file_name, text: "Retry",
+        onclick: () => act("POST", `/api/v1/jobs/${j.task_id}/retry`) }),
+      el("button", { type: "button", "aria-label": "Dismiss " + j.file_name, text: "Dismiss",
+        onclick: () => act("POST", `/api/v1/jobs/${j.task_id}/dismiss`) })),
+    ...Object.entries(j.failed).map(([name, f]) => el("div", {},
+      el("span", { text: `${name} failed after ${f.attempts} attempt${f.attempts === 1 ? "" : "s"}:` }),
+      el("pre", { class: "err", text: f.error || "(no error recorded)" }))),
+    j.error_message && !Object.keys(j.failed).length ? el("pre", { class: "err", text: j.error_message }) : null));
+  $("failed").replaceChildren(...(items.length ? items : [el("li", { class: "muted", text: "No failed job." })]));
+  pager("failed-pager", state.failedOffset, dead.total, (o) => { state.failedOffset = o; refresh("all", true); });
+}
+
+// -- files ---------------------------------------------------------------------------------
+
+async function drawFiles() {
+  const name = state.search ? "&name=" + encodeURIComponent(state.search) : "";
+  const list = await get(`/api/v1/files?state=present,missing&limit=${PAGE}&offset=${state.filesOffset}${name}`);
+  const items = list.files.map((f) => el("li", {},
+    el("div", { class: "row" },
+      el("a", { class: "name", href: "#/file/" + f.file_uuid, text: f.file_name }),
+      f.status ? statusWord(f.status) : el("span", { class: "muted", text: "no job" }),
+      f.state !== "present" ? el("span", { class: "muted", text: f.state }) : null,
+      el("span", { class: "muted", text: "in " + folderOf(f.path) }))));
+  $("files").replaceChildren(...(items.length ? items : [el("li", { class: "muted", text: state.search ? "No file by that name." : "No file yet." })]));
+  pager("files-pager", state.filesOffset, list.total, (o) => { state.filesOffset = o; refresh("all", true); });
+}
+
+$("search").addEventListener("submit", (event) => {
+  event.preventDefault();
+  state.search = $("search-name").value.trim();
+  state.filesOffset = 0;
+  refresh("all", true);
+});
+
+async function drawRejected() {
+  const list = await get(`/api/v1/files?state=rejected,ignored&limit=${PAGE}&offset=${state.rejectedOffset}`);
+  const items = list.files.map((f) => el("li", {},
+    el("div", { class: "row" },
+      el("span", { class: "name", text: f.path || f.file_name }),
+      el("span", { class: "status status-failed", text: f.state })),
+    el("div", { class: "muted", text: f.reason || "no reason recorded" })));
+  $("rejected").replaceChildren(...(items.length ? items : [el("li", { class: "muted", text: "No rejected or ignored file." })]));
+  pager("rejected-pager", state.rejectedOffset, list.total, (o) => { state.rejectedOffset = o; refresh("all", true); });
+}
+
+// -- one file's page -----------------------------------------------------------------------
+
+function route() {
+  const match = location.hash.match(/^#\/file\/([0-9a-f]{32})$/);
+  for (const url of state.blobs) URL.revokeObjectURL(url);
+  state.blobs = [];
+  state.fileUuid = match ? match[1] : null;
+  $("home").hidden = !!match;
+  $("file").hidden = !match;
+  if (match) drawFile(match[1]).catch((e) => { if (e.status !== 401) say(e.message); });
+  else refresh("all");
+}
+window.addEventListener("hashchange", () => { if (!$("app").hidden) route(); });
+
+async function blobUrl(path) {
+  const url = URL.createObjectURL(await (await call("GET", path)).blob());
+  state.blobs.push(url);
+  return url;
+}
+
+async function download(path, name) {
+  try {
+    const url = await blobUrl(path);
+    const link = el("a", { href: url, download: name });
+    document.body.append(link);
+    link.click();
+    link.remove();
+  } catch (e) {
+    if (e.status !== 401) say(e.message);
+  }
+}
+
+const base = (uuid) => "/api/v1/files/" + uuid;
+const results = (uuid, name) => optional(`${base(uuid)}/results/${name}`);
+
+async function drawFile(uuid) {
+  const file = await get(base(uuid));
+  $("file-name").textContent = file.file_name;
+  const facts = [
+    ["Folder", folderOf(file.path)], ["State", file.state + (file.reason ? ": " + file.reason : "")],
+    ["Status", file.status || "no job"],
+    ["Duration", file.duration ? clockTime(file.duration) : "not known"],
+    ["Picture", file.width ? `${file.width}×${file.height}, ${file.fps} fps, ${file.video_codec}` : "not known"],
+    ["Sound", file.audio_codec || "none"], ["Registered", when(file.registered_at)],
+  ];
+  $("file-facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: v })]));
+  const jobs = await drawJobs(file);
+  // Only what has written a document is asked for: a 404 would be logged by the browser.
+  const written = new Set(jobs.flatMap((j) => Object.entries(j ? j.processors : {})
+    .filter(([, run]) => run.output_path).map(([name]) => name)));
+  const [cut, asr, asrx, yolo, ocr, face, pose] = await Promise.all(
+    ["cut", "asr", "asrx", "yolo", "ocr", "face", "pose"].map((p) => (written.has(p) ? results(uuid, p) : null)));
+  if (state.fileUuid !== uuid) return;
+  drawScenes(uuid, cut);
+  drawTranscript(uuid, file, asrx && asrx.result ? ["asrx", asrx] : ["asr", asr]);
+  drawFound("objects", yolo, (frame) => (frame.detections || []).map((d) => d.label), "No objects found", "yolo");
+  drawFound("text", ocr, (frame) => (frame.lines || []).map((l) => l.text), "No text found", "ocr");
+  drawPeople(face, pose);
+}
+
+async function drawFileJobs() {
+  const file = await get(base(state.fileUuid));
+  drawJobs(file);
+}
+
+// The file's jobs (the newest 10), each with its processors and how they ended.
+async function drawJobs(file) {
+  const jobs = await Promise.all(file.jobs.slice(0, 10).map((j) => optional("/api/v1/jobs/" + j.task_id)));
+  $("file-jobs").replaceChildren(...file.jobs.slice(0, 10).map((j, i) => el("li", {},
+    el("div", { class: "row" }, el("span", { class: "name", text: j.task_id }), statusWord(j.status),
+      el("span", { class: "muted", text: "created " + when(j.created_at) })),
+    jobs[i] ? el("div", { class: "muted", text: Object.entries(jobs[i].processors)
+      .map(([name, run]) => `${name}: ${run.status}`).join(" · ") }) : null)));
+  return jobs;
+}
+
+function notRun(doc, what) {
+  if (!doc) return `${what} has not run on this file.`;
+  if (doc.status !== "completed" && !doc.result) return `${what} ${doc.status}: ${doc.error || ""}`;
+  return null;
+}
+
+async function drawScenes(uuid, cut) {
+  const why = notRun(cut, "cut");
+  if (why) { $("scenes").replaceChildren(el("li", { class: "muted", text: why })); return; }
+  const scenes = cut.result.scenes.slice(0, 300);
+  $("scenes").replaceChildren(...scenes.map((s) => {
+    const caption = `Scene ${s.index + 1}: ${clockTime(s.start)}–${clockTime(s.end)}`;
+    const img = el("img", { alt: caption, width: 160, height: 90 });
+    if (s.thumbnail) blobUrl(`${base(uuid)}/thumbnails/${s.index}`).then((u) => { img.src = u; }, () => { img.alt = caption + " (no picture)"; });
+    return el("li", {}, el("figure", {}, img, el("figcaption", { text: caption })));
+  }));
+}
+
+function drawTranscript(uuid, file, [name, doc]) {
+  const why = notRun(doc, "asr");
+  const stem = file.file_name.replace(/\.[^.]*$/, "");
+  $("downloads").replaceChildren();
+  if (why) { $("transcript").replaceChildren(el("li", { class: "muted", text: why })); return; }
+  $("downloads").append(
+    el("button", { type: "button", text: "Download SRT", onclick: () => download(`${base(uuid)}/results/${name}.srt`, `${stem}.srt`) }),
+    el("button", { type: "button", text: "Download VTT", onclick: () => download(`${base(uuid)}/results/${name}.vtt`, `${stem}.vtt`) }),
+    el("button", { type: "button", text: "Download JSON", onclick: () => download(`${base(uuid)}/results/${name}`, `${stem}.${name}.json`) }));
+  const segments = doc.result.segments || [];
+  $("transcript").replaceChildren(...(segments.length ? segments.map((s) => el("li", {},
+    el("time", { text: `${clockTime(s.start)} → ${clockTime(s.end)}` }), el("span", { text: s.text.trim() })))
+    : [el("li", { class: "muted", text: "No speech found." })]));
+}
+
+// Times a thing is seen, as spans: frames closer than three sampling steps join one span.
+function spans(times) {
+  const sorted = [...new Set(times)].sort((a, b) => a - b);
+  const steps = sorted.slice(1).map((t, i) => t - sorted[i]).filter((d) => d > 0);
+  const step = steps.length ? Math.min(...steps) : 1;
+  const out = [];
+  for (const t of sorted) {
+    const lastSpan = out[out.length - 1];
+    if (lastSpan && t - lastSpan[1] <= 3 * step) lastSpan[1] = t;
+    else out.push([t, t]);
+  }
+  return out.map(([a, b]) => (a === b ? clockTime(a) : `${clockTime(a)}–${clockTime(b)}`)).join(", ");
+}
+
+function drawFound(id, doc, namesOf, none, what) {
+  const why = notRun(doc, what);
+  if (why) { $(id).replaceChildren(el("li", { class: "muted", text: why })); return; }
+  const seen = new Map();
+  for (const frame of doc.result.frames || []) {
+    for (const name of namesOf(frame)) {
+      if (!seen.has(name)) seen.set(name, []);
+      seen.get(name).push(frame.timestamp);
+    }
+  }
+  const rows = [...seen.entries()].sort((a, b) => b[1].length - a[1].length).slice(0, 200);
+  $(id).replaceChildren(...(rows.length ? rows.map(([name, times]) => el("li", {},
+    el("strong", { text: name }), ` in ${times.length} frame${times.length === 1 ? "" : "s"}: `,
+    el("time", { text: spans(times) }))) : [el("li", { class: "muted", text: none })]));
+}
+
+function drawPeople(face, pose) {
+  const parts = [];
+  for (const [what, doc, key] of [["Faces", face, "faces"], ["People (poses)", pose, "people"]]) {
+    const why = notRun(doc, what === "Faces" ? "face" : "pose");
+    if (why) { parts.push(el("p", { class: "muted", text: why })); continue; }
+    const frames = doc.result.frames || [];
+    const counts = frames.map((f) => (f[key] || []).length);
+    const most = Math.max(0, ...counts);
+    const at = frames[counts.indexOf(most)];
+    parts.push(el("p", { text: `${what}: at most ${most} at once` + (most && at ? ` (first at ${clockTime(at.timestamp)})` : "") + `, over ${frames.length} sampled frames.` }));
+    if (most) {
+      const step = Math.max(1, Math.ceil(frames.length / 120));
+      const bars = [];
+      for (let i = 0; i < frames.length; i += step) {
+        const c = Math.max(...counts.slice(i, i + step));
+        const bar = el("span", { title: `${clockTime(frames[i].timestamp)}: ${c}` });
+        bar.style.height = (100 * c / most) + "%";
+        bars.push(bar);
+      }
+      parts.push(el("div", { class: "bars", role: "img", "aria-label": `${what} count over time, from 0 to ${most}` }, ...bars));
+    }
+  }
+  $("people").replaceChildren(...parts);
+}
+
+start();

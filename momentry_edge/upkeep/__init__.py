@@ -1,0 +1,1 @@
+"""Keeping the data: backup, restore, the database check at start, retention."""

@@ -1,0 +1,1 @@
+"""Running jobs: dispatch and wake-ups on Huey, one job's run, the processor pool."""

@@ -1,0 +1,460 @@
+"""The web console at ``/``, driven in a real browser (Chromium, headless) as a person
+would use it, against a real service; and the API routes it added, over HTTP.
+
+The browser is Debian's chromium-headless-shell (or chromium) package, which
+scripts/test installs; Playwright only drives it (no browser of its own is fetched).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import srt
+from conftest import ServiceProcess, wait_for
+from frame_media import SENTENCE, scenes_video
+from media_factory import make_video
+from playwright.sync_api import Browser, ConsoleMessage, Page, Playwright, sync_playwright
+from playwright.sync_api import expect as page_expect
+
+CHROMIUM = ("chromium-headless-shell", "chromium")
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+page_expect.set_options(timeout=30_000)
+
+
+def _chromium() -> str:
+    for name in CHROMIUM:
+        found = shutil.which(name) or shutil.which(name, path="/usr/lib/chromium")
+        if found:
+            return found
+    pytest.fail("no Chromium: scripts/test installs Debian's chromium-headless-shell")
+
+
+@pytest.fixture(scope="module")
+def playwright() -> Iterator[Playwright]:
+    with sync_playwright() as driver:
+        yield driver
+
+
+@pytest.fixture(scope="module")
+def browser(playwright: Playwright) -> Iterator[Browser]:
+    # Playwright gives each launch a fresh profile (user data dir) of its own.
+    launched = playwright.chromium.launch(executable_path=_chromium(), headless=True, args=FLAGS)
+    yield launched
+    launched.close()
+
+
+class Console:
+    """One browser page on the service's console, with what it asked for and logged."""
+
+    def __init__(self, browser: Browser, svc: ServiceProcess, width: int = 1280) -> None:
+        self.svc = svc
+        self.context = browser.new_context(
+            viewport={"width": width, "height": 900}, accept_downloads=True
+        )
+        self.page: Page = self.context.new_page()
+        self.errors: list[str] = []
+        self.requests: list[str] = []
+        self.page.on("console", self._console)
+        self.page.on("pageerror", lambda exc: self.errors.append(f"page error: {exc}"))
+        self.page.on("request", lambda r: self.requests.append(r.url))
+
+    def _console(self, message: ConsoleMessage) -> None:
+        if message.type == "error":
+            self.errors.append(message.text)
+
+    def open(self, hash_: str = "") -> Page:
+        self.page.goto(self.svc.url + "/" + hash_)
+        return self.page
+
+    def check_clean(self, *allowed: str) -> None:
+        """No console errors (but ``allowed`` ones), no request that left the service."""
+        errors = [e for e in self.errors if not any(a in e for a in allowed)]
+        assert not errors, errors
+        origin = urlsplit(self.svc.url).netloc
+        away = [
+            u
+            for u in self.requests
+            if urlsplit(u).netloc != origin and not u.startswith(("blob:", "data:"))
+        ]
+        assert not away, away
+
+    def close(self) -> None:
+        self.context.close()
+
+
+@pytest.fixture
+def console(browser: Browser) -> Iterator:
+    opened: list[Console] = []
+
+    def open_console(svc: ServiceProcess, width: int = 1280) -> Console:
+        opened.append(Console(browser, svc, width))
+        return opened[-1]
+
+    yield open_console
+    for one in opened:
+        one.close()
+
+
+# -- in the browser -----------------------------------------------------------------------
+
+
+@SQLITE
+def test_a_dropped_file_appears_live_and_ends_completed(start_service, console):
+    svc = start_service(
+        ingest={"processors": ["steps"]},
+        **{"processors.steps": {"steps": 8, "step_seconds": 0.4}},
+    )
+    view = console(svc)
+    page = view.open()
+    page_expect(page.locator("#live")).to_have_text("live")
+    page_expect(page.locator("#running")).to_contain_text("No job is running.")
+
+    svc.add_video("sub/evening news.mp4")  # dropped into a folder of the watched one
+    running = page.locator("#running li", has_text="evening news.mp4")
+    page_expect(running).to_contain_text("in sub")
+    page_expect(running.get_by_role("progressbar", name="steps progress on evening news.mp4"))
+    page_expect(running).to_contain_text("left")
+    files = page.locator("#files li", has_text="evening news.mp4")
+    page_expect(files).to_contain_text("completed")
+    page_expect(page.locator("#running")).to_contain_text("No job is running.")
+
+    # Not a video: rejected when its job starts, and listed with the reason.
+    (svc.drop / "notes.mp4").write_text("minutes of the meeting\n")
+    rejected = page.locator("#rejected li", has_text="notes.mp4")
+    page_expect(rejected).to_contain_text("rejected")
+    reason = svc.get("/api/v1/files?state=rejected")["files"][0]["reason"]
+    page_expect(rejected).to_contain_text(reason)
+    # A kind of file it does not take: ignored, with the reason.
+    (svc.drop / "minutes.txt").write_text("minutes of the meeting\n")
+    ignored = page.locator("#rejected li", has_text="minutes.txt")
+    page_expect(ignored).to_contain_text("ignored")
+    page_expect(ignored).to_contain_text("'.txt' is not in [ingest].extensions")
+
+    # Found by a part of its name, in any case.
+    page.get_by_label("Find by name").fill("NEWS")
+    page.get_by_role("button", name="Search").click()
+    page_expect(page.locator("#files li")).to_have_count(1)
+    page_expect(page.locator("#files li")).to_contain_text("evening news.mp4")
+    view.check_clean()
+
+
+@SQLITE
+def test_cancel_stops_a_running_job(start_service, console):
+    svc = start_service(**{"processors.steps": {"steps": 200, "step_seconds": 0.2}})
+    view = console(svc)
+    page = view.open()
+    task = svc.submit("long take.mp4", ["steps"])["task_id"]
+    running = page.locator("#running li", has_text="long take.mp4")
+    page_expect(running).to_contain_text("processing")
+    page.get_by_role("button", name="Cancel long take.mp4").click()
+    assert svc.wait_status(task, "cancelled")["status"] == "cancelled"
+    page_expect(page.locator("#running")).to_contain_text("No job is running.")
+    page_expect(page.locator("#files li", has_text="long take.mp4")).to_contain_text("cancelled")
+    view.check_clean()
+
+
+@SQLITE
+def test_pause_and_resume_steer_the_real_queue(start_service, console):
+    svc = start_service()
+    view = console(svc)
+    page = view.open()
+    page_expect(page.locator("#service-state")).to_have_text("queue running")
+
+    page.get_by_role("button", name="Pause").click()
+    page_expect(page.locator("#service-state")).to_have_text("queue paused")
+    assert svc.status()["paused"] is True
+    # Paused, a new job waits in line, shown with its place.
+    svc.submit("held.mp4", ["noop"])
+    waiting = page.locator("#waiting li", has_text="held.mp4")
+    page_expect(waiting).to_contain_text("#1")
+    page_expect(page.get_by_role("button", name="Pause")).to_be_disabled()
+
+    page.get_by_role("button", name="Resume").click()
+    page_expect(page.locator("#service-state")).to_have_text("queue running")
+    assert svc.status()["paused"] is False
+    page_expect(page.locator("#files li", has_text="held.mp4")).to_contain_text("completed")
+    view.check_clean()
+
+
+@SQLITE
+def test_retry_reruns_a_failed_job_and_dismiss_removes_one(start_service, console):
+    svc = start_service(queue={"max_retries": 0})
+    svc.marker.write_text("down")
+    first = svc.submit("first.mp4", ["flaky"])["task_id"]
+    second = svc.submit("second.mp4", ["flaky"])["task_id"]
+    svc.wait_status(first, "failed")
+    svc.wait_status(second, "failed")
+
+    view = console(svc)
+    page = view.open()
+    failed = page.locator("#failed li", has_text="first.mp4")
+    page_expect(failed.locator("pre")).to_contain_text("upstream storage unavailable (attempt 1)")
+    svc.marker.unlink()
+    page.get_by_role("button", name="Retry first.mp4").click()
+    page_expect(page.locator("#files li", has_text="first.mp4")).to_contain_text("completed")
+    assert svc.job(first)["status"] == "completed"
+
+    page.get_by_role("button", name="Dismiss second.mp4").click()
+    page_expect(page.locator("#failed")).to_contain_text("No failed job.")
+    svc.call("GET", f"/api/v1/jobs/{second}", expect=404)
+    view.check_clean()
+
+
+@SQLITE
+def test_a_files_page_shows_its_scenes_and_transcript_and_the_srt_downloads(
+    start_service, console, models_dir, tmp_path
+):
+    svc = start_service(
+        **{"processors.asr": {"model": "whisper-tiny.en", "models_dir": str(models_dir)}}
+    )
+    wav = tmp_path / "speech.wav"
+    os.system(f"espeak-ng -w '{wav}' 'Welcome to the weekly meeting.'")
+    video = make_video(
+        tmp_path / "weekly.mp4",
+        segments=3,
+        segment_seconds=2,
+        fps=10,
+        size=(96, 64),
+        speech_wav=wav,
+    )
+    os.replace(video, svc.drop / "weekly.mp4")
+    task = svc.submit("weekly.mp4", ["cut", "asr"])["task_id"]
+    job = svc.wait_status(task, "completed", timeout=120)
+    scenes = svc.get(f"/api/v1/files/{job['file_uuid']}/results/cut")["result"]["scenes"]
+    assert len(scenes) == 3
+
+    view = console(svc)
+    page = view.open()
+    page.get_by_role("link", name="weekly.mp4").click()
+    images = page.locator("#scenes img")
+    page_expect(images).to_have_count(3)
+    page_expect(page.get_by_role("img", name="Scene 2: 0:02.0–0:04.0")).to_be_visible()
+    # Each picture loaded, not just its element placed.
+    page.wait_for_function(
+        "[...document.querySelectorAll('#scenes img')].every(i => i.complete && i.naturalWidth > 0)"
+    )
+    page_expect(page.locator("#transcript")).to_contain_text("meeting")
+    page_expect(page.locator("#transcript time").first).to_contain_text("→")
+    page_expect(page.locator("#file-jobs")).to_contain_text(task)
+
+    with page.expect_download() as download:
+        page.get_by_role("button", name="Download SRT").click()
+    saved = Path(download.value.path())
+    assert download.value.suggested_filename == "weekly.srt"
+    subtitles = list(srt.parse(saved.read_text(encoding="utf-8")))
+    assert "meeting" in " ".join(s.content for s in subtitles).lower()
+    view.check_clean()
+
+
+@SQLITE
+def test_with_a_token_nothing_shows_before_it_is_entered(start_service, console):
+    svc = start_service(service={"token": "s3cret-token"})
+    svc.submit("private.mp4", ["noop"])
+    view = console(svc)
+    page = view.open()
+    page_expect(page.get_by_label("Service token")).to_be_visible()
+    page_expect(page.locator("#app")).to_be_hidden()
+    assert "private.mp4" not in page.content()
+    view.check_clean()  # asked for before any request: none was refused
+
+    page.get_by_label("Service token").fill("wrong")
+    page.get_by_role("button", name="Sign in").click()
+    page_expect(page.locator("#login-error")).to_contain_text("not the service's")
+    page_expect(page.locator("#app")).to_be_hidden()
+
+    page.get_by_label("Service token").fill("s3cret-token")
+    page.get_by_role("button", name="Sign in").click()
+    page_expect(page.locator("#files li", has_text="private.mp4")).to_contain_text("completed")
+    page_expect(page.locator("#live")).to_have_text("live")  # the stream, with the token
+    assert page.evaluate("sessionStorage.getItem('momentry-token')") == "s3cret-token"
+    assert page.evaluate("localStorage.length") == 0
+    # The actions carry the token too.
+    page.get_by_role("button", name="Pause").click()
+    page_expect(page.locator("#service-state")).to_have_text("queue paused")
+    # The browser logs the wrong token's refusal (401); nothing else.
+    view.check_clean("401")
+
+
+@SQLITE
+def test_a_phone_wide_page_has_no_sideways_scroll_and_named_buttons(start_service, console):
+    svc = start_service(queue={"max_retries": 0})
+    svc.marker.write_text("down")
+    svc.submit("a file with a rather long name for a small phone screen.mp4", ["flaky"])
+    view = console(svc, width=390)
+    page = view.open()
+    page_expect(page.locator("#failed li")).to_have_count(1)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    for button in page.get_by_role("button").all():
+        if button.is_visible():
+            assert button.inner_text().strip() or button.get_attribute("aria-label")
+    # Every button can be reached with the keyboard.
+    page.keyboard.press("Tab")
+    reached = set()
+    for _ in range(40):
+        reached.add(page.evaluate("document.activeElement.textContent"))
+        page.keyboard.press("Tab")
+    assert {"Pause", "Set concurrency", "Retry", "Dismiss", "Search"} <= reached
+    view.check_clean()
+
+
+# -- the routes it added, over HTTP ---------------------------------------------------------
+
+
+def test_the_page_and_its_files_are_served_with_a_strict_policy(start_service):
+    svc = start_service()
+    page = svc.client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    policy = page.headers["content-security-policy"]
+    assert "default-src 'none'" in policy and "connect-src 'self'" in policy
+    for name, kind in (("app.js", "text/javascript"), ("app.css", "text/css")):
+        asset = svc.client.get(f"/console/static/{name}")
+        assert asset.status_code == 200 and asset.headers["content-type"].startswith(kind)
+    assert svc.client.get("/console/static/index.py").status_code == 404
+    assert svc.client.get("/console/static/..%2Fapi.py").status_code == 404
+
+
+def test_subtitles_are_served_with_their_content_types(start_service, models_dir, tmp_path):
+    svc = start_service(
+        **{"processors.asr": {"model": "whisper-tiny.en", "models_dir": str(models_dir)}}
+    )
+    task = svc.submit("quiet.mp4", ["asr", "noop"])["task_id"]
+    uuid = svc.wait_status(task, "completed", timeout=120)["file_uuid"]
+    base = f"/api/v1/files/{uuid}/results"
+    for name, kind in (("asr.srt", "application/x-subrip"), ("asr.vtt", "text/vtt")):
+        reply = svc.client.get(f"{base}/{name}")
+        assert reply.status_code == 200, reply.text
+        assert reply.headers["content-type"].startswith(kind)
+        assert reply.headers["content-disposition"] == f'attachment; filename="quiet.{name[4:]}"'
+    assert svc.client.get(f"{base}/asr.vtt").text.startswith("WEBVTT")
+    assert svc.client.get(f"{base}/asr").json()["processor"] == "asr"  # the JSON as before
+    for missing in ("asrx.srt", "asr.txt", "noop.srt"):
+        reply = svc.client.get(f"{base}/{missing}")
+        assert reply.status_code == 404 and reply.json()["error"]["code"] == "not_found"
+
+
+def test_dismiss_removes_only_a_finished_failure(start_service):
+    svc = start_service(queue={"max_retries": 0})
+    svc.marker.write_text("down")
+    failed = svc.submit("broken.mp4", ["flaky"])["task_id"]
+    svc.wait_status(failed, "failed")
+    svc.call("POST", "/api/v1/queue/pause")
+    waiting = svc.submit("waiting.mp4", ["noop"])["task_id"]
+
+    reply = svc.call("POST", f"/api/v1/jobs/{waiting}/dismiss", expect=409)
+    assert "pending" in reply["error"]["message"]
+    assert svc.call("POST", f"/api/v1/jobs/{failed}/dismiss") == {
+        "success": True,
+        "task_id": failed,
+        "dismissed": True,
+    }
+    assert svc.get("/api/v1/queue/dead")["total"] == 0
+    svc.call("GET", f"/api/v1/jobs/{failed}", expect=404)
+    svc.call("POST", f"/api/v1/jobs/{failed}/dismiss", expect=404)
+
+
+def test_the_waiting_line_is_paged_and_files_are_found_by_name(start_service):
+    svc = start_service()
+    svc.call("POST", "/api/v1/queue/pause")
+    names = svc.add_copies(7, prefix="Take_%")
+    for name in names:
+        svc.submit(name, ["noop"], expect=201)
+    whole = svc.status()
+    assert len([e for e in whole["queue"] if e["status"] == "pending"]) == 7
+    page = svc.get("/api/v1/queue/status?limit=3&offset=3")
+    assert page["pending_count"] == 7
+    assert [e["position"] for e in page["queue"]] == [4, 5, 6]
+    assert [e["file_name"] for e in page["queue"]] == names[3:6]
+    svc.call("GET", "/api/v1/queue/status?limit=0", expect=400)
+
+    svc.add_video("other.mp4")
+    found = svc.get("/api/v1/files?name=take_%25")  # any case; % is no wildcard
+    assert found["total"] == 7
+    assert svc.get("/api/v1/files?name=ke_%25%200003")["files"][0]["file_name"] == names[3]
+    assert svc.get("/api/v1/files?name=_x")["total"] == 0
+    wait_for(lambda: svc.get("/api/v1/files?name=other")["total"] == 1)
+
+
+def test_the_status_tells_free_disk_and_the_last_backup(start_service):
+    svc = start_service()
+    status = svc.status()
+    assert status["last_backup"] is None
+    disk = status["disk"][0]
+    assert disk["folder"] == str(svc.data_dir) and 0 < disk["free_mb"] <= disk["total_mb"]
+    assert disk["min_free_mb"] == 1024
+    import subprocess
+    import sys
+
+    subprocess.run(
+        [sys.executable, "-m", "momentry_edge.cli", "--config", str(svc.config_path), "backup"],
+        check=True,
+        capture_output=True,
+        env=svc.env,
+    )
+    backup = svc.status()["last_backup"]
+    assert backup["folder"].startswith(str(svc.data_dir / "backups"))
+    assert backup["created_at"].endswith("Z") and backup["scheduled"] is False
+
+
+@SQLITE
+def test_the_waiting_line_is_shown_a_page_at_a_time(start_service, console):
+    svc = start_service(ingest={"processors": ["noop"]})
+    svc.call("POST", "/api/v1/queue/pause")
+    names = svc.add_copies(30, prefix="line")
+    wait_for(lambda: svc.get("/api/v1/queue/status?limit=1")["pending_count"] == 30)
+    view = console(svc)
+    page = view.open()
+    page_expect(page.locator("#waiting li")).to_have_count(25)
+    page_expect(page.locator("#waiting-pager")).to_contain_text("1–25 of 30")
+    page.get_by_role("button", name="Next page").first.click()
+    page_expect(page.locator("#waiting-pager")).to_contain_text("26–30 of 30")
+    page_expect(page.locator("#waiting li")).to_have_count(5)
+    page_expect(page.locator("#waiting li").first).to_contain_text("#26")
+    # Prioritize the last: it is first in the real line, and the page shows it so.
+    page.get_by_role("button", name=f"Prioritize {names[29]}").click()
+    page.get_by_role("button", name="Previous page").first.click()
+    page_expect(page.locator("#waiting li").first).to_contain_text(names[29])
+    assert svc.get("/api/v1/queue/status?limit=1")["queue"][0]["file_name"] == names[29]
+    view.check_clean()
+
+
+@SQLITE
+def test_a_files_page_shows_the_objects_text_faces_and_people_found(
+    start_service, console, models_dir
+):
+    svc = start_service(
+        **{
+            "processors.yolo": {"models_dir": str(models_dir), "sample_fps": 0.5},
+            "processors.ocr": {"sample_fps": 0.5},
+            "processors.face": {"sample_fps": 1.0},
+            "processors.pose": {"sample_fps": 1.0},
+        }
+    )
+    scenes_video(svc.drop / "scenes.mp4")  # the astronaut photo, then a line of text, ...
+    task = svc.submit("scenes.mp4", ["yolo", "ocr", "face", "pose"])
+    svc.wait_status(task["task_id"], "completed", timeout=240)
+    view = console(svc)
+    page = view.open(f"#/file/{task['file_uuid']}")
+    objects = page.locator("#objects li", has_text="person")
+    page_expect(objects).to_contain_text("frames: 0:00.0")  # seen from the first frame
+    page_expect(page.locator("#text li", has_text=SENTENCE)).to_contain_text("0:06.0–0:08.0")
+    people = page.locator("#people")
+    page_expect(people).to_contain_text("Faces: at most 1 at once (first at 0:00.0)")
+    page_expect(people).to_contain_text("People (poses): at most 1 at once")
+    page_expect(page.get_by_role("img", name="Faces count over time, from 0 to 1")).to_be_visible()
+    page_expect(page.locator("#scenes")).to_contain_text("cut has not run on this file.")
+    view.check_clean()

@@ -68,11 +68,6 @@ class MediaInfo:
     sample_aspect_ratio: str = "1:1"
 
     @property
-    def sar(self) -> Fraction:
-        num, den = self.sample_aspect_ratio.split(":")
-        return Fraction(int(num), int(den))
-
-    @property
     def has_video(self) -> bool:
         return self.video_codec is not None
 

@@ -9,8 +9,10 @@ Needs the ml and test-models extras. Media:
   `tests/resources`). They are not redistributable, so not in this repo; without
   `--psd` those rows are left out.
 - RapidOCR's `ch_en_num.jpg` (tests/data, Apache-2.0), its tests expect 18 lines.
-- scikit-image's astronaut (public domain), in 1280x720, 9:16 portrait, and stored
-  sideways with a -90 degree display matrix (a phone held upright).
+- scikit-image's astronaut (public domain), in 1280x720, 9:16 portrait, stored
+  sideways with a -90 degree display matrix (a phone held upright), stored mirrored
+  with a flipping display matrix (a front camera), and anamorphic (720x576 and 960x576
+  stored with pixels 64:45 and 16:15 wide, shown 1024x576).
 "Edge" is ``Processor.run``, the pass the worker runs. With ``benchmarks/
 quality_audio.py`` present, its rows follow. ``--times`` adds the seconds each frame
 processor takes alone on a 2-minute 720p clip (default 120 s of video).
@@ -25,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +38,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the tests' media makers
 
 from frame_media import (  # noqa: E402
+    SENTENCE,
+    anamorphic_video,
     box_iou,
     context,
+    mirrored_video,
     photo_frame,
     portrait_frame,
     pull_models,
     rotated_video,
     scenes_video,
     still_video,
+    text_frame,
     write_video,
 )
 from reports import Reports  # noqa: E402
@@ -164,6 +171,10 @@ def phone_rows(workdir: Path, models_dir: Path, psd: Path | None) -> Iterator[Ro
     clips = {
         "portrait 720x1280": still_video(workdir / "portrait.mp4", upright, seconds=2.0),
         "rotated -90 (1280x720 stored)": rotated_video(workdir / "phone.mp4", upright, seconds=2.0),
+        "mirrored (front camera)": mirrored_video(workdir / "selfie.mp4", upright, seconds=2.0),
+        "mirrored, rotated -90": mirrored_video(
+            workdir / "selfie-90.mp4", upright, degrees=-90, seconds=2.0
+        ),
     }
     reference: dict[str, Any] = {}
     for label, clip in clips.items():
@@ -235,6 +246,46 @@ def phone_rows(workdir: Path, models_dir: Path, psd: Path | None) -> Iterator[Ro
             "shown 544x1280",
             _ok((info.width, info.height) == (544, 1280)),
         )
+
+
+def anamorphic_rows(workdir: Path) -> Iterator[Row]:
+    """Pixels that are not square (PAL DV/DVD 16:9 and 4:3), and mirrored text."""
+    shown = np.asarray(Image.fromarray(photo_frame()).resize((1024, 576), Image.Resampling.LANCZOS))
+    (workdir / "square").mkdir()
+    square = still_video(workdir / "square" / "square.mp4", shown)
+    reference = run("face", square)
+    theirs = _best_box(reference, "faces")
+    for sar, stored in ((Fraction(64, 45), 720), (Fraction(16, 15), 960)):
+        label = f"{stored}x576 SAR {sar.numerator}:{sar.denominator}"
+        folder = workdir / f"sar-{stored}"
+        folder.mkdir()
+        clip = anamorphic_video(folder / "pal.mp4", shown, sar)
+        info = media.probe(clip)
+        size = f"{info.width}x{info.height}"
+        yield "probe", label, size, "shown 1024x576", _ok(size == "1024x576")
+        found = run("face", clip)
+        ours = None if isinstance(found, str) else _best_box(found, "faces")
+        iou = box_iou(ours, theirs) if ours and theirs else 0.0
+        yield "face", label, f"IoU {iou:.3f}", "square-pixel 1024x576", _ok(iou > 0.85)
+        result = run("cut", clip)
+        if isinstance(result, str):
+            yield "cut", label, result, "", "FAIL"
+            continue
+        with Image.open(folder / "out" / result["scenes"][0]["thumbnail"]) as picture:
+            thumb = picture.size
+        yield "cut", label, f"thumbnail {thumb[0]}x{thumb[1]}", "320x180", _ok(thumb == (320, 180))
+    (workdir / "mirrored-text").mkdir()
+    clip = mirrored_video(workdir / "mirrored-text" / "text.mp4", text_frame())
+    found = run("ocr", clip)
+    lines = [] if isinstance(found, str) else list(found["text"])
+    yield "ocr", "mirrored text", "; ".join(lines)[:40], SENTENCE[:40], _ok(lines == [SENTENCE])
+
+
+def _best_box(result: dict[str, Any] | str, key: str) -> list[float] | None:
+    if isinstance(result, str):
+        return None
+    items = [item for f in result["frames"] for item in f[key]]
+    return max(items, key=lambda i: i["confidence"])["box"] if items else None
 
 
 def _ok(good: bool) -> str:
@@ -311,6 +362,7 @@ def main() -> None:
             rows = [*cut_rows(args.psd), *yolo_rows(clip, photo, models_dir), *ocr_rows(workdir)]
             rows += [*mediapipe_rows(clip, "astronaut 1280x720")]
             rows += [*phone_rows(workdir, models_dir, args.psd)]
+            rows += [*anamorphic_rows(workdir)]
             rows += audio_rows()
             table(rows)
         if args.times:

@@ -28,7 +28,7 @@ from av.container import InputContainer
 from av.video.frame import VideoFrame
 from av.video.stream import VideoStream
 
-from momentry_edge.pictures import Converter, upright_size
+from momentry_edge.pictures import Converter, display_size, orientation, upright_size, usable_sar
 
 # What PyAV raises for unreadable, odd or vanished input.
 _AV_ERRORS = (av.FFmpegError, OSError, ValueError, EOFError)
@@ -61,6 +61,11 @@ class MediaInfo:
     # Degrees counterclockwise a player turns the stored picture (a phone's display
     # matrix); width and height are those of the picture shown, upright.
     rotation: int = 0
+    # Whether a player then flips it left to right (a front camera's or an editor's flip).
+    mirrored: bool = False
+    # The stored pixels' width / height ("num:den"); width and height are in square
+    # pixels, as a player shows the picture (a 720x576 16:9 PAL frame, 64:45, is 1024x576).
+    sample_aspect_ratio: str = "1:1"
 
     @property
     def has_video(self) -> bool:
@@ -160,10 +165,12 @@ def iter_frames(
     """
     if start_frame < 0 or step < 1:
         raise ValueError("start_frame must be >= 0 and step >= 1")
-    convert = Converter(size, fmt)  # upright, as a player shows it
-    for index, seconds, frame in iter_decoded(path, start_frame=start_frame):
-        if index % step == 0:
-            yield index, seconds, convert(frame)
+    with _open(path) as container:
+        stream = _decoded_stream(container, threaded=True)
+        convert = Converter(size, fmt, sample_aspect_ratio(stream))  # as a player shows it
+        for index, seconds, frame in _decode_indexed(container, stream, start_frame):
+            if index % step == 0:
+                yield index, seconds, convert(frame)
 
 
 def iter_decoded(
@@ -178,26 +185,43 @@ def iter_decoded(
     if start_frame < 0:
         raise ValueError("start_frame must be >= 0")
     with _open(path) as container:
-        stream = video_stream(container)
-        if stream is None:
-            raise MediaError("no video stream")
-        if threaded:
-            stream.thread_type = "AUTO"
-        else:
-            stream.thread_count = 1
-        clock = _Clock(stream)
-        index = -1
-        try:
-            for frame in _decode_from(container, stream, clock, start_frame):
-                # A frame without a timestamp (rare, raw streams) follows the previous one.
-                index = clock.index(frame.pts) if frame.pts is not None else index + 1
-                if index < start_frame:
-                    continue
-                yield index, clock.seconds(frame.pts, index), frame
-        except _AV_ERRORS as e:
-            raise MediaError(
-                f"truncated or corrupt: decoding failed after frame {index}: {_message(e)}"
-            ) from None
+        stream = _decoded_stream(container, threaded)
+        yield from _decode_indexed(container, stream, start_frame)
+
+
+def sample_aspect_ratio(stream: VideoStream) -> Fraction:
+    """The width / height of the stream's stored pixels (the container's, else the
+    codec's, as FFmpeg guesses it); square when unset or implausible (see usable_sar)."""
+    return usable_sar(stream.sample_aspect_ratio)
+
+
+def _decoded_stream(container: InputContainer, threaded: bool) -> VideoStream:
+    stream = video_stream(container)
+    if stream is None:
+        raise MediaError("no video stream")
+    if threaded:
+        stream.thread_type = "AUTO"
+    else:
+        stream.thread_count = 1
+    return stream
+
+
+def _decode_indexed(
+    container: InputContainer, stream: VideoStream, start_frame: int
+) -> Iterator[tuple[int, float, VideoFrame]]:
+    clock = _Clock(stream)
+    index = -1
+    try:
+        for frame in _decode_from(container, stream, clock, start_frame):
+            # A frame without a timestamp (rare, raw streams) follows the previous one.
+            index = clock.index(frame.pts) if frame.pts is not None else index + 1
+            if index < start_frame:
+                continue
+            yield index, clock.seconds(frame.pts, index), frame
+    except _AV_ERRORS as e:
+        raise MediaError(
+            f"truncated or corrupt: decoding failed after frame {index}: {_message(e)}"
+        ) from None
 
 
 class _Clock:
@@ -334,8 +358,9 @@ def _probe_open(container: InputContainer, size: int) -> MediaInfo:
         raise MediaError(f"truncated or corrupt: the data ends before the stated {duration:.1f} s")
 
     ctx = video.codec_context
-    rotation = round(first.rotation)
-    width, height = upright_size(ctx.width, ctx.height, rotation)
+    shown = orientation(first)
+    sar = sample_aspect_ratio(video)
+    width, height = upright_size(*display_size(ctx.width, ctx.height, sar), shown.rotation)
     return MediaInfo(
         duration=round(duration, 3),
         width=width,
@@ -348,7 +373,9 @@ def _probe_open(container: InputContainer, size: int) -> MediaInfo:
         size=size,
         container=container.format.name,
         audio_tracks=len(container.streams.audio),
-        rotation=rotation,
+        rotation=shown.rotation,
+        mirrored=shown.mirrored,
+        sample_aspect_ratio=f"{sar.numerator}:{sar.denominator}",
     )
 
 

@@ -146,9 +146,10 @@ def portrait_frame(size: tuple[int, int] = (720, 1280)) -> np.ndarray:
     return frame
 
 
-def set_display_rotation(path: Path, degrees: int) -> Path:
+def set_display_rotation(path: Path, degrees: int, mirrored: bool = False) -> Path:
     """Give the mp4's (first) track a display matrix rotating it ``degrees`` (multiple of
-    90) counterclockwise, as a phone does: the stored pixels are left as they are.
+    90) counterclockwise, as a phone does, then (``mirrored``) flipping it left to right,
+    as a front camera or an editor's flip does: the stored pixels are left as they are.
 
     The matrix is written into the ``tkhd`` box in place (nine 32-bit fixed-point numbers
     at a fixed offset), so any mp4 writer will do.
@@ -168,6 +169,9 @@ def set_display_rotation(path: Path, degrees: int) -> Path:
         180: (-one, 0, 0, -one, width, height),
         270: (0, one, -one, 0, height, 0),
     }[degrees % 360]
+    if mirrored:  # x' = a*x + c*y + x: negating the first column flips the shown picture
+        shown_width = height if degrees % 180 else width
+        a, c, x = -a, -c, shown_width - x
     values = (a, b, 0, c, d, 0, x * one, y * one, 1 << 30)
     data[matrix_at : matrix_at + 36] = b"".join((v & 0xFFFFFFFF).to_bytes(4, "big") for v in values)
     path.write_bytes(bytes(data))
@@ -181,3 +185,36 @@ def rotated_video(path: Path, upright: np.ndarray, seconds: float = 1.0, fps: in
         path, lambda i: np.ascontiguousarray(np.rot90(upright, 1)), round(seconds * fps), fps
     )
     return set_display_rotation(path, -90)
+
+
+def mirrored_video(
+    path: Path, upright: np.ndarray, degrees: int = 0, seconds: float = 1.0, fps: int = 10
+) -> Path:
+    """A still clip stored mirrored (and turned back ``degrees``) with a display matrix
+    that flips (and turns) it: a player, and the processors, show ``upright``."""
+    stored = np.ascontiguousarray(np.rot90(upright[:, ::-1], -(degrees // 90)))
+    write_video(path, lambda i: stored, round(seconds * fps), fps)
+    return set_display_rotation(path, degrees, mirrored=True)
+
+
+def anamorphic_video(
+    path: Path, shown: np.ndarray, sar: Fraction, seconds: float = 1.0, fps: int = 10
+) -> Path:
+    """A still clip of ``shown`` (square pixels) stored squeezed to pixels ``sar`` wide
+    (e.g. PAL DV 16:9: 1024x576 shown, 720x576 stored with 64:45), as a player shows it."""
+    height, width = shown.shape[:2]
+    stored_width = round(width / sar / 2) * 2
+    stored = np.asarray(
+        Image.fromarray(shown).resize((stored_width, height), Image.Resampling.LANCZOS)
+    )
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = stored_width, height, "yuv420p"
+        stream.codec_context.sample_aspect_ratio = sar
+        stream.options = {"preset": "superfast", "crf": "12"}
+        for i in range(round(seconds * fps)):
+            frame = av.VideoFrame.from_ndarray(stored, "rgb24")
+            frame.pts, frame.time_base = i, Fraction(1, fps)
+            out.mux(stream.encode(frame))
+        out.mux(stream.encode(None))
+    return path

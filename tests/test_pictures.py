@@ -1,6 +1,7 @@
 """Frames as the processors get them, from the sources cameras and editors write: 10-bit,
-HEVC, full-range MJPEG, odd sizes, every display rotation. Each comes out upright, in
-one piece of memory (MediaPipe refuses a strided view) and with the source's colours."""
+HEVC, full-range MJPEG, odd sizes, every display rotation, flipped display matrices,
+pixels that are not square. Each comes out upright, unflipped, in square pixels, in one
+piece of memory (MediaPipe refuses a strided view) and with the source's colours."""
 
 from __future__ import annotations
 
@@ -10,18 +11,34 @@ from pathlib import Path
 import av
 import numpy as np
 import pytest
-from frame_media import portrait_frame, set_display_rotation
+from frame_media import (
+    anamorphic_video,
+    mirrored_video,
+    photo_frame,
+    portrait_frame,
+    set_display_rotation,
+)
 from PIL import Image
 
 from momentry_edge import media
+from momentry_edge.pictures import Orientation, display_size, matrix_orientation
 from momentry_edge.processors.frames import fit_size
 
 
-def encode(path: Path, picture: np.ndarray, codec: str, pix_fmt: str, **options: str) -> Path:
+def encode(
+    path: Path,
+    picture: np.ndarray,
+    codec: str,
+    pix_fmt: str,
+    sar: Fraction | None = None,
+    **options: str,
+) -> Path:
     height, width = picture.shape[:2]
     with av.open(str(path), "w") as out:
         stream = out.add_stream(codec, rate=10)
         stream.width, stream.height, stream.pix_fmt = width, height, pix_fmt
+        if sar is not None:
+            stream.codec_context.sample_aspect_ratio = sar
         stream.options = options
         for i in range(3):
             frame = av.VideoFrame.from_ndarray(picture, "rgb24").reformat(format=pix_fmt)
@@ -93,3 +110,91 @@ def test_every_display_rotation_gives_the_upright_picture(tmp_path, degrees, siz
     expected = resized(PICTURE, size or (360, 640))
     assert image.shape == expected.shape
     assert np.abs(image.astype(int) - expected).mean() < 6
+
+
+@pytest.mark.parametrize("degrees", [0, 90, 180, -90])
+@pytest.mark.parametrize("size", [None, (180, 320)])
+def test_every_mirrored_display_matrix_gives_the_upright_unflipped_picture(tmp_path, degrees, size):
+    # Stored flipped (and turned back), as a front camera or an editor's flip leaves it.
+    clip = mirrored_video(tmp_path / "selfie.mp4", PICTURE, degrees, seconds=0.3)
+
+    info = media.probe(clip)
+    _, _, image = next(media.iter_frames(clip, fmt="rgb24", size=size))
+
+    assert (info.width, info.height, info.rotation % 360) == (360, 640, degrees % 360)
+    assert info.mirrored
+    assert image.flags.c_contiguous
+    expected = resized(PICTURE, size or (360, 640))
+    assert image.shape == expected.shape
+    assert np.abs(image.astype(int) - expected).mean() < 6
+
+
+# As FFmpeg writes them (av_display_rotation_set, then av_display_matrix_flip): a turn
+# counterclockwise, then the shown picture flipped left to right.
+ONE = 1 << 16
+MATRICES = [
+    ((ONE, 0, 0, 0, ONE, 0), Orientation(0, False)),
+    ((0, -ONE, 0, ONE, 0, 0), Orientation(1, False)),
+    ((-ONE, 0, 0, 0, ONE, 0), Orientation(0, True)),  # hflip: PyAV reads a half turn
+    ((ONE, 0, 0, 0, -ONE, 0), Orientation(2, True)),  # vflip: PyAV reads no turn at all
+    ((0, ONE, 0, ONE, 0, 0), Orientation(3, True)),  # -90 then flipped: a transpose
+    ((0, -ONE, 0, -ONE, 0, 0), Orientation(1, True)),
+    ((0, 0, 0, 0, 0, 0), Orientation(0, False)),  # degenerate
+]
+
+
+@pytest.mark.parametrize(("matrix", "expected"), MATRICES)
+def test_a_display_matrix_is_read_as_quarter_turns_and_a_flip(matrix, expected):
+    assert matrix_orientation((*matrix, 0, 0, 1 << 30)) == expected
+
+
+# A 16:9 picture in square pixels, stored squeezed as DV, DVD and broadcast store it.
+SHOWN = resized(photo_frame(), (1024, 576))
+
+
+@pytest.mark.parametrize(("sar", "stored"), [(Fraction(64, 45), 720), (Fraction(16, 15), 960)])
+@pytest.mark.parametrize("side", [0, 320])
+def test_pixels_that_are_not_square_are_made_square(tmp_path, sar, stored, side):
+    clip = anamorphic_video(tmp_path / "pal.mp4", SHOWN, sar, seconds=0.3)
+    with av.open(str(clip)) as container:
+        assert container.streams.video[0].width == stored
+
+    info = media.probe(clip)
+    size = fit_size(info.width, info.height, side)
+    _, _, image = next(media.iter_frames(clip, fmt="rgb24", size=size))
+
+    assert (info.width, info.height) == (1024, 576)
+    assert info.sample_aspect_ratio == f"{sar.numerator}:{sar.denominator}"
+    assert image.flags.c_contiguous
+    expected = resized(SHOWN, size or (1024, 576))
+    assert image.shape == expected.shape
+    assert np.abs(image.astype(int) - expected).mean() < 6
+
+
+@pytest.mark.parametrize("sar", [Fraction(12, 1), Fraction(1, 11)])
+def test_a_sample_aspect_ratio_beyond_ten_to_one_is_damaged_metadata(tmp_path, sar):
+    picture = resized(photo_frame(), (320, 180))
+    clip = encode(tmp_path / "damaged.mp4", picture, "libx264", "yuv420p", sar=sar)
+    with av.open(str(clip)) as container:
+        assert container.streams.video[0].sample_aspect_ratio == sar
+
+    info = media.probe(clip)
+    _, _, image = next(media.iter_frames(clip, fmt="rgb24"))
+
+    assert (info.width, info.height, info.sample_aspect_ratio) == (320, 180, "1:1")
+    assert image.shape == picture.shape  # the stored pixels, taken as square
+
+
+@pytest.mark.parametrize(
+    ("stored", "sar", "shown"),
+    [
+        ((720, 576), Fraction(64, 45), (1024, 576)),  # PAL 16:9
+        ((720, 576), Fraction(16, 15), (768, 576)),  # PAL 4:3
+        ((720, 480), Fraction(8, 9), (640, 480)),  # NTSC 4:3
+        ((1440, 1080), Fraction(4, 3), (1920, 1080)),  # HDV
+        ((720, 576), Fraction(0, 1), (720, 576)),  # unset
+        ((720, 576), Fraction(11, 1), (720, 576)),  # damaged
+    ],
+)
+def test_the_shown_size_scales_the_width_and_keeps_the_height(stored, sar, shown):
+    assert display_size(*stored, sar) == shown

@@ -1,10 +1,10 @@
 """Footage as it comes from phones and editors, through the service: a file dropped in
 the watched folder, the results read over HTTP.
 
-Portrait (9:16) video, a clip stored sideways with a display matrix, fades through
-black, variable frame rate, a small frame with small text. The expected results come
-from the libraries' own default calls on the same media (PySceneDetect, RapidOCR) or
-from the same picture stored upright.
+Portrait (9:16) video, a clip stored sideways with a display matrix, anamorphic
+(non-square pixel) video, fades through black, variable frame rate, a small frame with
+small text. The expected results come from the libraries' own default calls on the same
+media (PySceneDetect, RapidOCR) or from the same picture stored upright.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import av
 import numpy as np
 import pytest
 from frame_media import (
+    PHOTO_AT,
+    anamorphic_video,
     box_iou,
     photo_frame,
     portrait_frame,
@@ -114,6 +116,36 @@ def test_a_phone_clip_with_a_display_matrix_is_upright_for_every_processor(
     assert picture.shape[:2] == (320, 180)
     shown = np.asarray(Image.fromarray(upright).resize((180, 320), Image.Resampling.BILINEAR))
     assert np.abs(picture.astype(int) - shown).mean() < 8
+
+
+# -- anamorphic video: pixels that are not square ---------------------------------------
+
+
+def test_an_anamorphic_clip_is_reported_boxed_and_thumbnailed_in_square_pixels(
+    start_service, models_dir
+):
+    # PAL 16:9 as DV and DVD store it: 720x576 pixels 64:45 wide, shown 1024x576.
+    svc = frame_service(start_service, models_dir)
+    scale = 0.8  # the 1280x720 photo frame shown at 1024x576
+    shown = np.asarray(Image.fromarray(photo_frame()).resize((1024, 576), Image.Resampling.LANCZOS))
+    anamorphic_video(svc.drop / "pal.mp4", shown, Fraction(64, 45), seconds=2.0)
+
+    job, results = run_job(svc, "pal.mp4", ["cut", "face"])
+
+    assert job["status"] == "completed", json.dumps(job["processors"], indent=1)
+    described = svc.get(f"/api/v1/files/{job['file_uuid']}")
+    assert (described["width"], described["height"]) == (1024, 576)
+    # The face where it is shown, and face-shaped (squeezed, it was 0.7 as wide as tall).
+    x1, y1, x2, y2 = best(results["face"]["result"]["frames"][0]["faces"])["box"]
+    x, y = PHOTO_AT
+    assert (x + 150) * scale < x1 < x2 < (x + 300) * scale, (x1, x2)
+    assert (y + 60) * scale < y1 < y2 < (y + 200) * scale, (y1, y2)
+    assert 0.85 < (x2 - x1) / (y2 - y1) < 1.15
+    # The thumbnail in square pixels: the picture a player shows, not squeezed.
+    picture = thumbnail(svc, job["file_uuid"])
+    assert picture.shape[:2] == (180, 320)
+    small = np.asarray(Image.fromarray(shown).resize((320, 180), Image.Resampling.BILINEAR))
+    assert np.abs(picture.astype(int) - small).mean() < 8
 
 
 # -- a processor that fails on a frame ---------------------------------------------------

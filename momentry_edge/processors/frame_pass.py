@@ -119,6 +119,9 @@ class _Member:
         self.asked: tuple[int, float, bool] = (-1, 0.0, False)
         self.before: float | None = None
         self.frame_length = 0.0  # the video's average frame duration (set by run_shared)
+        # The picture as a player shows it (upright, square pixels; set by run_shared):
+        # the size of a plan without one.
+        self.shown: tuple[int, int] | None = None
 
     def wants(self, index: int, seconds: float) -> bool:
         """Whether to feed this frame; asked about each decoded frame in order (again for
@@ -144,7 +147,7 @@ class _Member:
     @property
     def key(self) -> tuple[Any, str]:
         assert self.plan is not None
-        return self.plan.size, self.plan.fmt
+        return self.plan.size or self.shown, self.plan.fmt
 
 
 def run_shared(
@@ -174,7 +177,8 @@ def run_shared(
         try:
             m.processor.output_dir = m.ctx.output_dir
             m.plan = m.processor.plan(info, m.ctx.checkpoint)
-            m.frame_length = 1 / video_geometry(info)[2]
+            width, height, fps = video_geometry(info)
+            m.frame_length, m.shown = 1 / fps, (width, height)
         except BaseException as exc:
             outcomes[m.slot] = exc
             active.remove(m)

@@ -48,7 +48,7 @@ class FramePlan:
     # Or, when > 0, this many frames a second of the video's own time: the first frame
     # at or after each multiple of 1/rate s (right on variable-frame-rate video too).
     rate: float = 0.0
-    size: tuple[int, int] | None = None  # (width, height); None: the source size
+    size: tuple[int, int] | None = None  # (width, height); None: the size as shown
     fmt: str = "rgb24"
     start: int | None = None  # feed from here if before ``resume`` (cut primes on one frame)
 

@@ -393,7 +393,11 @@ def test_a_set_key_of_the_wrong_type_is_replaced_and_every_job_stays_mirrored(
     r.set("momentry:jobs:failed", "a string, not a set")  # by hand, or another program
     subscriber = Subscriber(private_redis.url)
     svc.call("POST", "/api/v1/queue/resume")
-    wait_for(lambda: svc.status()["pending_count"] == 0 and svc.status()["active_count"] == 0)
+    # 205 real jobs: on a loaded CI machine (PostgreSQL) their drain took over 20 s.
+    wait_for(
+        lambda: svc.status()["pending_count"] == 0 and svc.status()["active_count"] == 0,
+        timeout=120,
+    )
     wait_mirrored(r, tasks, "completed")
     # The set is the mirror's own: replaced by the real one, the failed job in it again.
     wait_for(lambda: r.type("momentry:jobs:failed") == "set")

@@ -25,6 +25,7 @@ from . import clock, store
 from .clock import iso
 from .errors import Conflict
 from .events import Event, bus
+from .logs import Repeats
 from .store import JobStatus, Node, dbusers
 
 log = logging.getLogger(__name__)
@@ -166,6 +167,55 @@ def node_rows(within: float) -> list[dict[str, Any]]:
         }
         for node in live_nodes(within)
     ]
+
+
+HEARTBEAT_STOP_WAIT = 30.0  # seconds a stop waits for a beat under way
+
+
+class Heartbeat:
+    """The node's heartbeat on a thread of its own: ``beat`` (renew the leases of the
+    jobs in hand and the node's ``last_seen``) every ``every`` seconds.
+
+    Not a housekeeping step: a step that takes long (a backup whose pg_dump waits for a
+    lock, a sweep of a slow disk) would hold it up past the lease, and another node would
+    take the running jobs of this live one. The thread keeps its own pooled connection.
+    """
+
+    def __init__(self, beat: Callable[[], None], every: float) -> None:
+        self.beat = beat
+        self.every = every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+        self._failing = Repeats(log)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """No beat after this returns: a node that leaves must not look alive again."""
+        self._stop.set()
+        if self._thread.is_alive():
+            # A beat waits for the database its answer timeout at most (15 s by default).
+            self._thread.join(timeout=HEARTBEAT_STOP_WAIT)
+            if self._thread.is_alive():
+                log.warning("the heartbeat did not end within %g s", HEARTBEAT_STOP_WAIT)
+
+    def _run(self) -> None:
+        try:
+            # The first at once: the node's row gets its limit (register_node has none).
+            while not self._stop.is_set():
+                try:
+                    self.beat()
+                except store.OUTAGE_ERRORS as exc:
+                    store.after_outage()  # the next beat on a fresh connection
+                    self._failing.failed("heartbeat", exc)
+                except Exception as exc:  # a bug: said, and the beat goes on
+                    self._failing.failed("heartbeat", exc)
+                else:
+                    self._failing.worked("heartbeat")
+                self._stop.wait(self.every)
+        finally:
+            store.close_connection()
 
 
 class NodeWatch:

@@ -7,6 +7,7 @@ once per job through a context variable, so processors need not pass it along.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import logging.handlers
@@ -66,19 +67,66 @@ class Readable(logging.Formatter):
         return printable(text, multiline=True)
 
 
+# After a write failed for lack of room, the log is written again only once this much
+# is free on its disk: a few bytes freed would take a few lines and fail again, and the
+# log would flap between failing and writing.
+RESUME_FREE = 64 << 10
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
+_GAP = "%d log lines lost from %s: %s could not be written"
+
+
 class RotatingFile(logging.handlers.RotatingFileHandler):
     """Rotated by size as its base class is, but checked by the file's position before a
     line is written: the base formats every line twice and stats the file twice a line
     to check. A file rotates once it has reached ``maxBytes`` (its last line may end past it)."""
 
     _failing = False  # the last line could not be written
+    _no_room = False  # ... for lack of room: wait for RESUME_FREE before trying again
+    _lost = 0  # lines lost since it failed
+    _lost_since = 0.0  # when the first of them was
 
     def emit(self, record: logging.LogRecord) -> None:
+        if self._no_room and not self._room():
+            self._lose(record)  # not tried: a write now would only fail again
+            return
         self._failed = False
-        super().emit(record)  # calls handleError when the line cannot be written
+        lost = self._lost
+        if self._failing and lost:
+            super().emit(self._gap())  # the gap, said once in the log itself, where it is
+            if not self._failed:
+                self._lost = 0
+        if not self._failed:
+            super().emit(record)  # calls handleError when the line cannot be written
         if self._failing and not self._failed:
-            self._failing = False
-            sys.stderr.write(f"momentry-edge: writing to {self.baseFilename} again\n")
+            self._failing = self._no_room = False
+            sys.stderr.write(
+                f"momentry-edge: writing to {self.baseFilename} again ({lost} lines lost)\n"
+            )
+
+    def _room(self) -> bool:
+        try:
+            disk = os.statvfs(os.path.dirname(self.baseFilename))
+        except OSError:
+            return True  # let the write say what is wrong
+        return disk.f_bavail * disk.f_frsize >= RESUME_FREE
+
+    def _lose(self, record: logging.LogRecord) -> None:
+        if record.msg is _GAP:
+            return
+        if not self._lost:
+            self._lost_since = record.created
+        self._lost += 1
+
+    def _gap(self) -> logging.LogRecord:
+        return logging.makeLogRecord(
+            {
+                "name": __name__,
+                "levelno": logging.WARNING,
+                "levelname": "WARNING",
+                "msg": _GAP,
+                "args": (self._lost, iso(self._lost_since), self.baseFilename),
+            }
+        )
 
     def handleError(self, record: logging.LogRecord) -> None:
         error = sys.exc_info()[1]
@@ -87,6 +135,8 @@ class RotatingFile(logging.handlers.RotatingFileHandler):
             return
         # A full or failing disk: one line on stderr, not a traceback for every record.
         self._failed = True
+        self._no_room = error.errno in _NO_ROOM
+        self._lose(record)
         if self.stream is not None:  # what it buffered is dropped; reopened for the next
             with contextlib.suppress(OSError):
                 self.stream.close()

@@ -102,6 +102,8 @@ class Service:
         self.mirror = _redis_mirror(config.service.redis_url)
         self.alerts = AlertSender(config.alerts.url, self.node) if config.alerts.url else None
         self.node_watch = cluster.NodeWatch(self.node, config.queue.lease_seconds)
+        # Leases and last_seen on a thread of their own: no housekeeping step holds them up.
+        self.heartbeat = cluster.Heartbeat(self._beat, config.queue.lease_seconds / 3)
         self.url = ""
         self.port: int | None = None  # the API's, once it listens
         self._threads: list[threading.Thread] = []
@@ -242,6 +244,7 @@ class Service:
             bus.listen(self.mirror.on_event)
             self.mirror.start()  # its first act is a full resync from the job table
         self.gate.check_disk(*outputs.written_folders(self.config.data_dir))
+        self.heartbeat.start()  # before any job is in hand
         recovered = jobs.reap(self.node, self.owner, self.workers.policy)
         self.workers.document_failures(recovered)
         if recovered:
@@ -282,7 +285,7 @@ class Service:
         every = {
             "sample": SAMPLE_EVERY,
             "database_file": SAMPLE_EVERY,
-            "heartbeat": self.config.queue.lease_seconds / 3,
+            "nodes": self.config.queue.lease_seconds / 3,
             "run_file": self.config.queue.lease_seconds / 3,
             "reap": self.config.queue.poll_interval,
             "poll": self.config.queue.poll_interval,
@@ -300,6 +303,12 @@ class Service:
                     due[name] = now + period
                     self._housekeeping(name)
 
+    def _beat(self) -> None:
+        """The heartbeat (cluster.Heartbeat's thread): the leases of the jobs in hand, and
+        this node's last_seen with the limit it runs by."""
+        self.workers.renew_leases()
+        cluster.heartbeat(self.node, self.owner, self.workers.effective_limit())
+
     def _housekeeping(self, task: str) -> None:
         try:
             if task == "sample":
@@ -310,9 +319,7 @@ class Service:
             elif task == "database_file":
                 if problem := store.file_replaced():
                     self._stop_for(problem)
-            elif task == "heartbeat":
-                self.workers.renew_leases()
-                cluster.heartbeat(self.node, self.owner, self.workers.effective_limit())
+            elif task == "nodes":
                 self.node_watch.check()  # a node whose heartbeat stopped: node.lost
                 cluster.sync_clock(store.Job._meta.database)  # a clock set right meanwhile
             elif task == "reap":
@@ -368,6 +375,9 @@ class Service:
             return  # start-up failed before the database was ready
         self.notifier.stop()
         self.callbacks.stop()
+        # No beat after the node has left (it would look alive again), nor renewing the
+        # leases of the jobs about to go back in line.
+        self.heartbeat.stop()
         # 3. Anything still held (a processor that never reported) goes back too.
         try:
             held = Job.select().where(

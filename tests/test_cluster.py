@@ -16,6 +16,8 @@ import psycopg
 import pytest
 from conftest import ServiceProcess, wait_for
 
+from momentry_edge.upkeep import backup
+
 pytestmark = pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 
 ALL = [f"workloads:{name}" for name in ("Noop", "Steps", "Flaky", "Crash")]
@@ -239,6 +241,54 @@ def test_a_node_cut_off_past_its_lease_stops_before_another_takes_its_job(
     # a stopped (but for the step in flight) before b began.
     assert sorted(on_a.values())[-2] < min(on_b.values()), "the job ran on both nodes at once"
     assert min(on_b) <= max(on_a) + 1, "node b went on from node a's checkpoint"
+
+
+def test_a_node_whose_housekeeping_is_held_up_keeps_its_heartbeat_and_its_job(
+    start_service, database_url, tmp_path
+):
+    # Node a's scheduled backup (pg_dump, on its housekeeping thread) waits for a lock
+    # the test holds, for several leases, while a job that never reports runs on node a.
+    lease = 2
+    hold = tmp_path / "quiet.hold"
+    hold.touch()
+    settings = {
+        "queue": {"lease_seconds": lease},
+        "processors.quiet": {"hold_while_exists": str(hold)},
+    }
+    plugins = [*ALL, "workloads:Quiet"]
+    a = node(start_service, "a", service={"plugins": plugins, "backup_interval": 1}, **settings)
+    task = a.submit("held.mp4", ["quiet"])["task_id"]
+    wait_for(lambda: a.job(task)["processors"]["quiet"]["status"] == "running")
+    assert a.job(task)["node"] == "node-a"
+    b = node(start_service, "b", service={"plugins": plugins}, **settings)
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        admin.execute("CREATE TABLE held_up (n integer)")  # in the schema pg_dump copies
+        with admin.transaction():
+            admin.execute("LOCK TABLE held_up IN ACCESS EXCLUSIVE MODE")
+            waiting = (
+                "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'held_up'::regclass"
+            )
+            wait_for(lambda: admin.execute(waiting).fetchone()[0] > 0)
+            held_until = time.monotonic() + 3 * lease
+            # Less than a scheduled backup waits for a lock before it gives up.
+            assert 3 * lease < backup.SCHEDULED_LOCK_WAIT
+            while time.monotonic() < held_until:
+                job = b.job(task)
+                assert (job["status"], job["node"], job["crash_count"]) == (
+                    "processing",
+                    "node-a",
+                    0,
+                ), "node b left node a's job alone"
+                live = {n["id"] for n in b.status()["nodes"]}
+                assert "node-a" in live, "node b sees node a alive: its last_seen is fresh"
+                time.sleep(0.2)
+    hold.unlink()
+    job = a.wait_status(task, "completed")
+    assert job["node"] == "node-a" and job["crash_count"] == 0
+    assert job["processors"]["quiet"]["attempts"] == 1
+    a.stop()  # its heartbeat ends before it leaves: it does not look alive again
+    time.sleep(lease)
+    assert {n["id"] for n in b.status()["nodes"]} == {"node-b"}
 
 
 def test_results_a_node_wrote_are_served_by_the_api_of_every_node(start_service):

@@ -225,6 +225,38 @@ def test_a_full_log_disk_is_said_once_and_the_log_goes_on_once_there_is_room(
         json.loads(line)
 
 
+@on_sqlite
+def test_a_full_log_disk_does_not_flap_between_failing_and_writing(tmp_path, start_service):
+    with small_filesystem(tmp_path / "node" / "data" / "logs", size="1m") as logs:
+        svc = start_service(service={"plugins": PLUGINS})
+        filler = fill(logs)
+        stderr = svc.root / "service.log"
+        for n in range(200):  # each job logs a few lines: the file's last page fills up
+            svc.wait_status(svc.submit(f"{n}.mp4", ["noop"])["task_id"], "completed")
+            if "cannot write to" in stderr.read_text():
+                break
+        # A little room comes free (less than the log keeps in reserve), and is used up
+        # by the lines of these jobs: the log waits for more rather than write a few
+        # lines and fail again.
+        os.truncate(filler, filler.stat().st_size - 16 * 1024)
+        for n in range(60):
+            svc.wait_status(svc.submit(f"little{n}.mp4", ["noop"])["task_id"], "completed")
+        filler.unlink()
+        after = svc.submit("after.mp4", ["noop"])["task_id"]
+        svc.wait_status(after, "completed")
+        log_file = logs / "momentry-edge.log"
+        wait_for(lambda: after in log_file.read_text())
+        lines = [json.loads(line) for line in log_file.read_text().splitlines()]
+        stderr = stderr.read_text()
+    assert stderr.count("cannot write to") == 1, stderr
+    assert stderr.count("writing to") == 1 and "again (" in stderr, stderr
+    gaps = [line for line in lines if "log lines lost" in line["message"]]
+    assert len(gaps) == 1 and gaps[0]["level"] == "warning", gaps
+    assert int(gaps[0]["message"].split()[0]) > 0, gaps
+    # Said where the gap is: before the lines written once there was room again.
+    assert lines.index(gaps[0]) < next(i for i, line in enumerate(lines) if after in str(line))
+
+
 @on_postgres
 def test_postgres_connections_cut_mid_job_leave_no_job_stuck(start_service, database_url):
     svc = start_service(

@@ -59,6 +59,9 @@ SIDECARS = ("-wal", "-shm", "-journal")  # SQLite's files beside a database
 SQLITE_HEADER = b"SQLite format 3\x00"
 # Pages copied per backup step (4 MiB at SQLite's default page size).
 STEP_PAGES = 1024
+# Seconds a scheduled backup's pg_dump waits for a table another session has locked:
+# the reaper, the disk checks and a stop wait on the housekeeping thread meanwhile.
+SCHEDULED_LOCK_WAIT = 10.0
 MB = 2**20
 
 
@@ -125,7 +128,9 @@ def _take(cfg: Config, dest: Path | None, results: bool, scheduled: bool) -> Bac
         _check_room(cfg, work, folder, results, keep_free)
         if sqlite_file is None:
             kind, copy, jobs = "postgresql", work / DUMP_NAME, None
-            _dump_postgres(cfg.service.database_url, copy)
+            # A scheduled one runs on the housekeeping thread: it does not wait for long.
+            lock_wait = SCHEDULED_LOCK_WAIT if scheduled else None
+            _dump_postgres(cfg.service.database_url, copy, lock_wait)
         else:
             kind, copy = "sqlite", work / SQLITE_NAME
             jobs = _copy_sqlite(sqlite_file, copy)
@@ -685,14 +690,24 @@ def _pg_command(tool: str, url: str) -> tuple[list[str], dict[str, str]]:
     return [path, "--dbname", url], env
 
 
-def _dump_postgres(url: str, target: Path) -> None:
+def _dump_postgres(url: str, target: Path, lock_wait: float | None = None) -> None:
+    """``lock_wait``: seconds pg_dump waits for the share lock of each table it copies
+    (another session's ALTER, TRUNCATE or VACUUM FULL holds it) before it gives up."""
     command, env = _pg_command("pg_dump", url)
     # pg_dump reads in one repeatable-read snapshot; writers go on meanwhile. The queue
     # alone: not the schemas earlier restores set aside, which a restore would make again.
     command += ["--format=custom", "--no-owner", "--schema=public", "--file", str(target)]
+    if lock_wait is not None:
+        command.append(f"--lock-wait-timeout={round(lock_wait * 1000)}")
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     if done.returncode != 0:
-        raise BackupError(f"pg_dump failed: {done.stderr.strip()}")
+        said = "; ".join(done.stderr.split("\n")).strip("; ")
+        if lock_wait is not None and "LOCK TABLE" in said:
+            raise BackupError(
+                f"pg_dump could not lock a table to copy within {lock_wait:g} s, another "
+                f"session holds it ({said}); the next scheduled backup tries again"
+            )
+        raise BackupError(f"pg_dump failed: {said}")
 
 
 # -- restore --------------------------------------------------------------------------------------

@@ -265,6 +265,30 @@ def test_a_scheduled_backup_that_would_leave_too_little_room_is_skipped_with_an_
     assert not list((svc.data_dir / "backups").glob("*")), "nothing written, not even .partial"
 
 
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+def test_a_scheduled_backup_held_up_by_a_lock_is_skipped_and_the_service_stops(
+    start_service, database_url
+):
+    # pg_dump, on the housekeeping thread, waits for a lock another session holds on a
+    # table it copies: the reaper, the disk checks and a stop must not wait with it.
+    import psycopg
+
+    svc = start_service(service={"backup_interval": 0.5})
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        admin.execute("CREATE TABLE held_up (n integer)")
+        with admin.transaction():
+            admin.execute("LOCK TABLE held_up IN ACCESS EXCLUSIVE MODE")
+            said = wait_for(
+                lambda: [line for line in svc.log().splitlines() if "backup skipped" in line],
+                timeout=backup.SCHEDULED_LOCK_WAIT + 15,
+            )
+            assert "lock" in said[0] and "held_up" in said[0], said
+            started = time.monotonic()
+            assert svc.stop() == 0
+            assert time.monotonic() - started < backup.SCHEDULED_LOCK_WAIT + 10
+    assert not list((svc.data_dir / "backups").glob("*.partial")), "no .partial left"
+
+
 def test_a_backup_refuses_a_destination_with_less_room_than_it_needs(start_service, tmp_path):
     svc = start_service()
     submit_steps(svc, 1)

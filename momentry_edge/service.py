@@ -176,7 +176,7 @@ class Service:
             "nodes": cluster.node_rows(within=self.config.queue.lease_seconds),
             "blocked_reason": self.gate.blocked_reason,  # why nothing starts, besides a pause
             "models": self.provision.status(),  # models pulled at this start, and how far
-            "warnings": watch_folders.problems(self.config.service.watch),
+            "warnings": watch_folders.problems(self.config.service.watch) + self.watcher.warnings(),
             "disk": disk_space(self.config, *outputs.written_folders(self.config.data_dir)),
             "last_backup": backup.last_backup(self.config.data_dir),
         }

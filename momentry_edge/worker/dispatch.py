@@ -210,11 +210,14 @@ class Workers:
                 self.hands.claiming()
                 try:
                     job = self._claim()
-                except Exception:
+                except Exception as exc:
                     # The database away (locked, full, connection lost): look again shortly
                     # rather than let the error end this drain.
                     retry = self.config.queue.poll_interval
-                    log.exception("claiming the next job failed; trying again in %g s", retry)
+                    if store.disk_full(exc):  # said by the gate, which holds starts back
+                        self.note_database_full(exc)
+                    else:
+                        log.exception("claiming the next job failed; trying again in %g s", retry)
                     store.release_connection()
                     self.kick(delay=retry)
                     return False

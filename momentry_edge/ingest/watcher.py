@@ -114,6 +114,11 @@ REGISTER_THREADS = 2
 # the new name) and whether one gone (deleted, renamed, its volume unmounted) is back,
 # to watch it again.
 LOST_POLL = 1.0
+# watchdog adds the watches of a tree with os.walk, which on Python 3.11 recurses once a
+# level: it fails (RecursionError) about 990 folders deep, and keeps the watches it had
+# added until then. A watched folder it failed on is not tried again while its tree is
+# at least this deep.
+DEEPEST = 900
 
 
 @dataclass
@@ -280,6 +285,9 @@ class Watcher:
         self._retiring: dict[Path, Any] = {}
         # Watched folders that cannot be watched (said once), with why: only rescanned.
         self._unwatchable: dict[Path, str] = {}
+        # Of those, the ones that failed for folders nested too deep: tried again only
+        # once a rescan finds their trees less deep than DEEPEST.
+        self._too_deep: set[Path] = set()
         self._thread = threading.Thread(target=self._run, name="ingest", daemon=True)
         self._register = ThreadPoolExecutor(REGISTER_THREADS, thread_name_prefix="register")
         self._rescan_lock = threading.Lock()
@@ -561,6 +569,8 @@ class Watcher:
                 log.warning("watched folder %s is gone; watching it again once it is back", root)
             if root in self._lost and here is None:
                 continue
+            if root in self._too_deep and self.intake.depth.get(root, DEEPEST) >= DEEPEST:
+                continue  # still too deep: a try would fail again, and leak its watches
             if root in self._retiring:
                 self._unschedule(self._retiring.pop(root))
             try:
@@ -568,6 +578,8 @@ class Watcher:
                     root.mkdir(parents=True, exist_ok=True)
                 watch = self.observer.schedule(_Enqueue(self.events), str(root), recursive=True)
             except (OSError, RecursionError) as exc:
+                if isinstance(exc, RecursionError):
+                    self._too_deep.add(root)
                 # E.g. the inotify watch limit (fs.inotify.max_user_watches), no permission,
                 # or folders nested deeper than watchdog's recursive walk can follow.
                 self._cannot_watch(root, _why_not(exc))
@@ -575,6 +587,7 @@ class Watcher:
                 continue
             self._scheduled[root] = (watch, _identity(root))
             self._lost.discard(root)
+            self._too_deep.discard(root)
             if self._unwatchable.pop(root, None) is not None:
                 log.info("watching %s again", root)
             else:

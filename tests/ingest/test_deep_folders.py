@@ -5,6 +5,7 @@ A real service process watching a real folder; real videos. Every wait is bounde
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -73,6 +74,23 @@ def cannot_watch(svc: ServiceProcess) -> list[str]:
     return [m for m in messages(svc) if "cannot watch" in m]
 
 
+def inotify_watches(svc: ServiceProcess) -> int:
+    """The inotify watches the service process holds (Linux)."""
+    count = 0
+    for info in Path(f"/proc/{svc.proc.pid}/fdinfo").iterdir():
+        with contextlib.suppress(OSError):
+            count += info.read_text().count("inotify wd:")
+    return count
+
+
+def watches_stay(svc: ServiceProcess) -> None:
+    """Three rescans later the service holds no more watches: a watch that cannot be
+    made is not tried again at each rescan (watchdog keeps what it added before failing)."""
+    before, done = inotify_watches(svc), rescans(svc)
+    wait_for(lambda: rescans(svc) >= done + 3, timeout=30)
+    assert inotify_watches(svc) <= before
+
+
 def rescans(svc: ServiceProcess) -> int:
     return sum("rescan in" in m for m in messages(svc))
 
@@ -94,6 +112,7 @@ def test_a_tree_1500_deep_made_while_running_is_taken_and_said_once(
     assert len(cannot_watch(svc)) == 1, cannot_watch(svc)
     # watchdog's reader thread prints its own as it stops, once; nothing repeats.
     assert tracebacks(svc) <= 1, svc.log()
+    watches_stay(svc)
 
     # The rest of the drop folder is still watched: a new file is taken at once.
     later = put(clip, svc.drop / "later.mp4", b"later")
@@ -114,6 +133,7 @@ def test_a_tree_1500_deep_there_at_start_up_is_taken_and_said_once(
     assert len(cannot_watch(svc)) == 1, cannot_watch(svc)
     assert any("cannot watch" in w for w in svc.status()["warnings"])
     assert tracebacks(svc) == 0, svc.log()
+    watches_stay(svc)
 
     later = put(clip, svc.drop / "later.mp4", b"later")
     wait_for(lambda: relative(svc, later) in files(svc), timeout=20)

@@ -615,7 +615,7 @@ def _link_outputs(source: Path, processor: str, out_dir: Path) -> Path:
         _remove(tmp)
         if item.is_dir():
             # A link inside is copied as the link, which is never served (_open_own).
-            shutil.copytree(item, tmp, symlinks=True, copy_function=_link_or_copy)
+            trees.copy(item, tmp, copy_function=_link_or_copy)
             durable.flush_folder(tmp)
             old = out_dir / f".{item.name}.{os.getpid()}.old"
             _remove(old)

@@ -178,7 +178,7 @@ class Service:
             "nodes": cluster.node_rows(within=self.config.queue.lease_seconds),
             "blocked_reason": self.gate.blocked_reason,  # why nothing starts, besides a pause
             "models": self.provision.status(),  # models pulled at this start, and how far
-            "warnings": watch_folders.problems(self.config.service.watch),
+            "warnings": watch_folders.problems(self.config.service.watch) + self.watcher.warnings(),
             "disk": disk_space(self.config, *outputs.written_folders(self.config.data_dir)),
             "last_backup": backup.last_backup(self.config.data_dir),
         }
@@ -345,10 +345,17 @@ class Service:
                 # 2 s (benchmarks/backup_bench.py), and the service's writers never wait for it.
                 backup.scheduled(self.config)
         except Exception as exc:
+            if store.disk_full(exc) and task not in ("sweep", "backup", "run_file"):
+                # The queue database's disk: said by the gate (once a minute), which holds
+                # starts back until a write gets through; the next tick tries again.
+                self.workers.note_database_full(exc)
+                return
             # The database may be briefly unreachable, the descriptors or the disk run
             # out; the next tick tries again (the same failure said once a minute).
             self._failing.failed(f"housekeeping step {task!r}", exc)
         else:
+            if task == "heartbeat":  # a write to the database got through
+                self.gate.database_writable()
             self._failing.worked(f"housekeeping step {task!r}")
 
     def _stop_for(self, problem: str) -> None:

@@ -1,13 +1,14 @@
 """Walking and removing folder trees without recursion, so that any depth (results nested
 1,500 folders deep) is a path too long at worst, an OSError, never a RecursionError.
 
-Python 3.11's os.walk and shutil.rmtree recurse once per level.
+Python 3.11's os.walk, shutil.rmtree and shutil.copytree recurse once per level.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -62,3 +63,29 @@ def remove(path: str | Path) -> bool:
         with contextlib.suppress(OSError):
             os.rmdir(folder)
     return not os.path.lexists(path)
+
+
+def copy(source: str | Path, target: str | Path, copy_function: Callable[[str, str], None]) -> None:
+    """shutil.copytree(source, target, symlinks=True, copy_function=copy_function) with a
+    loop in place of recursion: links are copied as links, files with ``copy_function``;
+    ``target`` must not exist. Raises OSError on the first failure."""
+    top, into = os.fspath(source), os.fspath(target)
+    os.mkdir(into)
+    made = [(top, into)]
+    for folder, dirs, files in walk(top, onerror=_raise):
+        here = os.path.join(into, os.path.relpath(folder, top))
+        for name in dirs + files:
+            src, dst = os.path.join(folder, name), os.path.join(here, name)
+            if os.path.islink(src):
+                os.symlink(os.readlink(src), dst)
+            elif name in dirs:
+                os.mkdir(dst)
+                made.append((src, dst))
+            else:
+                copy_function(src, dst)
+    for src, dst in reversed(made):  # times last, the deepest first, as copytree sets them
+        shutil.copystat(src, dst)
+
+
+def _raise(exc: OSError) -> None:
+    raise exc

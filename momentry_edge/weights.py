@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from . import durable
+from . import durable, trees
 
 # models/catalog.toml, through a link inside the package so that wheels carry it too.
 CATALOG = Path(__file__).parent / "catalog.toml"
@@ -468,14 +468,14 @@ def pull(
                     except ModelError as e:
                         errors.append(f"{src.describe()}: {e}")
                         continue
-                    shutil.rmtree(folder / PARTIAL, ignore_errors=True)
+                    trees.remove(folder / PARTIAL)
                     return folder
                 raise ModelError(f"could not pull {spec.name}:\n  " + "\n  ".join(errors))
         except OSError as e:  # the models folder's own disk: no other source would do better
             raise _disk_error(e, folder) from None
     except NoRoom:
         if created:  # no model half there: what this pull put in place goes too
-            shutil.rmtree(folder, ignore_errors=True)
+            trees.remove(folder)
         raise
 
 

@@ -16,7 +16,7 @@ import httpx
 import psutil
 import pytest
 from conftest import wait_for
-from disks import remount, small_filesystem, use_up_inodes
+from disks import fill, remount, small_filesystem, use_up_inodes
 from media_factory import make_video
 
 pytestmark = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
@@ -69,6 +69,50 @@ def test_inodes_running_out_send_a_run_back_in_line_and_hold_starts_back(start_s
         cut = svc.get(f"/api/v1/files/{task['file_uuid']}/results/cut")
         assert len(cut["result"]["scenes"]) == SCENES
         assert all(scene["thumbnail"] for scene in cut["result"]["scenes"])
+        svc.proc.terminate()
+        svc.proc.wait(timeout=60)
+
+
+def test_a_full_queue_database_sends_a_job_back_in_line_and_holds_starts_back(
+    start_service, tmp_path
+):
+    data = tmp_path / "node" / "data"
+    # The queue database (and the log) on a small disk of its own, the results on another.
+    with small_filesystem(data, size="16m") as disk, small_filesystem(data / "results", "64m"):
+        svc = start_service(
+            # No free-space floor: the database's own writes are what find the disk full.
+            queue={"max_concurrent": 1, "min_free_disk_mb": 0, "min_free_inodes": 0},
+            **{"processors.steps": {"steps": 40, "step_seconds": 0.1}},
+        )
+        first = svc.submit("first.mp4", ["steps"])
+        second = svc.submit("second.mp4", ["steps"])
+        svc.wait_status(first["task_id"], "processing")
+        filler = fill(disk)
+
+        reason = wait_for(lambda: svc.status()["blocked_reason"], timeout=60)
+        assert "the queue database's disk is full" in reason, reason
+        assert "free some space on it" in reason, reason
+        # The run ends (its results are on the other disk), and then its end cannot be
+        # recorded, even after the retries of a state change (3.5 s).
+        steps = data / "results" / first["file_uuid"] / "steps.log"
+        wait_for(lambda: steps.exists() and len(steps.read_text().split()) == 40, timeout=60)
+        time.sleep(6)
+        # Held, not failed, crashed or retried: nothing can be written, so the first still
+        # shows as processing (held in hand, which the reaper leaves); the second waits.
+        job = svc.job(first["task_id"])
+        assert job["status"] in ("processing", "pending"), job
+        assert job["retry_count"] == 0 and job["crash_count"] == 0, job
+        assert svc.job(second["task_id"])["status"] == "pending"
+
+        filler.unlink()
+        for task in (first, second):
+            job = svc.wait_status(task["task_id"], "completed", "failed", "partial", timeout=120)
+            assert job["status"] == "completed", job
+            assert job["retry_count"] == 0 and job["crash_count"] == 0, job
+        assert svc.status()["blocked_reason"] is None
+        stderr = (svc.root / "service.log").read_text(errors="replace")
+        assert stderr.count("the queue database's disk is full") == 1, stderr[-4000:]
+        assert "Traceback" not in stderr, stderr[-4000:]
         svc.proc.terminate()
         svc.proc.wait(timeout=60)
 

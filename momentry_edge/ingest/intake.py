@@ -146,6 +146,9 @@ class Intake:
         # Folders found that could not be listed (no permission): the watcher watches
         # them again once they can be.
         self.unreadable: set[str] = set()
+        # How many folders deep each watched folder's tree went at its last rescan: the
+        # watcher does not try again to watch one nested deeper than it can follow.
+        self.depth: dict[Path, int] = {}
         self._roots = self.roots()
 
     def roots(self) -> list[Path]:
@@ -589,9 +592,11 @@ class Intake:
         """Every taken file under ``root``; symlinks and hidden folders are not followed.
         Files of a kind not taken go to ``ignored``."""
         skip = len(str(root)) + 1
-        stack = [str(root)]
+        stack = [(str(root), 0)]
+        deepest = 0
         while stack:
-            folder = stack.pop()
+            folder, depth = stack.pop()
+            deepest = max(deepest, depth)
             try:
                 entries = os.scandir(folder)
             except OSError as exc:
@@ -609,7 +614,7 @@ class Intake:
                                 self.warn_once(entry.path, NOT_FOLLOWED)
                             continue
                         if entry.is_dir(follow_symlinks=False):
-                            stack.append(entry.path)
+                            stack.append((entry.path, depth + 1))
                             continue
                         if not entry.is_file(follow_symlinks=False):
                             continue
@@ -625,6 +630,7 @@ class Intake:
                         continue  # vanished while we looked
                     except OSError as exc:  # e.g. a path longer than the system allows
                         self.warn_once(entry.path, f"cannot look at it: {exc.strerror or exc}")
+        self.depth[root] = deepest
 
     def warn_once(self, path: str, reason: str) -> None:
         if path not in self._warned:

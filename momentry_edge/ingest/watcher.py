@@ -91,7 +91,7 @@ from typing import Any
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
-from .. import store
+from .. import store, trees
 from .intake import Intake, Settling
 from .paths import NOT_FOLLOWED
 from .recording import WRITING_GRACE
@@ -114,6 +114,11 @@ REGISTER_THREADS = 2
 # the new name) and whether one gone (deleted, renamed, its volume unmounted) is back,
 # to watch it again.
 LOST_POLL = 1.0
+# watchdog adds the watches of a tree with os.walk, which on Python 3.11 recurses once a
+# level: it fails (RecursionError) about 990 folders deep, and keeps the watches it had
+# added until then. A watched folder it failed on is not tried again while its tree is
+# at least this deep.
+DEEPEST = 900
 
 
 @dataclass
@@ -223,6 +228,15 @@ def _identity(folder: Path) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
 
 
+def _why_not(exc: BaseException) -> str:
+    """Why a folder cannot be watched, in words."""
+    if isinstance(exc, RecursionError):
+        return "folders in it are nested deeper than the watcher can follow"
+    if isinstance(exc, OSError):
+        return str(exc.strerror or exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
 def _regular_stat(path: str) -> os.stat_result | None:
     """lstat of a regular file; None for anything else (gone, symlink, folder)."""
     try:
@@ -269,6 +283,11 @@ class Watcher:
         # The watches of folders gone since, kept until their last events are delivered:
         # a deleted folder's ends with the folder's own deletion, after its files'.
         self._retiring: dict[Path, Any] = {}
+        # Watched folders that cannot be watched (said once), with why: only rescanned.
+        self._unwatchable: dict[Path, str] = {}
+        # Of those, the ones that failed for folders nested too deep: tried again only
+        # once a rescan finds their trees less deep than DEEPEST.
+        self._too_deep: set[Path] = set()
         self._thread = threading.Thread(target=self._run, name="ingest", daemon=True)
         self._register = ThreadPoolExecutor(REGISTER_THREADS, thread_name_prefix="register")
         self._rescan_lock = threading.Lock()
@@ -284,15 +303,18 @@ class Watcher:
 
     def start(self) -> None:
         """Watch first, then scan: a file written during the start-up scan is not missed."""
-        observer: Any = Observer  # watchdog's platform pick, typed as its base
-        reports_close = observer.__name__ in _REPORTS_CLOSE
-        # Full events: a move from or to outside the watch is a move, not created/deleted.
-        self.observer = observer(generate_full_events=True) if reports_close else observer()
-        self.tracker.reports_close = reports_close
+        self.observer = self._new_observer()
         self.observer.start()
         self._schedule()
         self._thread.start()
         self.request_rescan()
+
+    def _new_observer(self) -> Any:
+        observer: Any = Observer  # watchdog's platform pick, typed as its base
+        reports_close = observer.__name__ in _REPORTS_CLOSE
+        self.tracker.reports_close = reports_close
+        # Full events: a move from or to outside the watch is a move, not created/deleted.
+        return observer(generate_full_events=True) if reports_close else observer()
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stopping.set()
@@ -352,6 +374,8 @@ class Watcher:
     def _folders_changed(self) -> bool:
         """A watched folder is gone or is another folder now (one stat each), or one gone
         is back."""
+        if self._observer_died():
+            return True
         watched = list(self._scheduled.items())
         if any(made is not None and _identity(root) != made for root, (_, made) in watched):
             return True
@@ -486,7 +510,7 @@ class Watcher:
         self.tracker.touch(path, event=kind)
 
     def _touch_tree(self, folder: str, kind: str = "") -> None:
-        for parent, dirs, files in os.walk(folder, onerror=self._cannot_read):
+        for parent, dirs, files in trees.walk(folder, onerror=self._cannot_read):
             dirs[:] = [d for d in dirs if not d.startswith(".")]
             for name in files:
                 self._touch(os.path.join(parent, name), kind)
@@ -545,25 +569,73 @@ class Watcher:
                 log.warning("watched folder %s is gone; watching it again once it is back", root)
             if root in self._lost and here is None:
                 continue
+            if root in self._too_deep and self.intake.depth.get(root, DEEPEST) >= DEEPEST:
+                continue  # still too deep: a try would fail again, and leak its watches
             if root in self._retiring:
                 self._unschedule(self._retiring.pop(root))
             try:
                 if root not in self._lost:
                     root.mkdir(parents=True, exist_ok=True)
                 watch = self.observer.schedule(_Enqueue(self.events), str(root), recursive=True)
-            except OSError as exc:
-                # E.g. the inotify watch limit (fs.inotify.max_user_watches) or no permission.
-                log.error(
-                    "cannot watch %s (%s); its files are found by the rescan every "
-                    "[ingest].rescan_interval instead",
-                    root,
-                    exc.strerror or exc,
-                )
-                self._lost.discard(root)  # no use trying every LOST_POLL
+            except (OSError, RecursionError) as exc:
+                if isinstance(exc, RecursionError):
+                    self._too_deep.add(root)
+                # E.g. the inotify watch limit (fs.inotify.max_user_watches), no permission,
+                # or folders nested deeper than watchdog's recursive walk can follow.
+                self._cannot_watch(root, _why_not(exc))
+                self._lost.discard(root)  # no use trying every LOST_POLL; each rescan tries
                 continue
             self._scheduled[root] = (watch, _identity(root))
             self._lost.discard(root)
-            log.info("watching %s", root)
+            self._too_deep.discard(root)
+            if self._unwatchable.pop(root, None) is not None:
+                log.info("watching %s again", root)
+            else:
+                log.info("watching %s", root)
+
+    def _cannot_watch(self, root: Path, reason: str) -> None:
+        """Say once (log and status) that ``root`` is not watched, and why; each rescan
+        tries again, and still finds its files."""
+        if self._unwatchable.get(root) == reason:
+            return
+        self._unwatchable[root] = reason
+        log.error(
+            "cannot watch %s: %s; its files are found by the rescan every "
+            "[ingest].rescan_interval instead",
+            root,
+            reason,
+        )
+
+    def warnings(self) -> list[str]:
+        """The watched folders that cannot be watched now, each with why (for status)."""
+        return [
+            f"cannot watch {root}: {reason}; its files are found by the periodic rescan instead"
+            for root, reason in list(self._unwatchable.items())
+        ]
+
+    def _observer_died(self) -> bool:
+        """watchdog's inotify reader stopped on an error (a RecursionError when a folder
+        nested deeper than its recursive walk can follow appears): no watched folder gets
+        events any more. Then watch them all again with a new observer; a folder that still
+        cannot be watched is said once and left to the rescans."""
+        reader = getattr(self.observer, "_inotify_fd", None)  # watchdog >= 6, Linux
+        if reader is None or reader.is_alive() or self._stopping.is_set():
+            return False
+        error = getattr(reader, "_dispatch_error", None)
+        log.error(
+            "the drop-folder watcher stopped (%s); watching the folders again",
+            _why_not(error) if isinstance(error, BaseException) else "no reason given",
+        )
+        with self._rescan_lock:
+            old, self.observer = self.observer, self._new_observer()
+            self._scheduled.clear()
+            self._retiring.clear()
+            self.observer.start()
+        # Its emitters end as their watches are removed (not waited for); its reader is
+        # gone, so removing them may fail: nothing more to undo then.
+        with contextlib.suppress(Exception):
+            old.stop()
+        return True
 
     def _unschedule(self, watch: Any) -> None:
         with contextlib.suppress(KeyError):  # watchdog may have dropped it already

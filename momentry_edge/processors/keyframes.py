@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from .. import durable
+from .. import durable, trees
 from ..outputs import FILE_MODE, THUMBNAILS, make_dir
 
 KEEP = 64
@@ -41,7 +41,7 @@ class Keyframes:
         self.final = output_dir / THUMBNAILS
         self.work = work_folder(output_dir)
         if fresh:
-            shutil.rmtree(self.work, ignore_errors=True)  # thumbnails of another run's scenes
+            trees.remove(self.work)  # thumbnails of another run's scenes
         self.max_side = max_side
         self.start = 0
         self._samples: list[tuple[int, np.ndarray]] = []
@@ -91,7 +91,7 @@ class Keyframes:
         """Put each scene's thumbnail in ``cut.thumbnails/``; their paths relative to the
         results folder (None for a scene without one)."""
         staged = self.final.with_name(f".{THUMBNAILS}.new")
-        shutil.rmtree(staged, ignore_errors=True)
+        trees.remove(staged)
         make_dir(staged)
         paths: list[str | None] = []
         for start in scene_starts:
@@ -107,13 +107,13 @@ class Keyframes:
         # On disk before cut.json names them (it is committed after this).
         durable.flush_folder(staged)
         old = self.final.with_name(f".{THUMBNAILS}.old")
-        shutil.rmtree(old, ignore_errors=True)
+        trees.remove(old)
         if self.final.is_symlink() or self.final.exists():
             os.replace(self.final, old)  # a set linked from a duplicate, or an earlier run's
         os.replace(staged, self.final)
         durable.flush_folder(self.final.parent)
         if old.is_symlink():
             old.unlink()
-        shutil.rmtree(old, ignore_errors=True)
-        shutil.rmtree(self.work, ignore_errors=True)
+        trees.remove(old)
+        trees.remove(self.work)
         return paths

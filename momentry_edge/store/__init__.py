@@ -30,6 +30,9 @@ from .connection import (
     connect as connect,
 )
 from .connection import (
+    disk_full as disk_full,
+)
+from .connection import (
     file_replaced as file_replaced,
 )
 from .connection import (

@@ -265,6 +265,20 @@ def close_connection() -> None:
 OUTAGE_ERRORS = (pw.OperationalError, pw.InterfaceError)
 
 
+def disk_full(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or what caused it) says the database's disk is full: SQLite's
+    SQLITE_FULL, PostgreSQL's disk_full (53100) or ENOSPC."""
+    seen = 0
+    while exc is not None and seen < 10:  # the chain, bounded
+        if getattr(exc, "sqlstate", None) == "53100" or getattr(exc, "errno", None) == 28:
+            return True
+        text = str(exc).lower()
+        if "database or disk is full" in text or "no space left on device" in text:
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
 RETRY_DELAYS = (0.5, 1.0, 2.0)  # pauses between the tries of a state change
 
 

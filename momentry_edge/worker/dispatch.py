@@ -26,6 +26,11 @@ from .progress import StartWriter
 from .wakeups import WorkerThreads
 
 log = logging.getLogger(__name__)
+# How often a job held while the queue database's disk is full tries to go back in line.
+DATABASE_FULL_POLL = 1.0
+# jobs.requeue without store.retried's three quick tries, each logged: the poll above
+# tries again, and the gate says why once a minute.
+_requeue_once = getattr(jobs.requeue, "__wrapped__", jobs.requeue)
 
 # Local events after which a job may be claimable here: those that may free work for
 # other nodes too, and those that concern this node alone.
@@ -205,11 +210,14 @@ class Workers:
                 self.hands.claiming()
                 try:
                     job = self._claim()
-                except Exception:
+                except Exception as exc:
                     # The database away (locked, full, connection lost): look again shortly
                     # rather than let the error end this drain.
                     retry = self.config.queue.poll_interval
-                    log.exception("claiming the next job failed; trying again in %g s", retry)
+                    if store.disk_full(exc):  # said by the gate, which holds starts back
+                        self.note_database_full(exc)
+                    else:
+                        log.exception("claiming the next job failed; trying again in %g s", retry)
                     store.release_connection()
                     self.kick(delay=retry)
                     return False
@@ -276,12 +284,42 @@ class Workers:
             # Another worker may run it now: nothing of this run was written into the job.
             log.warning("job %s: lease lost, another worker has it", job.task_id)
         except BaseException as exc:  # a library's sys.exit or a stray KeyboardInterrupt too
-            self._give_back(job, exc)
+            if store.disk_full(exc):
+                self._wait_for_room(job, exc)
+            else:
+                self._give_back(job, exc)
         finally:
             self.hands.release(job.id)
             logs.current_task.reset(context)
             store.release_connection()
         return following[0] if following else None
+
+    def _wait_for_room(self, job: Job, exc: BaseException) -> None:
+        """Recording the run failed because the queue database's disk is full: no fault of
+        the job's, so no crash or retry is counted. Hold it (in hand, so the reaper leaves
+        it) and nothing else starts, until a write gets through: then it is back in line at
+        its old place, and runs again from its last checkpoint."""
+        self.note_database_full(exc)
+        while not self.stopping.is_set():
+            try:
+                _requeue_once(job, self.owner)
+            except Exception as again:
+                store.release_connection()
+                if not store.disk_full(again):
+                    self._give_back(job, again)
+                    return
+                self.note_database_full(again)
+                self.stopping.wait(DATABASE_FULL_POLL)
+                continue
+            self.gate.database_writable()
+            log.warning("job %s back in line: the queue database can be written again", job.task_id)
+            return
+        # Stopping: its lease runs out, and the next start takes it back.
+
+    def note_database_full(self, exc: BaseException) -> None:
+        """Hold starts back, and say why, while the queue database's disk is full."""
+        database = store.sqlite_file(self.config.service.database_url, self.config.data_dir)
+        self.gate.database_full(exc, database.parent if database is not None else None)
 
     def _give_back(self, job: Job, exc: BaseException) -> str:
         """After an error outside the processors (recording a run failed even after the

@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import platform
 import re
@@ -34,6 +36,10 @@ from ..config import QueueConfig
 from ..events import bus
 
 HYSTERESIS = 10.0  # percentage points under a threshold before adding a job back
+# A queue database's full disk is said in the log at most this often while it lasts.
+DATABASE_FULL_SAID_EVERY = 60.0
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,10 @@ class Gate:
         self._last_step = float("-inf")
         self._gpu_readable = True
         self._blocked: str | None = None  # why nothing may start, besides a pause
+        # Why nothing may start while the queue database cannot be written (its disk is
+        # full), set when a write finds it so and cleared once one gets through.
+        self._database_full: str | None = None
+        self._database_full_said = float("-inf")
         psutil.cpu_percent(None)  # primes the counter; the first real reading comes later
 
     def check_disk(self, *folders: Path) -> str | None:
@@ -115,10 +125,41 @@ class Gate:
             bus.publish("queue.unblocked")  # the jobs it held back may start now
         return reason
 
+    def database_full(self, error: BaseException, folder: Path | None = None) -> None:
+        """A write to the queue database failed because its disk is full: nothing starts
+        until one gets through again (``database_writable``). ``folder``: where the
+        database is, when it is a file here (SQLite)."""
+        detail = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        if folder is not None:
+            with contextlib.suppress(OSError):
+                free_mb = shutil.disk_usage(folder).free / 2**20
+                detail += f"; {free_mb:,.1f} MB free for {folder}"
+        reason = f"the queue database's disk is full ({detail}); free some space on it"
+        now = time.monotonic()
+        with self._lock:
+            was, self._database_full = self._database_full, reason
+            say = now - self._database_full_said >= DATABASE_FULL_SAID_EVERY
+            if say:
+                self._database_full_said = now
+        if say:
+            log.error("%s; no job starts meanwhile", reason)
+        if was is None:
+            bus.publish("queue.blocked", reason=reason)
+
+    def database_writable(self) -> None:
+        """A write to the queue database got through: starts may go on (if nothing else
+        holds them back)."""
+        with self._lock:
+            was, self._database_full = self._database_full, None
+            self._database_full_said = float("-inf")
+        if was is not None:
+            log.warning("the queue database can be written again; jobs start again")
+            bus.publish("queue.unblocked")
+
     @property
     def blocked_reason(self) -> str | None:
         with self._lock:
-            return self._blocked
+            return self._database_full or self._blocked
 
     def sample(self, max_concurrent: int) -> Load:
         """Read the machine's load and move the load limit one step if needed."""
@@ -176,7 +217,7 @@ class Gate:
         if paused:
             return 0
         with self._lock:
-            if self._blocked:
+            if self._blocked or self._database_full:
                 return 0
             if not dynamic:
                 return max_concurrent

@@ -108,7 +108,11 @@ class RunReporter:
                 store.after_outage()
                 pause = lease / 3
                 if not self.job_run.lease_ran_out():
-                    log.warning(
+                    full = store.disk_full(exc)
+                    if full:  # said by the gate, once a minute; nothing starts meanwhile
+                        self.job_run.host.note_database_full(exc)
+                    log.log(
+                        logging.DEBUG if full else logging.WARNING,
                         "job %s: progress not saved (%s); next try in %g s",
                         self.job.task_id,
                         exc,

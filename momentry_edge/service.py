@@ -306,8 +306,17 @@ class Service:
     def _beat(self) -> None:
         """The heartbeat (cluster.Heartbeat's thread): the leases of the jobs in hand, and
         this node's last_seen with the limit it runs by."""
-        self.workers.renew_leases()
-        cluster.heartbeat(self.node, self.owner, self.workers.effective_limit())
+        try:
+            self.workers.renew_leases()
+            cluster.heartbeat(self.node, self.owner, self.workers.effective_limit())
+        except Exception as exc:
+            if not store.disk_full(exc):
+                raise  # said by the heartbeat's thread
+            # The queue database's disk: said by the gate (once a minute), which holds
+            # starts back until a write gets through.
+            self.workers.note_database_full(exc)
+        else:
+            self.gate.database_writable()  # a write to the database got through
 
     def _housekeeping(self, task: str) -> None:
         try:
@@ -354,8 +363,6 @@ class Service:
             # out; the next tick tries again (the same failure said once a minute).
             self._failing.failed(f"housekeeping step {task!r}", exc)
         else:
-            if task == "heartbeat":  # a write to the database got through
-                self.gate.database_writable()
             self._failing.worked(f"housekeeping step {task!r}")
 
     def _stop_for(self, problem: str) -> None:

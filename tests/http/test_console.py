@@ -312,6 +312,54 @@ def test_a_phone_wide_page_has_no_sideways_scroll_and_named_buttons(start_servic
     view.check_clean()
 
 
+def _open_streams(svc: ServiceProcess) -> int:
+    """The event streams the service has open, by its own count (/metrics)."""
+    for line in svc.client.get("/metrics").text.splitlines():
+        if line.startswith("momentry_event_streams "):
+            return int(float(line.split()[1]))
+    raise AssertionError("no momentry_event_streams in /metrics")
+
+
+@SQLITE
+def test_the_tabs_of_one_browser_share_one_event_stream(start_service, browser):
+    # A stream per tab held one of the browser's 6 connections to the service for good:
+    # the 7th tab could not even load. The tabs now share one stream, read by one of them.
+    svc = start_service(
+        ingest={"processors": ["steps"]},
+        **{"processors.steps": {"steps": 10, "step_seconds": 0.5}},
+    )
+    context = browser.new_context()
+    errors: list[str] = []
+    tabs: list[Page] = []
+    try:
+        for _ in range(8):
+            tab = context.new_page()
+            tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            tab.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+            tab.goto(svc.url + "/", timeout=15_000)  # bounded: it queued for ever before
+            page_expect(tab.locator("#live")).to_have_text("live")
+            page_expect(tab.locator("#running")).to_contain_text("No job is running.")
+            tabs.append(tab)
+        wait_for(lambda: _open_streams(svc) == 1)
+
+        for name in ("first take.mp4", "second take.mp4"):
+            svc.add_video(name)  # each tab shows it come and end, without a reload
+            for tab in tabs:
+                running = tab.locator("#running li", has_text=name)
+                page_expect(running).to_contain_text("processing")
+            for tab in tabs:
+                page_expect(tab.locator("#files li", has_text=name)).to_contain_text("completed")
+                page_expect(tab.locator("#running")).to_contain_text("No job is running.")
+            # The first tab asked first, so it reads the stream: closed, another takes over.
+            tabs.pop(0).close()
+            wait_for(lambda: _open_streams(svc) == 1)
+            for tab in tabs:
+                page_expect(tab.locator("#live")).to_have_text("live")
+        assert not errors, errors
+    finally:
+        context.close()
+
+
 # -- the routes it added, over HTTP ---------------------------------------------------------
 
 

@@ -113,6 +113,14 @@ const SHARED = "momentry-events";
 const CAN_SHARE = !!(navigator.locks && window.BroadcastChannel);
 let stream = null;
 let backoff = 1000;
+// Still no stream after SLOW_AFTER: the lists are read every POLL instead (and the page
+// says so), until the stream is back. Events are not missed for long when a proxy holds
+// streams back or the service refuses one more (16 open).
+const SLOW_AFTER = 10000;
+const POLL = 5000;
+let down = null;  // the timer that starts polling, while the stream is down
+let polling = null;  // the poll's interval, while polling
+let why = "";
 let share = null;  // while signed in with CAN_SHARE: { channel, quit, leading }
 
 function joinStream() {
@@ -141,6 +149,7 @@ function joinStream() {
 
 function leaveStream() {
   stopStream();
+  endSlow();
   if (!share) return;
   share.quit.abort();
   share.channel.close();
@@ -168,6 +177,7 @@ async function openStream() {
     const reply = await fetch("/api/v1/events", { headers: headers(), signal: controller.signal });
     if (reply.status === 401) { signOut(); return; }
     if (!reply.ok) throw new Error(reply.status === 503 ? "too many open pages" : "" + reply.status);
+    endSlow();
     showLive("live");
     backoff = 1000;
     refresh("all");  // whatever changed while the stream was closed
@@ -191,10 +201,32 @@ async function openStream() {
     throw new Error("the service closed the stream");
   } catch (e) {
     if (controller.signal.aborted || stream !== controller) return;
-    showLive("not live (" + e.message + "); reconnecting…");
+    why = e.message;
+    if (!down && !polling) down = setTimeout(beginSlow, SLOW_AFTER);
+    showLive(polling ? slowText() : "not live (" + why + "); reconnecting…");
     setTimeout(() => { if (stream === controller) openStream(); }, backoff);
     backoff = Math.min(backoff * 2, 30000);
   }
+}
+
+const slowText = () => `slower updates, every ${POLL / 1000} s (not live: ${why}); reconnecting…`;
+
+function beginSlow() {
+  down = null;
+  polling = setInterval(() => {
+    const event = { type: "status.poll" };  // told to the other tabs as an event
+    if (share) share.channel.postMessage({ event });
+    onEvent(event);
+  }, POLL);
+  showLive(slowText());
+  onEvent({ type: "status.poll" });
+}
+
+function endSlow() {
+  clearTimeout(down);
+  clearInterval(polling);
+  down = null;
+  polling = null;
 }
 
 function onEvent(event) {

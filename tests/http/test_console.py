@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 import srt
 from conftest import ServiceProcess, wait_for
@@ -358,6 +359,39 @@ def test_the_tabs_of_one_browser_share_one_event_stream(start_service, browser):
         assert not errors, errors
     finally:
         context.close()
+
+
+@SQLITE
+def test_without_its_stream_the_page_reads_every_5_s_until_the_stream_is_back(
+    start_service, console
+):
+    svc = start_service(
+        ingest={"processors": ["steps"]},
+        **{"processors.steps": {"steps": 4, "step_seconds": 0.5}},
+    )
+    # Others hold the 16 streams the service allows: the page's is refused (503).
+    others = httpx.Client(base_url=svc.url, timeout=15, limits=httpx.Limits(max_connections=20))
+    held = [
+        others.send(others.build_request("GET", "/api/v1/events"), stream=True) for _ in range(16)
+    ]
+    try:
+        wait_for(lambda: _open_streams(svc) == 16)
+        view = console(svc)
+        page = view.open()
+        live = page.locator("#live")
+        page_expect(live).to_contain_text("too many open pages")
+        page_expect(live).to_contain_text("slower updates", timeout=20_000)
+        svc.add_video("polled.mp4")  # no event reaches the page: it is read within 5 s
+        files = page.locator("#files li", has_text="polled.mp4")
+        page_expect(files).to_contain_text("completed", timeout=15_000)
+    finally:
+        for response in held:
+            response.close()
+        others.close()
+    page_expect(live).to_have_text("live", timeout=60_000)  # the stream again, by itself
+    svc.add_video("live again.mp4")
+    page_expect(page.locator("#files li", has_text="live again.mp4")).to_contain_text("completed")
+    view.check_clean("503")
 
 
 # -- the routes it added, over HTTP ---------------------------------------------------------

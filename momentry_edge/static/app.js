@@ -7,7 +7,7 @@ const $ = (id) => document.getElementById(id);
 const state = {
   token: sessionStorage.getItem("momentry-token") || "",
   waitingOffset: 0, failedOffset: 0, filesOffset: 0, rejectedOffset: 0,
-  search: "", status: null, skew: 0, fileUuid: null, blobs: [], places: {},
+  search: "", status: null, skew: 0, fileUuid: null, blobs: [], places: {}, readFailed: false,
 };
 
 // -- the API -----------------------------------------------------------------------------
@@ -259,8 +259,9 @@ function refresh(what, now) {
     drawing = true;
     try {
       await draw(asked);
+      if (state.readFailed) say("");  // read again: what failed before (an outage) is over
     } catch (e) {
-      if (e.status !== 401) say(e.message);
+      if (e.status !== 401) sayReadFailed(e);
     }
     drawing = false;
     timer = null;
@@ -297,7 +298,17 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
-function say(text) { $("message").textContent = text; }
+function say(text) {
+  $("message").textContent = text;
+  state.readFailed = false;
+}
+
+// A read the page made by itself failed: said until a later read succeeds (an action's
+// failure stays until the next action instead).
+function sayReadFailed(e) {
+  say(e instanceof ApiError ? e.message : "cannot reach the service: " + e.message);
+  state.readFailed = true;
+}
 
 function clockTime(seconds) {
   seconds = Math.max(0, seconds);
@@ -536,7 +547,7 @@ function route() {
   state.fileUuid = match ? match[1] : null;
   $("home").hidden = !!match;
   $("file").hidden = !match;
-  if (match) drawFile(match[1]).catch((e) => { if (e.status !== 401) say(e.message); });
+  if (match) drawFile(match[1]).catch((e) => { if (e.status !== 401) sayReadFailed(e); });
   else refresh("all");
 }
 window.addEventListener("hashchange", () => { if (!$("app").hidden) route(); });

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -392,6 +393,27 @@ def test_without_its_stream_the_page_reads_every_5_s_until_the_stream_is_back(
     svc.add_video("live again.mp4")
     page_expect(page.locator("#files li", has_text="live again.mp4")).to_contain_text("completed")
     view.check_clean("503")
+
+
+@SQLITE
+def test_after_the_service_restarts_the_page_is_live_again_by_itself(start_service, console):
+    with socket.socket() as probe:  # one port for both runs, as a configured service has
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    svc = start_service(service={"port": port}, ingest={"processors": ["noop"]})
+    view = console(svc)
+    page = view.open()
+    live = page.locator("#live")
+    page_expect(live).to_have_text("live")
+    before = svc.url
+    svc.restart()  # SIGTERM, then a new process on the same port
+    assert svc.url == before
+    page_expect(live).to_have_text("live", timeout=60_000)
+    svc.add_video("after the restart.mp4")  # shown from the new stream, without a reload
+    files = page.locator("#files li", has_text="after the restart.mp4")
+    page_expect(files).to_contain_text("completed", timeout=10_000)
+    page_expect(page.locator("#message")).to_have_text("")  # no word left of the outage
+    view.check_clean("ERR_CONNECTION_REFUSED", "ERR_EMPTY_RESPONSE")
 
 
 # -- the routes it added, over HTTP ---------------------------------------------------------

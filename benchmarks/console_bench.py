@@ -5,8 +5,10 @@
 Starts a real ``momentry-edge run`` (SQLite, loopback) and drives Debian's headless
 Chromium through Playwright, as tests/http/test_console.py does. Prints: the page's bytes on
 first load; the service's CPU (% of one core) and peak RSS while one job runs for
-``--seconds`` with 0, 1 and 16 pages open; then, with ``--waiting`` jobs waiting in a
-paused queue, how long the page takes to show the first page of the line and the next.
+``--seconds`` with 0 and 1 page open, 16 pages each in a browser of its own (16
+streams) and 16 tabs of one browser (which share one stream); then, with ``--waiting``
+jobs waiting in a paused queue (0: skipped), how long the page takes to show the first
+page of the line and the next.
 See benchmarks/README.md.
 """
 
@@ -24,6 +26,8 @@ import httpx
 import psutil
 from common import ROOT, service_process
 from playwright.sync_api import expect, sync_playwright
+
+from momentry_edge.http.routes_service import SSE_KEEPALIVE
 
 sys.path.insert(0, str(ROOT / "tests"))
 from media_factory import make_video
@@ -72,18 +76,31 @@ def main() -> None:
 
         page_bytes(browser, url)
         print(f"\nservice while one job runs {args.seconds:.0f} s ({steps} progress reports):")
-        for count in (0, 1, 16) if args.seconds else ():
-            name = f"run {count}.mp4"
-            (root / "drop" / name).write_bytes(clip + count.to_bytes(8, "big"))
-            pages = [browser.new_page() for _ in range(count)]
+        runs = ((0, False), (1, False), (16, False), (16, True)) if args.seconds else ()
+        for i, (count, tabs) in enumerate(runs):
+            name = f"run {i}.mp4"
+            (root / "drop" / name).write_bytes(clip + i.to_bytes(8, "big"))
+            # browser.new_page(): a browser (context) of its own, with its own stream;
+            # tabs of one context share one stream (one tab reads it, the others are told).
+            context = browser.new_context() if tabs else None
+            pages = [(context or browser).new_page() for _ in range(count)]
             for page in pages:
                 page.goto(url + "/")
                 page.wait_for_selector("#live:text('live')")
             cpu, rss = job_cost(client, service, name)
-            print(f"  {count:2d} page(s) open: CPU {cpu:5.1f} % of a core, peak RSS {rss:6.1f} MiB")
+            streams = open_streams(client)  # by now those of closed pages are gone
+            what = "tabs of one browser" if tabs else "page(s), a browser each"
+            print(
+                f"  {count:2d} {what}: {streams} stream(s); CPU {cpu:5.1f} % of a core,"
+                f" peak RSS {rss:6.1f} MiB"
+            )
             for page in pages:
                 page.close()
-        long_line(browser, client, url, root, clip, args.waiting)
+            if context:
+                context.close()
+            time.sleep(SSE_KEEPALIVE + 1)  # the service sees the closed pages' streams end
+        if args.waiting:
+            long_line(browser, client, url, root, clip, args.waiting)
         browser.close()
 
 
@@ -124,6 +141,13 @@ def job_cost(client: httpx.Client, service: psutil.Process, name: str) -> tuple[
         time.sleep(1)
     cpu = sum(service.cpu_times()[:2]) - cpu_before
     return 100 * cpu / (time.monotonic() - started), peak
+
+
+def open_streams(client: httpx.Client) -> int:
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("momentry_event_streams "):
+            return int(float(line.split()[1]))
+    return -1
 
 
 def wait_file(client: httpx.Client, name: str) -> str:

@@ -15,6 +15,7 @@ from prometheus_client.core import (
 )
 
 from .. import store
+from ..events import bus
 from ..store import FileState, Job, JobStatus, MediaFile, RunStatus
 
 DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200)
@@ -52,6 +53,12 @@ class _Collector:
         for state in FileState:
             files.add_metric([state], file_counts.get(state, 0))
         yield files
+        # Each open stream holds a server thread (and a browser connection): worth watching.
+        yield GaugeMetricFamily(
+            "momentry_event_streams",
+            "Event streams (GET /api/v1/events) open now.",
+            value=bus.subscriber_count,
+        )
         yield self._durations()
 
     def _durations(self) -> HistogramMetricFamily:

@@ -7,7 +7,7 @@ const $ = (id) => document.getElementById(id);
 const state = {
   token: sessionStorage.getItem("momentry-token") || "",
   waitingOffset: 0, failedOffset: 0, filesOffset: 0, rejectedOffset: 0,
-  search: "", status: null, skew: 0, fileUuid: null, blobs: [], places: {},
+  search: "", status: null, skew: 0, fileUuid: null, blobs: [], places: {}, readFailed: false,
 };
 
 // -- the API -----------------------------------------------------------------------------
@@ -55,7 +55,7 @@ async function act(method, path, body) {
 function signOut() {
   state.token = "";
   sessionStorage.removeItem("momentry-token");
-  stopStream();
+  leaveStream();
   $("app").hidden = true;  // nothing of the queue or the files stays on screen
   for (const id of ["running", "waiting", "failed", "files", "rejected", "scenes", "transcript"]) {
     $(id).replaceChildren();
@@ -79,7 +79,7 @@ async function start() {
   $("login").hidden = true;
   $("app").hidden = false;
   route();
-  openStream();
+  joinStream();
 }
 
 $("login").addEventListener("submit", async (event) => {
@@ -100,9 +100,69 @@ $("login").addEventListener("submit", async (event) => {
 // -- the event stream ----------------------------------------------------------------------
 // Read with fetch(), not EventSource: EventSource cannot send the Authorization header,
 // and the token must not go in the URL (it would sit in logs and the browser's history).
+//
+// One stream for all the tabs of a browser, not one per tab: each stream holds one of the
+// 6 connections a browser opens to a site, for good, so a 7th tab could not even load, and
+// the service held a thread per tab. The tab holding the Web Lock SHARED reads the stream
+// and passes on each event, and what it says of the stream, to the other tabs over a
+// BroadcastChannel; when it closes (or signs out) the lock, and the stream, pass to another.
+// Without either (a page over plain http from another machine is no "secure context", and
+// has no Web Locks), each tab reads a stream of its own, as before.
 
+const SHARED = "momentry-events";
+const CAN_SHARE = !!(navigator.locks && window.BroadcastChannel);
 let stream = null;
 let backoff = 1000;
+// Still no stream after SLOW_AFTER: the lists are read every POLL instead (and the page
+// says so), until the stream is back. Events are not missed for long when a proxy holds
+// streams back or the service refuses one more (16 open).
+const SLOW_AFTER = 10000;
+const POLL = 5000;
+let down = null;  // the timer that starts polling, while the stream is down
+let polling = null;  // the poll's interval, while polling
+let why = "";
+let share = null;  // while signed in with CAN_SHARE: { channel, quit, leading }
+
+function joinStream() {
+  leaveStream();
+  if (!CAN_SHARE) { openStream(); return; }
+  const me = { channel: new BroadcastChannel(SHARED), quit: new AbortController(), leading: false };
+  share = me;
+  me.channel.onmessage = ({ data }) => {
+    if (me.leading) {
+      if (data.hello) me.channel.postMessage({ live: $("live").textContent });
+      return;
+    }
+    if (data.event) onEvent(data.event);
+    if (data.live !== undefined) showLive(data.live);
+  };
+  // Granted at once to the first tab, else when the tab holding it closes or signs out;
+  // held until this tab signs out (quit) or closes (the browser releases it then).
+  navigator.locks.request(SHARED, { signal: me.quit.signal }, () => {
+    if (share !== me) return null;
+    me.leading = true;
+    openStream();
+    return new Promise((resolve) => me.quit.signal.addEventListener("abort", resolve));
+  }).catch(() => { /* signed out while waiting for the lock (AbortError) */ });
+  me.channel.postMessage({ hello: true });  // the tab reading the stream says how it is
+}
+
+function leaveStream() {
+  stopStream();
+  endSlow();
+  if (!share) return;
+  share.quit.abort();
+  share.channel.close();
+  share = null;
+}
+
+// What the page says of the stream; the tab reading it tells the others.
+function showLive(text) {
+  const was = $("live").textContent;
+  $("live").textContent = text;
+  if (share && share.leading) share.channel.postMessage({ live: text });
+  else if (share && text === "live" && was !== "live") refresh("all");  // what changed meanwhile
+}
 
 function stopStream() {
   if (stream) stream.abort();
@@ -117,7 +177,8 @@ async function openStream() {
     const reply = await fetch("/api/v1/events", { headers: headers(), signal: controller.signal });
     if (reply.status === 401) { signOut(); return; }
     if (!reply.ok) throw new Error(reply.status === 503 ? "too many open pages" : "" + reply.status);
-    $("live").textContent = "live";
+    endSlow();
+    showLive("live");
     backoff = 1000;
     refresh("all");  // whatever changed while the stream was closed
     const reader = reply.body.pipeThrough(new TextDecoderStream()).getReader();
@@ -131,16 +192,41 @@ async function openStream() {
         const block = buffer.slice(0, end);
         buffer = buffer.slice(end + 2);
         const data = block.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5));
-        if (data.length) onEvent(JSON.parse(data.join("\n")));
+        if (!data.length) continue;
+        const event = JSON.parse(data.join("\n"));
+        if (share) share.channel.postMessage({ event });
+        onEvent(event);
       }
     }
     throw new Error("the service closed the stream");
   } catch (e) {
     if (controller.signal.aborted || stream !== controller) return;
-    $("live").textContent = "not live (" + e.message + "); reconnecting…";
+    why = e.message;
+    if (!down && !polling) down = setTimeout(beginSlow, SLOW_AFTER);
+    showLive(polling ? slowText() : "not live (" + why + "); reconnecting…");
     setTimeout(() => { if (stream === controller) openStream(); }, backoff);
     backoff = Math.min(backoff * 2, 30000);
   }
+}
+
+const slowText = () => `slower updates, every ${POLL / 1000} s (not live: ${why}); reconnecting…`;
+
+function beginSlow() {
+  down = null;
+  polling = setInterval(() => {
+    const event = { type: "status.poll" };  // told to the other tabs as an event
+    if (share) share.channel.postMessage({ event });
+    onEvent(event);
+  }, POLL);
+  showLive(slowText());
+  onEvent({ type: "status.poll" });
+}
+
+function endSlow() {
+  clearTimeout(down);
+  clearInterval(polling);
+  down = null;
+  polling = null;
 }
 
 function onEvent(event) {
@@ -173,8 +259,9 @@ function refresh(what, now) {
     drawing = true;
     try {
       await draw(asked);
+      if (state.readFailed) say("");  // read again: what failed before (an outage) is over
     } catch (e) {
-      if (e.status !== 401) say(e.message);
+      if (e.status !== 401) sayReadFailed(e);
     }
     drawing = false;
     timer = null;
@@ -211,7 +298,17 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
-function say(text) { $("message").textContent = text; }
+function say(text) {
+  $("message").textContent = text;
+  state.readFailed = false;
+}
+
+// A read the page made by itself failed: said until a later read succeeds (an action's
+// failure stays until the next action instead).
+function sayReadFailed(e) {
+  say(e instanceof ApiError ? e.message : "cannot reach the service: " + e.message);
+  state.readFailed = true;
+}
 
 function clockTime(seconds) {
   seconds = Math.max(0, seconds);
@@ -450,7 +547,7 @@ function route() {
   state.fileUuid = match ? match[1] : null;
   $("home").hidden = !!match;
   $("file").hidden = !match;
-  if (match) drawFile(match[1]).catch((e) => { if (e.status !== 401) say(e.message); });
+  if (match) drawFile(match[1]).catch((e) => { if (e.status !== 401) sayReadFailed(e); });
   else refresh("all");
 }
 window.addEventListener("hashchange", () => { if (!$("app").hidden) route(); });

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 import srt
 from conftest import ServiceProcess, wait_for
@@ -310,6 +312,108 @@ def test_a_phone_wide_page_has_no_sideways_scroll_and_named_buttons(start_servic
         page.keyboard.press("Tab")
     assert {"Pause", "Set concurrency", "Retry", "Dismiss", "Search"} <= reached
     view.check_clean()
+
+
+def _open_streams(svc: ServiceProcess) -> int:
+    """The event streams the service has open, by its own count (/metrics)."""
+    for line in svc.client.get("/metrics").text.splitlines():
+        if line.startswith("momentry_event_streams "):
+            return int(float(line.split()[1]))
+    raise AssertionError("no momentry_event_streams in /metrics")
+
+
+@SQLITE
+def test_the_tabs_of_one_browser_share_one_event_stream(start_service, browser):
+    # A stream per tab held one of the browser's 6 connections to the service for good:
+    # the 7th tab could not even load. The tabs now share one stream, read by one of them.
+    svc = start_service(
+        ingest={"processors": ["steps"]},
+        **{"processors.steps": {"steps": 10, "step_seconds": 0.5}},
+    )
+    context = browser.new_context()
+    errors: list[str] = []
+    tabs: list[Page] = []
+    try:
+        for _ in range(8):
+            tab = context.new_page()
+            tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            tab.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+            tab.goto(svc.url + "/", timeout=15_000)  # bounded: it queued for ever before
+            page_expect(tab.locator("#live")).to_have_text("live")
+            page_expect(tab.locator("#running")).to_contain_text("No job is running.")
+            tabs.append(tab)
+        wait_for(lambda: _open_streams(svc) == 1)
+
+        for name in ("first take.mp4", "second take.mp4"):
+            svc.add_video(name)  # each tab shows it come and end, without a reload
+            for tab in tabs:
+                running = tab.locator("#running li", has_text=name)
+                page_expect(running).to_contain_text("processing")
+            for tab in tabs:
+                page_expect(tab.locator("#files li", has_text=name)).to_contain_text("completed")
+                page_expect(tab.locator("#running")).to_contain_text("No job is running.")
+            # The first tab asked first, so it reads the stream: closed, another takes over.
+            tabs.pop(0).close()
+            wait_for(lambda: _open_streams(svc) == 1)
+            for tab in tabs:
+                page_expect(tab.locator("#live")).to_have_text("live")
+        assert not errors, errors
+    finally:
+        context.close()
+
+
+@SQLITE
+def test_without_its_stream_the_page_reads_every_5_s_until_the_stream_is_back(
+    start_service, console
+):
+    svc = start_service(
+        ingest={"processors": ["steps"]},
+        **{"processors.steps": {"steps": 4, "step_seconds": 0.5}},
+    )
+    # Others hold the 16 streams the service allows: the page's is refused (503).
+    others = httpx.Client(base_url=svc.url, timeout=15, limits=httpx.Limits(max_connections=20))
+    held = [
+        others.send(others.build_request("GET", "/api/v1/events"), stream=True) for _ in range(16)
+    ]
+    try:
+        wait_for(lambda: _open_streams(svc) == 16)
+        view = console(svc)
+        page = view.open()
+        live = page.locator("#live")
+        page_expect(live).to_contain_text("too many open pages")
+        page_expect(live).to_contain_text("slower updates", timeout=20_000)
+        svc.add_video("polled.mp4")  # no event reaches the page: it is read within 5 s
+        files = page.locator("#files li", has_text="polled.mp4")
+        page_expect(files).to_contain_text("completed", timeout=15_000)
+    finally:
+        for response in held:
+            response.close()
+        others.close()
+    page_expect(live).to_have_text("live", timeout=60_000)  # the stream again, by itself
+    svc.add_video("live again.mp4")
+    page_expect(page.locator("#files li", has_text="live again.mp4")).to_contain_text("completed")
+    view.check_clean("503")
+
+
+@SQLITE
+def test_after_the_service_restarts_the_page_is_live_again_by_itself(start_service, console):
+    with socket.socket() as probe:  # one port for both runs, as a configured service has
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    svc = start_service(service={"port": port}, ingest={"processors": ["noop"]})
+    view = console(svc)
+    page = view.open()
+    live = page.locator("#live")
+    page_expect(live).to_have_text("live")
+    before = svc.url
+    svc.restart()  # SIGTERM, then a new process on the same port
+    assert svc.url == before
+    page_expect(live).to_have_text("live", timeout=60_000)
+    svc.add_video("after the restart.mp4")  # shown from the new stream, without a reload
+    files = page.locator("#files li", has_text="after the restart.mp4")
+    page_expect(files).to_contain_text("completed", timeout=10_000)
+    page_expect(page.locator("#message")).to_have_text("")  # no word left of the outage
+    view.check_clean("ERR_CONNECTION_REFUSED", "ERR_EMPTY_RESPONSE")
 
 
 # -- the routes it added, over HTTP ---------------------------------------------------------

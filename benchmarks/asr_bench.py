@@ -12,7 +12,7 @@ time mapping, SRT/VTT), faster-whisper through
 time / audio duration (lower is faster); the overhead ratio is processor RTF /
 direct RTF. Each side's best of ``--repeat`` runs (taken in turn) is reported, after a warm-up.
 
-It also times a job's asr and asrx: one shared transcription (asr.run_shared, as
+It also times a job's asr and asrx: one shared transcription (transcription.run_shared, as
 the worker runs them when both are asked) against asr then asrx run one after
 the other, and counts the calls into the model for each.
 
@@ -40,7 +40,7 @@ from media_factory import make_video  # noqa: E402
 from test_asr import SENTENCES, speech_track, word_error_rate  # noqa: E402
 
 from momentry_edge import audio, weights  # noqa: E402
-from momentry_edge.processors import asr  # noqa: E402
+from momentry_edge.processors import transcription  # noqa: E402
 from momentry_edge.processors.asr import AsrProcessor, AsrxProcessor  # noqa: E402
 from momentry_edge.processors.base import RunContext  # noqa: E402
 
@@ -144,7 +144,9 @@ def main() -> None:
 
         def shared() -> str:
             before = model_calls[0]
-            outcomes = asr.run_shared(clip, [(processor, context()), (with_words, context())])
+            outcomes = transcription.run_shared(
+                clip, [(processor, context()), (with_words, context())]
+            )
             calls["shared"] = model_calls[0] - before
             for outcome in outcomes:
                 if isinstance(outcome, BaseException):
@@ -217,7 +219,7 @@ def main() -> None:
 
 def count_calls(processor: AsrProcessor, counter: list[int]) -> None:
     """Count the calls into the processor's faster-whisper model."""
-    model = processor._engine.model  # type: ignore[union-attr]
+    model = processor.engine.model  # type: ignore[union-attr]
     transcribe = model.transcribe
 
     def counted(*args: object, **kwargs: object) -> object:

@@ -64,11 +64,11 @@ from PIL import Image, ImageDraw, ImageFont
 from test_asr import SENTENCES, speech_track
 
 from momentry_edge import weights
-from momentry_edge.processors.asr import Options as AsrOptions
 from momentry_edge.processors.face import FaceProcessor
 from momentry_edge.processors.frames import fit_size
 from momentry_edge.processors.ocr import OcrProcessor
 from momentry_edge.processors.pose import PoseProcessor
+from momentry_edge.processors.whisper import Options as AsrOptions
 from momentry_edge.processors.yolo import DEFAULT_MODEL as YOLO_MODEL
 from momentry_edge.processors.yolo import YoloProcessor
 

@@ -29,7 +29,7 @@ from common import ROOT, service_process
 from rich.console import Console
 
 from momentry_edge import jobs, store
-from momentry_edge.cli import tui
+from momentry_edge.cli import screen, tui
 from momentry_edge.cli.client import ApiClient
 from momentry_edge.ingest import intake, recording
 
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                 "with the interpreter's start)"
             )
             api = ApiClient(url, timeout=600)
-            snapshot = tui.Snapshot(url)
+            snapshot = screen.Snapshot(url)
             times = []
             for _ in range(args.repeat):
                 console = Console(file=io.StringIO(), width=80, height=24, force_terminal=True)
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                 def redraw(console: Console = console) -> None:
                     nonlocal snapshot
                     snapshot = tui.fetch(api, snapshot)
-                    console.print(tui.render(snapshot, None, "", 24, time.time(), 80))
+                    console.print(screen.render(snapshot, None, "", 24, time.time(), 80))
 
                 took, _ = timed(redraw)
                 times.append(took)

@@ -30,10 +30,11 @@ from media_factory import make_text_file, make_video
 from reports import Reports
 
 from momentry_edge import audio
-from momentry_edge.processors import asr
-from momentry_edge.processors.asr import AsrProcessor, AsrxProcessor, Chunk, plan_chunks
+from momentry_edge.processors import asr, transcription, whisper
+from momentry_edge.processors.asr import AsrProcessor, AsrxProcessor
 from momentry_edge.processors.backends import Platform
 from momentry_edge.processors.base import PermanentError, ProcessorError, RunContext, Stop
+from momentry_edge.processors.transcription import Chunk, plan_chunks
 
 MODEL = "whisper-tiny.en"
 SENTENCE = (
@@ -315,7 +316,7 @@ def test_long_clip_is_one_model_call_checkpointed_between_windows(
     expected, reports = long_run
     assert word_error_rate(" ".join(SENTENCES), expected["text"]) <= 0.2, expected["text"]
     assert run(processor(models_dir, chunk_seconds=10), long_clip, tmp_path, Reports()) == expected
-    spans = asr.speech_spans(audio.decode(long_clip), asr.Options(chunk_seconds=10))
+    spans = transcription.speech_spans(audio.decode(long_clip), whisper.Options(chunk_seconds=10))
 
     # All the speech in one call, its chunks as clips, not one call per chunk...
     assert len(model_calls) == 1
@@ -352,7 +353,7 @@ def test_by_default_no_more_whisper_windows_than_faster_whisper_on_its_own(
     ours = run(p, longer_clip, tmp_path, Reports())
     ours_windows = len(windows)
 
-    segments, _ = p._engine.model.transcribe(str(longer_clip))  # the library's default call
+    segments, _ = p.engine.model.transcribe(str(longer_clip))  # the library's default call
     direct = " ".join(s.text.strip() for s in segments)
 
     assert ours_windows <= len(windows) - ours_windows
@@ -406,7 +407,7 @@ def shared_run(models_dir, path, out, asr_reports, asrx_reports, checkpoints=(No
             (AsrProcessor, AsrxProcessor), (asr_reports, asrx_reports), checkpoints, strict=True
         )
     ]
-    return asr.run_shared(path, members)
+    return transcription.run_shared(path, members)
 
 
 def test_asr_and_asrx_share_one_model_run_and_stay_two_results(
@@ -516,9 +517,9 @@ def test_segments_and_words_read_forwards_even_when_a_decoder_says_otherwise():
     # An untrained or confused decoder can put a segment's end timestamp before its start.
     rate = audio.SAMPLE_RATE
     chunk = Chunk(((2 * rate, 12 * rate),))
-    piece = asr.Piece(5.0, 3.0, " noise", [asr._word(4.0, 3.5, " noise", 0.1)])
+    piece = whisper.Piece(5.0, 3.0, " noise", [whisper._word(4.0, 3.5, " noise", 0.1)])
 
-    segment = asr._segment(piece, chunk)
+    segment = transcription._segment(piece, chunk)
 
     assert (segment["start"], segment["end"]) == (7.0, 7.0)
     assert [(w["start"], w["end"]) for w in segment["words"]] == [(6.0, 6.0)]
@@ -639,7 +640,7 @@ def test_no_usable_backend_says_why(platform, installed, configured, reason):
 
 
 def test_the_mlx_backend_is_the_thin_engine():
-    assert asr.ENGINES["mlx"] is asr.MlxEngine
+    assert whisper.ENGINES["mlx"] is whisper.MlxEngine
     # Imported lazily, only where it runs (tests/test_mlx.py runs it on MLX's CPU build).
     code = "import sys, momentry_edge.processors.asr; print('mlx_whisper' in sys.modules)"
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

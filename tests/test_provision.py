@@ -30,7 +30,7 @@ from media_factory import make_video
 from rich.console import Console
 
 from momentry_edge import weights
-from momentry_edge.cli.tui import Snapshot, render
+from momentry_edge.cli.screen import Snapshot, render
 
 SENTENCE = "Welcome to the weekly meeting. Today we talk about the budget for next year."
 WHISPER = "whisper-tiny.en"

@@ -1,3 +1,3 @@
 """The terminal side: the `momentry-edge` commands, the HTTP client, the TUI, service files."""
 
-from .commands import main as main  # the console script's entry point (momentry_edge.cli:main)
+from .main import main as main  # the console script's entry point (momentry_edge.cli:main)

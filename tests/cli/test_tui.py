@@ -23,7 +23,8 @@ from broken_server import BrokenServer
 from conftest import wait_for
 from rich.console import Console
 
-from momentry_edge.cli.tui import Cursor, Snapshot, parse_keys, render, selectable
+from momentry_edge.cli.screen import Snapshot, render
+from momentry_edge.cli.tui import Cursor, parse_keys, selectable
 
 TMUX = shutil.which("tmux")
 needs_tmux = pytest.mark.skipif(TMUX is None, reason="tmux not installed (scripts/test adds it)")

@@ -27,7 +27,7 @@ from reports import Reports
 from test_asr import MODEL, SENTENCE, run, speak, speech_interval, word_error_rate, words
 
 from momentry_edge import audio
-from momentry_edge.processors import asr
+from momentry_edge.processors import transcription, whisper
 from momentry_edge.processors.asr import AsrProcessor
 from momentry_edge.processors.backends import importable, this_platform
 
@@ -168,8 +168,8 @@ def test_mlx_checkpoints_every_chunk_offline(random_models, talk, tmp_path, monk
     result = run(p, talk, tmp_path, reports)
 
     assert_result_shape(result, 12.0, with_words=False)
-    options = asr.Options(chunk_seconds=2)
-    chunks = asr.plan_chunks(asr.speech_spans(audio.decode(talk), options), 2)
+    options = whisper.Options(chunk_seconds=2)
+    chunks = transcription.plan_chunks(transcription.speech_spans(audio.decode(talk), options), 2)
     assert len(chunks) >= 3  # the sentence is longer than 2 s
     assert [c["timestamp"] for c in reports.checkpoints] == [round(c.end, 3) for c in chunks]
     assert all(c["settings"]["backend"] == "mlx" for c in reports.checkpoints)

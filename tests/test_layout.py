@@ -69,3 +69,26 @@ def test_every_package_is_on_the_map() -> None:
     assert packages <= set(LAYERS), (
         f"add to LAYERS and docs/architecture.md: {packages - set(LAYERS)}"
     )
+
+
+LONG_MODULE = 600  # lines
+LONG_CLASS = 300
+
+
+def test_a_long_module_or_class_says_at_its_top_why_it_is_one_piece() -> None:
+    unexplained = []
+    for path in PACKAGE.rglob("*.py"):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        name = path.relative_to(PACKAGE)
+        if len(lines) > LONG_MODULE and not any("One piece" in line for line in lines[:15]):
+            unexplained.append(f"{name} ({len(lines)} lines)")
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(node, ast.ClassDef) or node.end_lineno is None:
+                continue
+            size = node.end_lineno - node.lineno + 1
+            top = lines[node.lineno - 1 : node.lineno + 10]
+            if size > LONG_CLASS and not any("One piece" in line for line in top):
+                unexplained.append(f"{name}:{node.name} ({size} lines)")
+    assert not unexplained, "split these, or say at the top why each is one piece: " + (
+        "; ".join(sorted(unexplained))
+    )

@@ -1,5 +1,8 @@
 """The drop-folder watcher: watchdog events feed a settle tracker; settled paths are registered."""
 
+# One piece (~660 lines): the Watcher class (see its reason) and the watchdog handler
+# and observer checks only it uses.
+
 # The watchdog handler only puts ``(event type, path, destination, is_directory)`` on
 # a queue. One "ingest" thread drains it into the ``SettleTracker``, hands the paths
 # that have settled to a small pool of "register" threads, and runs the periodic
@@ -262,7 +265,7 @@ class _Enqueue(FileSystemEventHandler):
 class Watcher:
     """Observes the watched folders and drives the tracker, registration and rescans."""
 
-    # One piece (~340 lines): the observer, the settle timers and the rescans it
+    # One piece (~400 lines): the observer, the settle timers and the rescans it
     # schedules share one lock and one view of the folders.
 
     def __init__(

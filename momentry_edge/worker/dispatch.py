@@ -40,6 +40,9 @@ WAKE_EVENTS = cluster.WAKE_EVENTS | {"job.extended", "job.held", "job.retry_due"
 class Workers:
     """The process's worker threads and the jobs they hold."""
 
+    # One piece (~340 lines): claiming a job, renewing its lease and giving it back all
+    # read and change the same jobs in hand (JobsInHand) and thread budget.
+
     def __init__(
         self,
         config: Config,

@@ -197,6 +197,17 @@ def test_a_full_disk_holds_jobs_back_and_loses_none(small_disk, start_service):
     assert_nothing_lost_or_doubled(svc, tasks)
 
 
+def _run_jobs_until_the_log_is_full(svc) -> Path:
+    """Jobs, each logging a few lines, until the log's last page fills up; the service's
+    stderr, where it says so."""
+    stderr = svc.root / "service.log"
+    for n in range(200):
+        svc.wait_status(svc.submit(f"{n}.mp4", ["noop"])["task_id"], "completed")
+        if "cannot write to" in stderr.read_text():
+            break
+    return stderr
+
+
 @on_sqlite
 def test_a_full_log_disk_is_said_once_and_the_log_goes_on_once_there_is_room(
     tmp_path, start_service
@@ -204,11 +215,7 @@ def test_a_full_log_disk_is_said_once_and_the_log_goes_on_once_there_is_room(
     with small_filesystem(tmp_path / "node" / "data" / "logs", size="1m") as logs:
         svc = start_service(service={"plugins": PLUGINS})
         filler = fill(logs)
-        stderr = svc.root / "service.log"
-        for n in range(200):  # each job logs a few lines: the file's last page fills up
-            svc.wait_status(svc.submit(f"{n}.mp4", ["noop"])["task_id"], "completed")
-            if "cannot write to" in stderr.read_text():
-                break
+        stderr = _run_jobs_until_the_log_is_full(svc)
         for n in range(5):  # lines lost while the disk stays full
             svc.wait_status(svc.submit(f"more{n}.mp4", ["noop"])["task_id"], "completed")
         filler.unlink()
@@ -230,11 +237,7 @@ def test_a_full_log_disk_does_not_flap_between_failing_and_writing(tmp_path, sta
     with small_filesystem(tmp_path / "node" / "data" / "logs", size="1m") as logs:
         svc = start_service(service={"plugins": PLUGINS})
         filler = fill(logs)
-        stderr = svc.root / "service.log"
-        for n in range(200):  # each job logs a few lines: the file's last page fills up
-            svc.wait_status(svc.submit(f"{n}.mp4", ["noop"])["task_id"], "completed")
-            if "cannot write to" in stderr.read_text():
-                break
+        stderr = _run_jobs_until_the_log_is_full(svc)
         # A little room comes free (less than the log keeps in reserve), and is used up
         # by the lines of these jobs: the log waits for more rather than write a few
         # lines and fail again.

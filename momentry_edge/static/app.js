@@ -103,14 +103,17 @@ $("login").addEventListener("submit", async (event) => {
 //
 // One stream for all the tabs of a browser, not one per tab: each stream holds one of the
 // 6 connections a browser opens to a site, for good, so a 7th tab could not even load, and
-// the service held a thread per tab. The tab holding the Web Lock SHARED reads the stream
-// and passes on each event, and what it says of the stream, to the other tabs over a
-// BroadcastChannel; when it closes (or signs out) the lock, and the stream, pass to another.
-// Without either (a page over plain http from another machine is no "secure context", and
-// has no Web Locks), each tab reads a stream of its own, as before.
+// the service held a thread per tab. One tab, the leader, reads the stream and passes on
+// each event, and what it says of the stream, to the other tabs over a BroadcastChannel.
+// The leader is the tab holding the Web Lock SHARED; when it closes (or signs out) the
+// lock, and the stream, pass to another. A page over plain http from another machine is
+// no "secure context" and has no Web Locks: there the tabs elect the leader over the
+// channel (elect()). Without a BroadcastChannel each tab reads a stream of its own.
 
 const SHARED = "momentry-events";
-const CAN_SHARE = !!(navigator.locks && window.BroadcastChannel);
+const CAN_SHARE = !!window.BroadcastChannel;
+const LOCKS = !!navigator.locks;
+const SILENCE = 3000;  // a question to the leader unanswered this long: no leader, claim
 let stream = null;
 let backoff = 1000;
 // Still no stream after SLOW_AFTER: the lists are read every POLL instead (and the page
@@ -121,30 +124,35 @@ const POLL = 5000;
 let down = null;  // the timer that starts polling, while the stream is down
 let polling = null;  // the poll's interval, while polling
 let why = "";
-let share = null;  // while signed in with CAN_SHARE: { channel, quit, leading }
+let share = null;  // while signed in with CAN_SHARE: the tab's place among the tabs
+// Messages on the channel: { ask: id } who leads? (each tab's first word, then every
+// second without Web Locks); { lead: id, live } I read the stream (a claim, or an answer);
+// { event }, { live } from the leader; { bye: id, next: id } a tab closes (a leader names
+// the tab to read the stream after it).
 
 function joinStream() {
   leaveStream();
   if (!CAN_SHARE) { openStream(); return; }
-  const me = { channel: new BroadcastChannel(SHARED), quit: new AbortController(), leading: false };
-  share = me;
-  me.channel.onmessage = ({ data }) => {
-    if (me.leading) {
-      if (data.hello) me.channel.postMessage({ live: $("live").textContent });
-      return;
-    }
-    if (data.event) onEvent(data.event);
-    if (data.live !== undefined) showLive(data.live);
+  const me = {
+    channel: new BroadcastChannel(SHARED), quit: new AbortController(), leading: false,
+    id: Math.random(),  // the lower id keeps the stream when two tabs claim it at once
+    asked: Date.now() - SILENCE + 1000,  // the first question waits 1 s: a leader answers at once
+    heard: 0, others: new Map(), tick: null,
   };
-  // Granted at once to the first tab, else when the tab holding it closes or signs out;
-  // held until this tab signs out (quit) or closes (the browser releases it then).
-  navigator.locks.request(SHARED, { signal: me.quit.signal }, () => {
-    if (share !== me) return null;
-    me.leading = true;
-    openStream();
-    return new Promise((resolve) => me.quit.signal.addEventListener("abort", resolve));
-  }).catch(() => { /* signed out while waiting for the lock (AbortError) */ });
-  me.channel.postMessage({ hello: true });  // the tab reading the stream says how it is
+  share = me;
+  me.channel.onmessage = ({ data }) => hear(me, data);
+  if (LOCKS) {
+    // Granted at once to the first tab, else when the tab holding it closes or signs out;
+    // held until this tab signs out (quit) or closes (the browser releases it then).
+    navigator.locks.request(SHARED, { signal: me.quit.signal }, () => {
+      if (share !== me) return null;
+      lead(me);
+      return new Promise((resolve) => me.quit.signal.addEventListener("abort", resolve));
+    }).catch(() => { /* signed out while waiting for the lock (AbortError) */ });
+  } else {
+    me.tick = setInterval(() => elect(me), 1000);
+  }
+  me.channel.postMessage({ ask: me.id });  // the leader answers, and says how the stream is
 }
 
 function leaveStream() {
@@ -152,9 +160,67 @@ function leaveStream() {
   endSlow();
   if (!share) return;
   share.quit.abort();
+  clearInterval(share.tick);
   share.channel.close();
   share = null;
 }
+
+function lead(me) {
+  me.leading = true;
+  openStream();
+  claim(me);
+}
+
+const claim = (me) => me.channel.postMessage({ lead: me.id, live: $("live").textContent });
+
+// Without Web Locks, every second: ask who leads; the last question unanswered for
+// SILENCE, claim the stream. The leader answers from its message handler, which runs on
+// time even in a hidden tab (whose timers the browser may slow to once a minute).
+function elect(me) {
+  if (me.leading) return;
+  if (me.heard >= me.asked) {
+    me.asked = Date.now();
+    me.channel.postMessage({ ask: me.id });
+  } else if (Date.now() - me.asked >= SILENCE) {
+    lead(me);
+  }
+}
+
+function hear(me, data) {
+  if (data.bye !== undefined) {
+    me.others.delete(data.bye);
+    if (data.next === me.id && !me.leading) lead(me);  // named by the leader leaving
+  } else if (me.leading) {
+    if (data.ask !== undefined) {
+      me.others.set(data.ask, Date.now());
+      claim(me);
+    } else if (data.lead < me.id) {
+      stopStream();  // two claimed at once: the lower id reads the stream
+      endSlow();
+      me.leading = false;
+      me.heard = Date.now();
+    } else if (data.lead > me.id) {
+      claim(me);  // the other one yields when it hears this
+    }
+  } else {
+    if (data.lead !== undefined) me.heard = Date.now();
+    if (data.event) onEvent(data.event);
+    if (data.live !== undefined) showLive(data.live);
+  }
+}
+
+// A tab closing without Web Locks says so; a leader names the tab that asked with the
+// lowest id in the last 2 minutes, which claims the stream at once (the others would in
+// SILENCE). A page kept in the back/forward cache joins again when it is shown.
+window.addEventListener("pagehide", () => {
+  if (!share || LOCKS) return;
+  const asked = [...share.others].filter(([, at]) => Date.now() - at < 120000).map(([id]) => id);
+  share.channel.postMessage({ bye: share.id, next: share.leading ? Math.min(...asked) : null });
+  leaveStream();
+});
+window.addEventListener("pageshow", (e) => {
+  if (e.persisted && !share && !stream && !$("app").hidden) joinStream();
+});
 
 // What the page says of the stream; the tab reading it tells the others.
 function showLive(text) {

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -359,6 +360,79 @@ def test_the_tabs_of_one_browser_share_one_event_stream(start_service, browser):
                 page_expect(tab.locator("#live")).to_have_text("live")
         assert not errors, errors
     finally:
+        context.close()
+
+
+def _own_address() -> str | None:
+    """An IPv4 address of this machine beyond loopback, or None when it has none."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("10.255.255.255", 9))  # no packet: the route's source is looked up
+        except OSError:
+            return None
+        address = probe.getsockname()[0]
+    return None if address.startswith("127.") else address
+
+
+@SQLITE
+def test_tabs_without_web_locks_elect_one_to_read_the_stream(start_service, browser):
+    # From another machine (http://<address>:8765) the page is no "secure context" and has
+    # no Web Locks: each tab read a stream of its own, and the 7th tab never loaded. The
+    # tabs now choose the one that reads it over their BroadcastChannel.
+    address = _own_address()
+    token = "election-token"
+    svc = start_service(
+        service={"host": address or "127.0.0.1", "token": token},
+        ingest={"processors": ["steps"]},
+        **{"processors.steps": {"steps": 6, "step_seconds": 0.5}},
+    )
+    context = browser.new_context()
+    context.add_init_script(f"sessionStorage.setItem('momentry-token', '{token}');")
+    if not address:  # no address beyond loopback on this machine: no Web Locks by hand
+        context.add_init_script("Object.defineProperty(navigator, 'locks', {value: undefined});")
+    most = 0  # the most streams open at once, read every 0.1 s throughout
+    watching = threading.Event()
+
+    def watch() -> None:
+        nonlocal most
+        while not watching.wait(0.1):
+            most = max(most, _open_streams(svc))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    errors: list[str] = []
+    tabs: list[Page] = []
+    try:
+        for _ in range(8):
+            tab = context.new_page()
+            tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            tab.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+            tab.goto(svc.url + "/", timeout=15_000)  # the 7th never loaded before
+            page_expect(tab.locator("#live")).to_have_text("live")
+            tabs.append(tab)
+        assert tabs[0].evaluate("navigator.locks") is None  # the path without Web Locks
+        if address:
+            assert tabs[0].evaluate("window.isSecureContext") is False
+        wait_for(lambda: _open_streams(svc) == 1)
+
+        for name in ("first take.mp4", "second take.mp4", "third take.mp4"):
+            svc.add_video(name)  # each tab shows it come and end, from the relayed events
+            for tab in tabs:
+                running = tab.locator("#running li", has_text=name)
+                page_expect(running).to_contain_text("processing", timeout=10_000)
+            for tab in tabs:
+                page_expect(tab.locator("#files li", has_text=name)).to_contain_text("completed")
+                page_expect(tab.locator("#live")).to_have_text("live")
+            # The first tab was alone, so it reads the stream: closed, another takes over
+            # (the next file is seen within seconds, far sooner than the 30 s reread).
+            tabs.pop(0).close()
+            # The service frees the closed tab's stream on its next writes (keep-alives).
+            wait_for(lambda: _open_streams(svc) == 1, timeout=30)
+        assert most <= 2, f"{most} streams open at once"  # 2 only while one hands over
+        assert not errors, errors
+    finally:
+        watching.set()
+        watcher.join()
         context.close()
 
 

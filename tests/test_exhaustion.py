@@ -122,9 +122,16 @@ def test_a_run_that_is_cancelled_or_times_out_leaves_no_work_folder(start_servic
         queue={"max_concurrent": 1, "max_retries": 0},
         **{"processors.cut": {"min_scene_len": 2, "thumbnail_max_side": 16}},
     )
-    for name in ("cancelled.mp4", "timed out.mp4"):
+    # The timed-out one long enough that its cut cannot end within its 2 s: 800 segments
+    # took about 2 s on an idle machine, and the job completed now and then.
+    for name, segments in (("cancelled.mp4", 800), ("timed out.mp4", 4000)):
         make_video(
-            svc.drop / name, segments=800, segment_seconds=0.5, fps=10, size=(64, 48), audio=False
+            svc.drop / name,
+            segments=segments,
+            segment_seconds=0.5,
+            fps=10,
+            size=(64, 48),
+            audio=False,
         )
     for name, timeout in (("cancelled.mp4", None), ("timed out.mp4", 2)):
         task = svc.submit(name, ["cut"], task_timeout=timeout)

@@ -135,6 +135,11 @@ class Gate:
                 free_mb = shutil.disk_usage(folder).free / 2**20
                 detail += f"; {free_mb:,.1f} MB free for {folder}"
         reason = f"the queue database's disk is full ({detail}); free some space on it"
+        if folder is not None:
+            # Below the free-space floor the floor is named, as check_disk names it: it
+            # says which setting holds starts back, whichever notices first.
+            with contextlib.suppress(OSError):
+                reason = disk_shortage(folder, self._queue) or reason
         now = time.monotonic()
         with self._lock:
             was, self._database_full = self._database_full, reason

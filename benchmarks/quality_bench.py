@@ -42,6 +42,7 @@ from frame_media import (  # noqa: E402
     anamorphic_video,
     box_iou,
     context,
+    hdr_video,
     mirrored_video,
     photo_frame,
     portrait_frame,
@@ -281,6 +282,28 @@ def anamorphic_rows(workdir: Path) -> Iterator[Row]:
     yield "ocr", "mirrored text", "; ".join(lines)[:40], SENTENCE[:40], _ok(lines == [SENTENCE])
 
 
+def hdr_rows(workdir: Path) -> Iterator[Row]:
+    """HDR (HLG as phones record, PQ) made from an SDR picture: the frames against it."""
+    shown = np.asarray(Image.fromarray(photo_frame()).resize((640, 360), Image.Resampling.LANCZOS))
+    (workdir / "sdr").mkdir()
+    theirs = _best_box(run("face", still_video(workdir / "sdr" / "sdr.mp4", shown)), "faces")
+    for transfer in ("hlg", "pq"):
+        folder = workdir / f"hdr-{transfer}"
+        folder.mkdir()
+        clip = hdr_video(folder / "hdr.mp4", shown, transfer)
+        info = media.probe(clip)
+        _, _, image = next(media.iter_frames(clip, fmt="rgb24"))
+        error = np.abs(image.astype(int) - shown).mean(axis=(0, 1))
+        label = f"{transfer} 640x360 10-bit"
+        yield "probe", label, f"hdr {info.hdr}", transfer, _ok(info.hdr == transfer)
+        errors = "/".join(f"{e:.1f}" for e in error)
+        yield "frames", label, f"MAE {errors}", "the SDR picture", _ok(error.max() < 4)
+        found = run("face", clip)
+        ours = None if isinstance(found, str) else _best_box(found, "faces")
+        iou = box_iou(ours, theirs) if ours and theirs else 0.0
+        yield "face", label, f"IoU {iou:.3f}", "the SDR clip", _ok(iou > 0.85)
+
+
 def _best_box(result: dict[str, Any] | str, key: str) -> list[float] | None:
     if isinstance(result, str):
         return None
@@ -363,6 +386,7 @@ def main() -> None:
             rows += [*mediapipe_rows(clip, "astronaut 1280x720")]
             rows += [*phone_rows(workdir, models_dir, args.psd)]
             rows += [*anamorphic_rows(workdir)]
+            rows += [*hdr_rows(workdir)]
             rows += audio_rows()
             table(rows)
         if args.times:

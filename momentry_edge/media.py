@@ -28,6 +28,7 @@ from av.container import InputContainer
 from av.video.frame import VideoFrame
 from av.video.stream import VideoStream
 
+from momentry_edge import hdr
 from momentry_edge.pictures import Converter, display_size, orientation, upright_size, usable_sar
 
 # What PyAV raises for unreadable, odd or vanished input.
@@ -66,6 +67,9 @@ class MediaInfo:
     # The stored pixels' width / height ("num:den"); width and height are in square
     # pixels, as a player shows the picture (a 720x576 16:9 PAL frame, 64:45, is 1024x576).
     sample_aspect_ratio: str = "1:1"
+    # "pq" or "hlg" for HDR video (as phones record): the processors see it tone mapped
+    # to SDR; None for SDR video and audio files.
+    hdr: str | None = None
 
     @property
     def has_video(self) -> bool:
@@ -376,6 +380,7 @@ def _probe_open(container: InputContainer, size: int) -> MediaInfo:
         rotation=shown.rotation,
         mirrored=shown.mirrored,
         sample_aspect_ratio=f"{sar.numerator}:{sar.denominator}",
+        hdr=hdr.transfer(first) or hdr.transfer(ctx),
     )
 
 

@@ -5,7 +5,8 @@ RGB/BGR: swscale's one-step scale-and-convert turns near-black pixels into fully
 saturated ones (false scene cuts at fades), the two steps do not and cost less.
 A display matrix (phone video: a rotation; a front camera or an editor: a flip) is
 applied, and pixels that are not square (anamorphic DV, DVD, broadcast) are scaled to
-square ones, so every processor sees the picture a player shows. Arrays are
+square ones, so every processor sees the picture a player shows. HDR (PQ, HLG) is
+tone mapped to SDR after the resize, where it is cheap (see hdr). Arrays are
 C-contiguous: PyAV pads rows to a multiple of 16 bytes and some models (MediaPipe)
 refuse a strided view.
 """
@@ -23,7 +24,10 @@ from av.sidedata.sidedata import Type
 from av.video.frame import VideoFrame
 from av.video.reformatter import VideoReformatter
 
+from momentry_edge import hdr
+
 SQUARE = Fraction(1)
+_HDR_FORMATS = ("rgb24", "bgr24")  # the formats the processors take
 # A sample aspect ratio further from square than this is damaged metadata, not a picture
 # (real ones are within about 2:1): the pixels are taken as square.
 _MAX_SAR = 10
@@ -126,8 +130,17 @@ class Converter:
         scaled = frame
         if (width, height) != (frame.width, frame.height):
             scaled = self._scale.reformat(frame, width, height, threads=1)
-        converted = self._convert.reformat(scaled, format=self.fmt, threads=1)
-        image: np.ndarray = converted.to_ndarray()
+        image: np.ndarray
+        kind = hdr.transfer(frame)
+        if kind is not None and self.fmt in _HDR_FORMATS:
+            # Converted as SDR, an HDR picture comes out dim and grey: kept at 16 bits
+            # for its transfer to be undone, then tone mapped.
+            wide = self._convert.reformat(scaled, format="rgb48le", threads=1)
+            image = hdr.to_sdr(wide.to_ndarray(), kind)
+            if self.fmt == "bgr24":
+                image = image[..., ::-1]
+        else:
+            image = self._convert.reformat(scaled, format=self.fmt, threads=1).to_ndarray()
         if turns:
             image = np.rot90(image, turns)
         if mirrored:

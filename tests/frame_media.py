@@ -218,3 +218,68 @@ def anamorphic_video(
             out.mux(stream.encode(frame))
         out.mux(stream.encode(None))
     return path
+
+
+# -- HDR video (a phone's HLG, a grading's PQ) -------------------------------------------
+
+# BT.2087's linear-light BT.709 -> BT.2020 primaries.
+_BT709_TO_BT2020 = np.array(
+    [[0.6274, 0.3293, 0.0433], [0.0691, 0.9195, 0.0114], [0.0164, 0.0880, 0.8956]]
+)
+SDR_WHITE_NITS = 203.0  # BT.2408: diffuse (SDR) white in an HDR picture
+_TRC = {"pq": 16, "hlg": 18}  # AVCOL_TRC_SMPTE2084, AVCOL_TRC_ARIB_STD_B67
+
+
+def hdr_from_sdr(picture: np.ndarray, transfer: str) -> np.ndarray:
+    """An SDR BT.709 picture (HxWx3 uint8 RGB) as the HDR signal showing the same light
+    (``transfer`` "pq" or "hlg", BT.2020 primaries), HxWx3 uint16: SDR display light
+    (gamma 2.4) with its white at 203 nits, in BT.2020, PQ-encoded, or for HLG through the
+    inverse OOTF of a 1000-nit display and the HLG OETF (BT.2100)."""
+    light = (picture.astype(np.float64) / 255) ** 2.4 @ _BT709_TO_BT2020.T
+    nits = np.clip(light, 0, None) * SDR_WHITE_NITS
+    if transfer == "pq":
+        m1, m2, c1, c2, c3 = 0.1593017578125, 78.84375, 0.8359375, 18.8515625, 18.6875
+        y = (nits / 10000) ** m1
+        signal = ((c1 + c2 * y) / (1 + c3 * y)) ** m2
+    else:
+        display = nits / 1000  # a 1000-nit display: system gamma 1.2
+        luma = display @ np.array([0.2627, 0.6780, 0.0593])
+        scene_luma = luma ** (1 / 1.2)
+        scene = display * np.where(luma > 0, scene_luma / np.maximum(luma, 1e-12), 0)[..., None]
+        a, b, c = 0.17883277, 0.28466892, 0.55991073
+        high = a * np.log(np.maximum(12 * scene - b, 1e-12)) + c
+        signal = np.where(scene <= 1 / 12, np.sqrt(3 * scene), high)
+    return np.round(np.clip(signal, 0, 1) * 65535).astype(np.uint16)
+
+
+def hdr_video(
+    path: Path,
+    picture: np.ndarray,
+    transfer: str,
+    seconds: float = 1.0,
+    fps: int = 10,
+    codec: str = "libx265",
+) -> Path:
+    """A still 10-bit HDR clip (``transfer`` "pq" or "hlg", BT.2020) of the SDR
+    ``picture`` as a phone records it: the file says its transfer, primaries and matrix."""
+    height, width = picture.shape[:2]
+    signal = hdr_from_sdr(picture, transfer)
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream(codec, rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p10le"
+        ctx = stream.codec_context
+        ctx.color_trc, ctx.color_primaries, ctx.colorspace = _TRC[transfer], 9, 9
+        ctx.color_range = 1  # limited ("TV") range, as cameras write
+        options = {"crf": "8"}
+        if codec == "libx265":
+            options["x265-params"] = "log-level=error"
+        stream.options = options
+        for i in range(round(seconds * fps)):
+            frame = av.VideoFrame.from_ndarray(signal, "rgb48le").reformat(
+                format="yuv420p10le", dst_colorspace="bt2020", dst_color_range=1
+            )
+            frame.color_trc, frame.color_primaries = _TRC[transfer], 9
+            frame.pts, frame.time_base = i, Fraction(1, fps)
+            out.mux(stream.encode(frame))
+        out.mux(stream.encode(None))
+    return path

@@ -1,7 +1,8 @@
 """Frames as the processors get them, from the sources cameras and editors write: 10-bit,
 HEVC, full-range MJPEG, odd sizes, every display rotation, flipped display matrices,
-pixels that are not square. Each comes out upright, unflipped, in square pixels, in one
-piece of memory (MediaPipe refuses a strided view) and with the source's colours."""
+pixels that are not square, HDR (PQ, HLG). Each comes out upright, unflipped, in square
+pixels, in one piece of memory (MediaPipe refuses a strided view) and with the source's
+colours (HDR's as the SDR picture it shows)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 from frame_media import (
     anamorphic_video,
+    hdr_video,
     mirrored_video,
     photo_frame,
     portrait_frame,
@@ -198,3 +200,41 @@ def test_a_sample_aspect_ratio_beyond_ten_to_one_is_damaged_metadata(tmp_path, s
 )
 def test_the_shown_size_scales_the_width_and_keeps_the_height(stored, sar, shown):
     assert display_size(*stored, sar) == shown
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transfer", ["pq", "hlg"])
+@pytest.mark.parametrize("codec", ["libx265", "libx264"])
+@pytest.mark.parametrize("side", [0, 320])
+def test_hdr_comes_out_as_the_sdr_picture_it_was_made_from(tmp_path, transfer, codec, side):
+    # 10-bit BT.2020 with the SDR picture's light: read as SDR it is dim and grey (PQ's
+    # white near 150 of 255), which a player does not show and the models do not expect.
+    clip = hdr_video(tmp_path / "hdr.mp4", PICTURE, transfer, seconds=0.3, codec=codec)
+    with av.open(str(clip)) as container:
+        stored = container.streams.video[0].codec_context
+        assert (stored.color_trc, stored.color_primaries) == ({"pq": 16, "hlg": 18}[transfer], 9)
+
+    info = media.probe(clip)
+    size = fit_size(info.width, info.height, side)
+
+    assert info.hdr == transfer
+    for fmt in ("rgb24", "bgr24"):
+        _, _, image = next(media.iter_frames(clip, fmt=fmt, size=size))
+        expected = resized(PICTURE, size or (360, 640))
+        if fmt == "bgr24":
+            expected = expected[..., ::-1]
+        assert image.flags.c_contiguous and image.shape == expected.shape
+        error = np.abs(image.astype(int) - expected).mean(axis=(0, 1))
+        assert error.max() < 4, error
+
+
+@pytest.mark.timeout(120)
+def test_an_sdr_frame_is_converted_as_before(tmp_path):
+    # BT.709 10-bit video: not HDR, so not tone mapped; PyAV's own conversion, bit for bit.
+    clip = encode(tmp_path / "sdr.mp4", PICTURE, "libx264", "yuv420p10le", crf="10")
+
+    assert media.probe(clip).hdr is None
+    _, _, image = next(media.iter_frames(clip, fmt="rgb24"))
+    with av.open(str(clip)) as container:
+        plain = next(container.decode(video=0)).to_ndarray(format="rgb24")
+    assert np.array_equal(image, plain)

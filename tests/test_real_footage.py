@@ -2,9 +2,10 @@
 the watched folder, the results read over HTTP.
 
 Portrait (9:16) video, a clip stored sideways with a display matrix, anamorphic
-(non-square pixel) video, fades through black, variable frame rate, a small frame with
-small text. The expected results come from the libraries' own default calls on the same
-media (PySceneDetect, RapidOCR) or from the same picture stored upright.
+(non-square pixel) video, a phone's HDR (HLG) clip, fades through black, variable frame
+rate, a small frame with small text. The expected results come from the libraries' own
+default calls on the same media (PySceneDetect, RapidOCR) or from the same picture
+stored upright (or SDR).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from frame_media import (
     PHOTO_AT,
     anamorphic_video,
     box_iou,
+    hdr_video,
     photo_frame,
     portrait_frame,
     rotated_video,
@@ -146,6 +148,27 @@ def test_an_anamorphic_clip_is_reported_boxed_and_thumbnailed_in_square_pixels(
     assert picture.shape[:2] == (180, 320)
     small = np.asarray(Image.fromarray(shown).resize((320, 180), Image.Resampling.BILINEAR))
     assert np.abs(picture.astype(int) - small).mean() < 8
+
+
+# -- HDR: a phone's HLG ---------------------------------------------------------------
+
+
+def test_an_hlg_clip_is_seen_and_thumbnailed_as_the_sdr_picture_it_shows(start_service):
+    # iPhones record HLG (10-bit, BT.2020) by default: read as SDR, dim and grey.
+    svc = start_service()
+    shown = np.asarray(Image.fromarray(photo_frame()).resize((640, 360), Image.Resampling.LANCZOS))
+    hdr_video(svc.drop / "iphone.mp4", shown, "hlg", seconds=2.0)
+
+    job, _ = run_job(svc, "iphone.mp4", ["cut"])
+
+    assert job["status"] == "completed", json.dumps(job["processors"], indent=1)
+    assert svc.get(f"/api/v1/files/{job['file_uuid']}")["hdr"] == "hlg"
+    picture = thumbnail(svc, job["file_uuid"])
+    small = np.asarray(
+        Image.fromarray(shown).resize(picture.shape[1::-1], Image.Resampling.BILINEAR)
+    )
+    error = np.abs(picture.astype(int) - small).mean(axis=(0, 1))
+    assert error.max() < 5, error
 
 
 # -- a processor that fails on a frame ---------------------------------------------------

@@ -263,6 +263,7 @@ SCHEMAS: dict[str, Schema] = {
             "fps": _null(NUM),
             "video_codec": _null(STR),
             "audio_codec": _null(STR),
+            "hdr": _null(_enum("pq", "hlg")) | {"enum": ["pq", "hlg", None]},  # null: SDR
             "fingerprint": _null(STR),
             "registered_at": TIME,
             "jobs": _arr(

@@ -33,6 +33,7 @@ def metadata(info: MediaInfo | None) -> dict[str, Any]:
         "fps": info.fps if info else None,
         "video_codec": info.video_codec if info else None,
         "audio_codec": info.audio_codec if info else None,
+        "hdr": info.hdr if info else None,
     }
 
 

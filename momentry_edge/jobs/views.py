@@ -513,6 +513,7 @@ def file_detail(record: MediaFile) -> dict[str, Any]:
         "fps": record.fps,
         "video_codec": record.video_codec,
         "audio_codec": record.audio_codec,
+        "hdr": record.hdr,
         "fingerprint": record.fingerprint,
         "registered_at": iso(record.registered_at),
         "jobs": [

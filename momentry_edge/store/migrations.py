@@ -139,6 +139,14 @@ def _v10_node_concurrency(db: pw.Database) -> None:
         )
 
 
+def _v11_file_hdr(db: pw.Database) -> None:
+    # Whether a file is HDR video (MediaFile.hdr); files probed before say so once re-read.
+    if "hdr" in {c.name for c in db.get_columns("media_file")}:
+        return
+    migrator = SchemaMigrator.from_database(db)
+    run_migrations(migrator.add_column("media_file", "hdr", MediaFile.hdr))
+
+
 # Append-only: each entry moves the schema one version forward.
 
 MIGRATIONS: list[Callable[[pw.Database], None]] = [
@@ -152,6 +160,7 @@ MIGRATIONS: list[Callable[[pw.Database], None]] = [
     _v8_file_identity,
     _v9_queue_id,
     _v10_node_concurrency,
+    _v11_file_hdr,
 ]
 
 

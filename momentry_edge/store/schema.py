@@ -159,6 +159,7 @@ class MediaFile(BaseModel):
     fps = pw.DoubleField(null=True)
     video_codec = pw.CharField(max_length=32, null=True)
     audio_codec = pw.CharField(max_length=32, null=True)
+    hdr = pw.CharField(max_length=8, null=True)  # "pq" or "hlg" (MediaInfo.hdr)
     registered_at = pw.DoubleField(default=time.time)
     updated_at = pw.DoubleField(default=time.time)
 

@@ -172,3 +172,28 @@ def test_a_version_9_database_keeps_its_concurrency_change_on_each_node(tmp_path
     shared = 1 if not store.is_postgres(database) else 3  # SQLite: one node, one setting
     assert jobs.queue_state("big").max_concurrent == shared
     database.close()
+
+
+def test_a_version_10_database_gains_the_hdr_column_and_keeps_its_files(tmp_path, database_url):
+    data = tmp_path / "data"
+    database = store.connect(database_url, data)
+    MediaFile.create(
+        file_uuid="e" * 32,
+        path="/drop/hlg.mov",
+        watch_root="/drop",
+        rel_path="hlg.mov",
+        name="hlg.mov",
+        state=FileState.PRESENT,
+    )
+    database.execute_sql("ALTER TABLE media_file DROP COLUMN hdr")
+    SchemaVersion.delete().where(SchemaVersion.version >= 11).execute()
+    database.close()
+
+    database = store.connect(database_url, data)
+    database.connect(reuse_if_open=True)
+
+    assert "hdr" in {c.name for c in database.get_columns("media_file")}
+    assert SchemaVersion.select().count() == len(store.MIGRATIONS)
+    assert MediaFile.get(MediaFile.path == "/drop/hlg.mov").hdr is None  # until read again
+    assert store.migrate(database) == len(store.MIGRATIONS)
+    database.close()

@@ -69,7 +69,8 @@ _cached: tuple[float, Rates] | None = None
 
 
 def current() -> Rates:
-    """This machine's rates, measured again at most every REFRESH seconds."""
+    """This machine's rates, measured again at most every REFRESH seconds. Not from inside
+    a read snapshot (store.read_snapshot): one older than a job's end would be kept."""
     global _cached
     with _lock:
         if _cached is None or time.monotonic() - _cached[0] > REFRESH:

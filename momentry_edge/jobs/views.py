@@ -133,8 +133,16 @@ def queue_status(
 ) -> dict[str, Any]:
     """The queue's status as ``node`` (the one answering) sees it: its own concurrency.
     ``queue`` holds the running jobs and a page (``limit``, ``offset``) of the waiting ones."""
+    rates = _rates()
     with store.read_snapshot(Job._meta.database):
-        return _queue_status(effective_limit, load, extra, node, limit, offset)
+        return _queue_status(effective_limit, load, extra, node, limit, offset, rates)
+
+
+def _rates() -> estimates.Rates:
+    # Taken before a view's snapshot, never inside it: a snapshot begun before a job's end
+    # was committed would measure without that job just after the end cleared the cached
+    # rates, and keep the stale figures for estimates.REFRESH.
+    return estimates.current()
 
 
 def _queue_status(
@@ -144,10 +152,10 @@ def _queue_status(
     node: str | None,
     limit: int,
     offset: int,
+    rates: estimates.Rates,
 ) -> dict[str, Any]:
     now = clock.now()
     state = jobs.queue_state(node)
-    rates = estimates.current()
     counts = dict(store.rows(Job.select(Job.status, pw.fn.COUNT(Job.id)).group_by(Job.status)))
     pending_count = counts.get(JobStatus.PENDING, 0)
     running = list(
@@ -324,24 +332,25 @@ def _resolvers(page: list[Job]) -> dict[int, str]:
 
 
 def job_detail(job: Job, effective_limit: int) -> dict[str, Any]:
+    rates = _rates()
     with store.read_snapshot(Job._meta.database):
-        return _job_detail(Job.get_by_id(job.id), effective_limit)
+        return _job_detail(Job.get_by_id(job.id), effective_limit, rates)
 
 
 def queue_place(job_id: int, effective_limit: int) -> tuple[Job, int | None, str | None]:
     """A job as it is now, its place in line and estimated start: what the answer to a
     request that queued it says (job_detail's figures without the rest)."""
+    rates = _rates()
     with store.read_snapshot(Job._meta.database):
         job = jobs.get(job_id)
-        return job, *_place(job, effective_limit)
+        return job, *_place(job, effective_limit, rates)
 
 
-def _place(job: Job, effective_limit: int) -> tuple[int | None, str | None]:
+def _place(job: Job, effective_limit: int, rates: estimates.Rates) -> tuple[int | None, str | None]:
     position = jobs.position(job)
     if position is None:
         return None, None
     now = clock.now()
-    rates = estimates.current()
     running = list(
         Job.select(Job, MediaFile).join(MediaFile).where(Job.status == JobStatus.PROCESSING)
     )
@@ -371,17 +380,17 @@ def _starts_after(
     return estimated_starts(waiting, ends, limit, now, rates)
 
 
-def _estimated_end(job: Job) -> str | None:
+def _estimated_end(job: Job, rates: estimates.Rates) -> str | None:
     """When a running job should end (see estimates); None for any other."""
     if job.status != JobStatus.PROCESSING:
         return None
     now = clock.now()
-    left = running_left([job], estimates.current(), now).get(job.id)
+    left = running_left([job], rates, now).get(job.id)
     return None if left is None else iso(now + left)
 
 
-def _job_detail(job: Job, effective_limit: int) -> dict[str, Any]:
-    position, estimated = _place(job, effective_limit)
+def _job_detail(job: Job, effective_limit: int, rates: estimates.Rates) -> dict[str, Any]:
+    position, estimated = _place(job, effective_limit, rates)
     return _queue_entry(job) | {
         "position": position,
         "estimated_start": estimated,
@@ -394,7 +403,7 @@ def _job_detail(job: Job, effective_limit: int) -> dict[str, Any]:
         "cancel_requested": job.cancel_requested,
         "node": job.node,
         "next_attempt_at": iso(job.next_attempt_at),
-        "estimated_end": _estimated_end(job),
+        "estimated_end": _estimated_end(job, rates),
         "options": job.options,
         "processors": {run.processor: run_detail(run) for run in _runs(job)},
         "created_at": iso(job.created_at),

@@ -106,6 +106,7 @@ def test_audio_files_of_every_common_format_are_transcribed(
     files = {f["path"]: f for f in svc.get("/api/v1/files?limit=100")["files"]}
     detail = svc.get(f"/api/v1/files/{files['interview.m4a']['file_uuid']}")
     assert detail["audio_codec"] == "aac" and detail["video_codec"] is None
+    assert (detail["hdr"], detail["sample_aspect_ratio"], detail["mirrored"]) == (None, None, False)
     assert detail["duration"] == pytest.approx(11.0, abs=0.1)
 
 

@@ -23,6 +23,7 @@ from frame_media import (
     anamorphic_video,
     box_iou,
     hdr_video,
+    mirrored_video,
     photo_frame,
     portrait_frame,
     rotated_video,
@@ -120,6 +121,31 @@ def test_a_phone_clip_with_a_display_matrix_is_upright_for_every_processor(
     assert np.abs(picture.astype(int) - shown).mean() < 8
 
 
+def test_a_mirrored_clip_is_described_as_mirrored_and_shown_unflipped(start_service):
+    # A front camera's clip: stored flipped and sideways, its display matrix turns and flips.
+    svc = start_service()
+    upright = portrait_frame()
+    still_video(svc.drop / "plain.mp4", upright, seconds=2.0)
+    mirrored_video(svc.drop / "selfie.mp4", upright, degrees=90, seconds=2.0)
+
+    plain, _ = run_job(svc, "plain.mp4", ["cut"])
+    job, _ = run_job(svc, "selfie.mp4", ["cut"])
+
+    assert plain["status"] == job["status"] == "completed", json.dumps(job["processors"])
+    described = svc.get(f"/api/v1/files/{job['file_uuid']}")
+    assert (described["width"], described["height"]) == (720, 1280)  # stored 1280x720
+    assert (described["mirrored"], described["sample_aspect_ratio"]) == (True, None)
+    as_stored = svc.get(f"/api/v1/files/{plain['file_uuid']}")
+    assert (as_stored["width"], as_stored["height"]) == (720, 1280)
+    assert (as_stored["mirrored"], as_stored["sample_aspect_ratio"]) == (False, None)
+    # Its thumbnail is the picture a player shows: upright and not flipped.
+    picture = thumbnail(svc, job["file_uuid"])
+    shown = np.asarray(Image.fromarray(upright).resize((180, 320), Image.Resampling.BILINEAR))
+    assert picture.shape[:2] == (320, 180)
+    assert np.abs(picture.astype(int) - shown).mean() < 8
+    assert np.abs(picture.astype(int) - shown[:, ::-1]).mean() > 8  # flipped is told apart
+
+
 # -- anamorphic video: pixels that are not square ---------------------------------------
 
 
@@ -137,6 +163,7 @@ def test_an_anamorphic_clip_is_reported_boxed_and_thumbnailed_in_square_pixels(
     assert job["status"] == "completed", json.dumps(job["processors"], indent=1)
     described = svc.get(f"/api/v1/files/{job['file_uuid']}")
     assert (described["width"], described["height"]) == (1024, 576)
+    assert (described["sample_aspect_ratio"], described["mirrored"]) == ("64:45", False)
     # The face where it is shown, and face-shaped (squeezed, it was 0.7 as wide as tall).
     x1, y1, x2, y2 = best(results["face"]["result"]["frames"][0]["faces"])["box"]
     x, y = PHOTO_AT

@@ -264,6 +264,10 @@ SCHEMAS: dict[str, Schema] = {
             "video_codec": _null(STR),
             "audio_codec": _null(STR),
             "hdr": _null(_enum("pq", "hlg")) | {"enum": ["pq", "hlg", None]},  # null: SDR
+            "sample_aspect_ratio": _null(
+                STR | {"pattern": "^[0-9]+:[0-9]+$", "example": "64:45"}
+            ),  # null: square pixels
+            "mirrored": _null(BOOL),  # null: probed before the field existed, or not at all
             "fingerprint": _null(STR),
             "registered_at": TIME,
             "jobs": _arr(

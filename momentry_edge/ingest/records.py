@@ -34,6 +34,11 @@ def metadata(info: MediaInfo | None) -> dict[str, Any]:
         "video_codec": info.video_codec if info else None,
         "audio_codec": info.audio_codec if info else None,
         "hdr": info.hdr if info else None,
+        # Square pixels say nothing: null, as for audio (MediaInfo says "1:1" then).
+        "sample_aspect_ratio": (
+            info.sample_aspect_ratio if info and info.sample_aspect_ratio != "1:1" else None
+        ),
+        "mirrored": info.mirrored if info else None,
     }
 
 

@@ -523,6 +523,8 @@ def file_detail(record: MediaFile) -> dict[str, Any]:
         "video_codec": record.video_codec,
         "audio_codec": record.audio_codec,
         "hdr": record.hdr,
+        "sample_aspect_ratio": record.sample_aspect_ratio,
+        "mirrored": record.mirrored,
         "fingerprint": record.fingerprint,
         "registered_at": iso(record.registered_at),
         "jobs": [

@@ -147,6 +147,16 @@ def _v11_file_hdr(db: pw.Database) -> None:
     run_migrations(migrator.add_column("media_file", "hdr", MediaFile.hdr))
 
 
+def _v12_file_picture(db: pw.Database) -> None:
+    # A file's pixel shape and flip (MediaFile.sample_aspect_ratio, .mirrored); null in
+    # files probed before until they are read again.
+    have = {c.name for c in db.get_columns("media_file")}
+    migrator = SchemaMigrator.from_database(db)
+    for name in ("sample_aspect_ratio", "mirrored"):
+        if name not in have:
+            run_migrations(migrator.add_column("media_file", name, getattr(MediaFile, name)))
+
+
 # Append-only: each entry moves the schema one version forward.
 
 MIGRATIONS: list[Callable[[pw.Database], None]] = [
@@ -161,6 +171,7 @@ MIGRATIONS: list[Callable[[pw.Database], None]] = [
     _v9_queue_id,
     _v10_node_concurrency,
     _v11_file_hdr,
+    _v12_file_picture,
 ]
 
 

@@ -160,6 +160,12 @@ class MediaFile(BaseModel):
     video_codec = pw.CharField(max_length=32, null=True)
     audio_codec = pw.CharField(max_length=32, null=True)
     hdr = pw.CharField(max_length=8, null=True)  # "pq" or "hlg" (MediaInfo.hdr)
+    # The stored pixels' width:height ("64:45"), null when square (or not video); width
+    # and height are already in square pixels, this says the file was not stored so.
+    sample_aspect_ratio = pw.CharField(max_length=24, null=True)
+    # Whether a player flips the stored picture (MediaInfo.mirrored); null when not
+    # probed, or probed before this column existed (not known, so not said false).
+    mirrored = pw.BooleanField(null=True)
     registered_at = pw.DoubleField(default=time.time)
     updated_at = pw.DoubleField(default=time.time)
 

@@ -94,8 +94,8 @@ def test_error_responses_use_the_error_shape(doc: dict) -> None:
         ("FileSummary", "file_uuid file_name path state reason size status"),
         (
             "FileDetail",
-            "file_uuid duration width height fps video_codec audio_codec fingerprint"
-            " registered_at jobs",
+            "file_uuid duration width height fps video_codec audio_codec hdr"
+            " sample_aspect_ratio mirrored fingerprint registered_at jobs",
         ),
     ],
 )

@@ -6,6 +6,7 @@ import os
 
 from momentry_edge import cluster, jobs, store
 from momentry_edge.ingest.intake import Intake
+from momentry_edge.jobs import views
 from momentry_edge.store import FileState, Job, MediaFile, SchemaVersion
 
 
@@ -195,5 +196,40 @@ def test_a_version_10_database_gains_the_hdr_column_and_keeps_its_files(tmp_path
     assert "hdr" in {c.name for c in database.get_columns("media_file")}
     assert SchemaVersion.select().count() == len(store.MIGRATIONS)
     assert MediaFile.get(MediaFile.path == "/drop/hlg.mov").hdr is None  # until read again
+    assert store.migrate(database) == len(store.MIGRATIONS)
+    database.close()
+
+
+def test_a_version_11_database_gains_the_picture_columns_and_keeps_its_files(
+    tmp_path, database_url
+):
+    data = tmp_path / "data"
+    database = store.connect(database_url, data)
+    MediaFile.create(
+        file_uuid="f" * 32,
+        path="/drop/pal.mp4",
+        watch_root="/drop",
+        rel_path="pal.mp4",
+        name="pal.mp4",
+        state=FileState.PRESENT,
+        width=1024,
+        height=576,
+        hdr="hlg",
+    )
+    for column in ("sample_aspect_ratio", "mirrored"):
+        database.execute_sql(f"ALTER TABLE media_file DROP COLUMN {column}")
+    SchemaVersion.delete().where(SchemaVersion.version >= 12).execute()
+    database.close()
+
+    database = store.connect(database_url, data)
+    database.connect(reuse_if_open=True)
+
+    columns = {c.name for c in database.get_columns("media_file")}
+    assert {"sample_aspect_ratio", "mirrored"} <= columns
+    assert SchemaVersion.select().count() == len(store.MIGRATIONS)
+    # The file reads as before; what it was not probed for is not known (null) until re-read.
+    detail = views.file_detail(MediaFile.get(MediaFile.path == "/drop/pal.mp4"))
+    assert (detail["width"], detail["height"], detail["hdr"]) == (1024, 576, "hlg")
+    assert (detail["sample_aspect_ratio"], detail["mirrored"]) == (None, None)
     assert store.migrate(database) == len(store.MIGRATIONS)
     database.close()

@@ -308,9 +308,14 @@ let timer = null;
 let drawing = false;
 let urgent = false;
 let last = 0;
+// A hidden tab draws nothing (a browser may hold many tabs of the console): it only notes
+// that its view is stale, and draws once, at once, when shown. It still reads and relays
+// the stream if it is the leader: that is done before refresh().
+let stale = false;
 
 function refresh(what, now) {
   if ($("app").hidden) return;  // signed out: nothing is read until the token is given
+  if (document.hidden) { stale = true; return; }
   pending.add(what);
   urgent = urgent || !!now;
   if (drawing) return;  // drawn again once this draw ends
@@ -318,6 +323,8 @@ function refresh(what, now) {
   clearTimeout(timer);
   const wait = now ? 0 : Math.max(0, last + 1000 - Date.now());
   timer = setTimeout(async () => {
+    timer = null;
+    if (document.hidden) { stale = true; return; }  // hidden since it was asked for
     const asked = pending;
     pending = new Set();
     urgent = false;
@@ -330,11 +337,13 @@ function refresh(what, now) {
       if (e.status !== 401) sayReadFailed(e);
     }
     drawing = false;
-    timer = null;
     if (pending.size) refresh([...pending][0], urgent);
   }, wait);
 }
 setInterval(() => refresh("all"), 30000);  // estimates and free space move without events
+document.addEventListener("visibilitychange", () => {
+  if (!document.hidden && stale) { stale = false; refresh("all", true); }
+});
 
 async function draw(asked) {
   if (state.fileUuid) {

@@ -440,6 +440,72 @@ def test_tabs_without_web_locks_elect_one_to_read_the_stream(start_service, brow
         context.close()
 
 
+# Headless Chromium reports every page visible: a tab is hidden (or shown) by hand, as the
+# browser would, by its two properties and the event that says they changed.
+_SHOW = """(hidden) => {
+  const state = hidden ? "hidden" : "visible";
+  Object.defineProperty(document, "hidden", { value: hidden, configurable: true });
+  Object.defineProperty(document, "visibilityState", { value: state, configurable: true });
+  document.dispatchEvent(new Event("visibilitychange"));
+}"""
+# Counts the changes to the page's lists and figures (#home), from now on.
+_COUNT_CHANGES = """() => {
+  window.changes = 0;
+  new MutationObserver((records) => { window.changes += records.length; })
+    .observe(document.getElementById("home"),
+      { subtree: true, childList: true, characterData: true, attributes: true });
+}"""
+
+
+@SQLITE
+def test_a_hidden_tab_does_not_redraw_and_shows_the_news_when_shown(start_service, browser):
+    # Every event redrew every tab, hidden ones too: CPU spent for no one. A hidden tab now
+    # draws nothing and draws once when shown; if it reads the stream, it still relays it.
+    svc = start_service(**{"processors.steps": {"steps": 6, "step_seconds": 0.5}})
+    context = browser.new_context()
+    errors: list[str] = []
+    tabs: list[Page] = []
+    try:
+        for _ in range(2):
+            tab = context.new_page()
+            tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            tab.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+            tab.goto(svc.url + "/")
+            page_expect(tab.locator("#live")).to_have_text("live")
+            page_expect(tab.locator("#files")).to_contain_text("No file yet.")
+            tabs.append(tab)
+        hidden, shown = tabs
+        assert hidden.evaluate("share.leading") is True  # the first tab reads the stream
+        wait_for(lambda: _open_streams(svc) == 1)
+        hidden.evaluate(_SHOW, True)
+        # A draw begun before it hid is over (polled from here: the page's policy forbids
+        # the eval() that wait_for_function polls with).
+        wait_for(lambda: hidden.evaluate("!drawing && !timer"))
+        hidden.evaluate(_COUNT_CHANGES)
+
+        task = svc.submit("while hidden.mp4", ["steps"])["task_id"]
+        # The shown tab follows the job from the events the hidden one relays.
+        page_expect(shown.locator("#running li", has_text="while hidden.mp4")).to_contain_text(
+            "processing"
+        )
+        page_expect(shown.locator("#files li", has_text="while hidden.mp4")).to_contain_text(
+            "completed"
+        )
+        assert svc.job(task)["status"] == "completed"
+        # The hidden tab was told of the job's start, progress and end, and drew none of it.
+        assert hidden.evaluate("window.changes") == 0
+        page_expect(hidden.locator("#files")).to_contain_text("No file yet.")
+
+        hidden.evaluate(_SHOW, False)  # shown: the job at once, not at the 30 s reread
+        files = hidden.locator("#files li", has_text="while hidden.mp4")
+        page_expect(files).to_contain_text("completed", timeout=10_000)
+        assert hidden.evaluate("share.leading") is True  # it kept the stream throughout
+        assert _open_streams(svc) == 1
+        assert not errors, errors
+    finally:
+        context.close()
+
+
 @SQLITE
 def test_without_its_stream_the_page_reads_every_5_s_until_the_stream_is_back(
     start_service, console

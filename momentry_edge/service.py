@@ -1,6 +1,6 @@
 """`momentry-edge run`: database + workers + HTTP in one process, started and stopped in order."""
 
-# One piece (~620 lines): the Service that wires the parts, and the start-up's own
+# One piece (~670 lines): the Service that wires the parts, and the start-up's own
 # checks and messages.
 
 from __future__ import annotations
@@ -56,11 +56,12 @@ TICK = 1.0  # main loop period, seconds
 SAMPLE_EVERY = 2.0  # resource monitor period
 HEALTH_EVERY = 10.0  # worker thread health check period
 SWEEP_EVERY = 3600.0  # retention sweep period
+BACKUP_STOP_WAIT = 30.0  # at stop, for a scheduled backup to end (backup.STOP_GRACE, cleanup)
 DAY = 86400.0
 
 
 class Service:
-    # One piece (~390 lines): start, the main loop and stop wire the same parts.
+    # One piece (~410 lines): start, the main loop and stop wire the same parts.
     def __init__(self, config: Config) -> None:
         check_bind_address(config)
         self.config = config
@@ -104,6 +105,7 @@ class Service:
         self.node_watch = cluster.NodeWatch(self.node, config.queue.lease_seconds)
         # Leases and last_seen on a thread of their own: no housekeeping step holds them up.
         self.heartbeat = cluster.Heartbeat(self._beat, config.queue.lease_seconds / 3)
+        self._backup: threading.Thread | None = None  # the scheduled backup under way
         self.url = ""
         self.port: int | None = None  # the API's, once it listens
         self._threads: list[threading.Thread] = []
@@ -350,11 +352,9 @@ class Service:
             elif task == "rescan":
                 self.watcher.request_rescan()  # runs on the ingest thread, not this one
             elif task == "backup":
-                # Here, not on a worker thread: a copy of 100,000 jobs (130 MB) takes about
-                # 2 s (benchmarks/backup_bench.py), and the service's writers never wait for it.
-                backup.scheduled(self.config)
+                self._start_backup()
         except Exception as exc:
-            if store.disk_full(exc) and task not in ("sweep", "backup", "run_file"):
+            if store.disk_full(exc) and task not in ("sweep", "run_file"):
                 # The queue database's disk: said by the gate (once a minute), which holds
                 # starts back until a write gets through; the next tick tries again.
                 self.workers.note_database_full(exc)
@@ -364,6 +364,23 @@ class Service:
             self._failing.failed(f"housekeeping step {task!r}", exc)
         else:
             self._failing.worked(f"housekeeping step {task!r}")
+
+    def _start_backup(self) -> None:
+        """The scheduled backup, on a thread of its own: a pg_dump waiting for a lock or a
+        long copy holds up no other housekeeping step. One at a time."""
+        if self._backup is not None and self._backup.is_alive():
+            log.info("scheduled backup not started: the last one is still under way")
+            return
+        self._backup = threading.Thread(target=self._take_backup, name="backup", daemon=True)
+        self._backup.start()
+
+    def _take_backup(self) -> None:
+        try:
+            backup.scheduled(self.config, stop=self.stopping)  # the stop cuts it short
+        except Exception as exc:
+            self._failing.failed("scheduled backup", exc)
+        else:
+            self._failing.worked("scheduled backup")
 
     def _stop_for(self, problem: str) -> None:
         """Stop with exit code 1, which the service manager restarts after (not 2)."""
@@ -407,6 +424,12 @@ class Service:
             self.mirror.stop()  # after the requeues above, which it writes on its way out
         if self.alerts is not None:
             self.alerts.stop()
+        # 4. A scheduled backup under way saw ``stopping``: it ends its pg_dump or copy and
+        # removes its unfinished folder, before the data dir is let go (restore waits).
+        if self._backup is not None:
+            self._backup.join(BACKUP_STOP_WAIT)
+            if self._backup.is_alive():
+                log.warning("the scheduled backup did not end within %g s", BACKUP_STOP_WAIT)
         runfile.remove(self.config.data_dir, self.owner)
         registry.unregister(self.owner)
         store.Job._meta.database.close()

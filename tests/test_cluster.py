@@ -246,7 +246,7 @@ def test_a_node_cut_off_past_its_lease_stops_before_another_takes_its_job(
 def test_a_node_whose_housekeeping_is_held_up_keeps_its_heartbeat_and_its_job(
     start_service, database_url, tmp_path
 ):
-    # Node a's scheduled backup (pg_dump, on its housekeeping thread) waits for a lock
+    # Node a's scheduled backup (pg_dump, on its own thread) waits for a lock
     # the test holds, for several leases, while a job that never reports runs on node a.
     lease = 2
     hold = tmp_path / "quiet.hold"

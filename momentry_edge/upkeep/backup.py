@@ -1,6 +1,6 @@
 """Backups of the queue database (and results): taken, kept in crash-safe folders, pruned."""
 
-# One piece (~710 lines): taking a backup, its crash-safe folders and the copy and
+# One piece (~780 lines): taking a backup, its crash-safe folders and the copy and
 # sync helpers restore uses too.
 
 # A backup is a folder (``<data_dir>/backups/<UTC time>/`` unless given) holding
@@ -30,6 +30,8 @@ import shutil
 import sqlite3
 import stat
 import subprocess
+import tempfile
+import threading
 import time
 from collections.abc import Collection
 from dataclasses import asdict, dataclass
@@ -59,14 +61,21 @@ SIDECARS = ("-wal", "-shm", "-journal")  # SQLite's files beside a database
 SQLITE_HEADER = b"SQLite format 3\x00"
 # Pages copied per backup step (4 MiB at SQLite's default page size).
 STEP_PAGES = 1024
-# Seconds a scheduled backup's pg_dump waits for a table another session has locked:
-# the reaper, the disk checks and a stop wait on the housekeeping thread meanwhile.
+# Seconds a scheduled backup's pg_dump waits for a table another session has locked: then
+# it is skipped with an alert, rather than waiting unseen with the next ones held back.
 SCHEDULED_LOCK_WAIT = 10.0
+# Seconds pg_dump is given to end on SIGTERM (it cancels its query on the server) when a
+# stop cuts its backup short, before SIGKILL.
+STOP_GRACE = 5.0
 MB = 2**20
 
 
 class BackupError(Exception):
     """A backup or restore that cannot be done; the message says why and what to do."""
+
+
+class BackupStopped(BackupError):
+    """A backup cut short by ``stop`` (the service stopping); its unfinished folder is gone."""
 
 
 @dataclass(frozen=True)
@@ -92,16 +101,24 @@ def backups_dir(data_dir: Path) -> Path:
 
 
 def take(
-    cfg: Config, dest: Path | None = None, *, results: bool = False, scheduled: bool = False
+    cfg: Config,
+    dest: Path | None = None,
+    *,
+    results: bool = False,
+    scheduled: bool = False,
+    stop: threading.Event | None = None,
 ) -> Backup:
-    """Copy the database (consistently, while the service runs), the settings, and results."""
+    """Copy the database (consistently, while the service runs), the settings, and results.
+    Once ``stop`` is set, the copy ends (BackupStopped) and leaves nothing behind."""
     try:
-        return _take(cfg, dest, results, scheduled)
+        return _take(cfg, dest, results, scheduled, stop)
     except OSError as exc:  # one no step below expected (a folder on the way unreadable...)
         raise _failed("cannot take the backup", exc) from None
 
 
-def _take(cfg: Config, dest: Path | None, results: bool, scheduled: bool) -> Backup:
+def _take(
+    cfg: Config, dest: Path | None, results: bool, scheduled: bool, stop: threading.Event | None
+) -> Backup:
     started = time.monotonic()
     _check_data_dir(cfg.data_dir)
     sqlite_file = sqlite_path(cfg)
@@ -128,12 +145,12 @@ def _take(cfg: Config, dest: Path | None, results: bool, scheduled: bool) -> Bac
         _check_room(cfg, work, folder, results, keep_free)
         if sqlite_file is None:
             kind, copy, jobs = "postgresql", work / DUMP_NAME, None
-            # A scheduled one runs on the housekeeping thread: it does not wait for long.
+            # A scheduled one does not wait for long: no one watches it.
             lock_wait = SCHEDULED_LOCK_WAIT if scheduled else None
-            _dump_postgres(cfg.service.database_url, copy, lock_wait)
+            _dump_postgres(cfg.service.database_url, copy, lock_wait, stop)
         else:
             kind, copy = "sqlite", work / SQLITE_NAME
-            jobs = _copy_sqlite(sqlite_file, copy)
+            jobs = _copy_sqlite(sqlite_file, copy, stop)
         if cfg.source is not None:
             shutil.copy2(cfg.source, work / SETTINGS_NAME)
         skipped: list[str] = []
@@ -272,10 +289,15 @@ def _unfinished(folder: Path) -> bool:
     return (folder / STAGING).exists() and not (folder / MANIFEST).exists()
 
 
-def scheduled(cfg: Config) -> Backup | None:
-    """The periodic backup: take one, then keep only the newest ``backup_keep`` scheduled ones."""
+def scheduled(cfg: Config, stop: threading.Event | None = None) -> Backup | None:
+    """The periodic backup: take one, then keep only the newest ``backup_keep`` scheduled ones.
+    ``stop``: the service's stop, which cuts it short."""
     try:
-        backup = take(cfg, scheduled=True)
+        backup = take(cfg, scheduled=True, stop=stop)
+    except BackupStopped as exc:
+        # No alert: the stop was asked for.
+        log.warning("scheduled backup cut short by the stop (%s); its folder is removed", exc)
+        return None
     except BackupError as exc:
         log.warning("scheduled backup skipped: %s", exc)
         bus.publish("backup.skipped", reason=str(exc))  # an operator alert
@@ -647,7 +669,7 @@ def sqlite_path(cfg: Config) -> Path | None:
     return store.sqlite_file(cfg.service.database_url, cfg.data_dir)
 
 
-def _copy_sqlite(source: Path, target: Path) -> int | None:
+def _copy_sqlite(source: Path, target: Path, stop: threading.Event | None = None) -> int | None:
     if not source.is_file():
         raise BackupError(f"there is no database at {source} yet")
     src = sqlite3.connect(source, timeout=15)
@@ -658,8 +680,14 @@ def _copy_sqlite(source: Path, target: Path) -> int | None:
         src.execute("BEGIN")
         src.execute("SELECT count(*) FROM sqlite_master").fetchone()
         dst = sqlite3.connect(target)
+
+        def each_step(status: int, remaining: int, total: int) -> None:
+            # Raised here, it ends the copy between two steps (sqlite3 passes it on).
+            if stop is not None and stop.is_set():
+                raise BackupStopped(f"the copy of {source} was stopped, {remaining} pages short")
+
         try:
-            src.backup(dst, pages=STEP_PAGES)
+            src.backup(dst, pages=STEP_PAGES, progress=each_step)
             problems = _problems(dst, "quick_check")
             if problems:
                 raise BackupError(f"the copy of {source} fails its check: {problems}")
@@ -690,24 +718,51 @@ def _pg_command(tool: str, url: str) -> tuple[list[str], dict[str, str]]:
     return [path, "--dbname", url], env
 
 
-def _dump_postgres(url: str, target: Path, lock_wait: float | None = None) -> None:
+def _dump_postgres(
+    url: str, target: Path, lock_wait: float | None = None, stop: threading.Event | None = None
+) -> None:
     """``lock_wait``: seconds pg_dump waits for the share lock of each table it copies
-    (another session's ALTER, TRUNCATE or VACUUM FULL holds it) before it gives up."""
+    (another session's ALTER, TRUNCATE or VACUUM FULL holds it) before it gives up.
+    ``stop``: once set, pg_dump is ended (BackupStopped)."""
     command, env = _pg_command("pg_dump", url)
     # pg_dump reads in one repeatable-read snapshot; writers go on meanwhile. The queue
     # alone: not the schemas earlier restores set aside, which a restore would make again.
     command += ["--format=custom", "--no-owner", "--schema=public", "--file", str(target)]
     if lock_wait is not None:
         command.append(f"--lock-wait-timeout={round(lock_wait * 1000)}")
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        said = "; ".join(done.stderr.split("\n")).strip("; ")
+    returncode, stderr = _run(command, env, stop)
+    if returncode != 0:
+        said = "; ".join(stderr.split("\n")).strip("; ")
         if lock_wait is not None and "LOCK TABLE" in said:
             raise BackupError(
                 f"pg_dump could not lock a table to copy within {lock_wait:g} s, another "
                 f"session holds it ({said}); the next scheduled backup tries again"
             )
         raise BackupError(f"pg_dump failed: {said}")
+
+
+def _run(command: list[str], env: dict[str, str], stop: threading.Event | None) -> tuple[int, str]:
+    """Run ``command`` to its end, or until ``stop`` is set: then end it (SIGTERM, SIGKILL
+    after STOP_GRACE) and raise BackupStopped. Returns its exit code and stderr."""
+    # stderr into a file: a pipe nobody reads while we wait could fill and hold it up.
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            while proc.poll() is None:
+                if stop is None:
+                    proc.wait()
+                elif stop.wait(0.1):
+                    raise BackupStopped(f"{Path(command[0]).name} was ended")
+        finally:
+            if proc.poll() is None:  # stopped, or an error here (KeyboardInterrupt...)
+                proc.terminate()
+                try:
+                    proc.wait(STOP_GRACE)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        err.seek(0)
+        return proc.returncode, err.read().decode(errors="replace")
 
 
 # -- restore --------------------------------------------------------------------------------------

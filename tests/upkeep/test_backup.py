@@ -10,16 +10,20 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
+import psutil
 import pytest
 from conftest import ServiceProcess, wait_for
 from databases import scratch_postgres
 from disks import fill, small_filesystem
 from receiver import receiving
 
+from momentry_edge import config
 from momentry_edge.upkeep import backup
 
 KILLED = -signal.SIGKILL
@@ -269,8 +273,8 @@ def test_a_scheduled_backup_that_would_leave_too_little_room_is_skipped_with_an_
 def test_a_scheduled_backup_held_up_by_a_lock_is_skipped_and_the_service_stops(
     start_service, database_url
 ):
-    # pg_dump, on the housekeeping thread, waits for a lock another session holds on a
-    # table it copies: the reaper, the disk checks and a stop must not wait with it.
+    # pg_dump waits for a lock another session holds on a table it copies: it gives up
+    # after SCHEDULED_LOCK_WAIT, logged, and a stop does not wait for the next one.
     import psycopg
 
     svc = start_service(service={"backup_interval": 0.5})
@@ -287,6 +291,91 @@ def test_a_scheduled_backup_held_up_by_a_lock_is_skipped_and_the_service_stops(
             assert svc.stop() == 0
             assert time.monotonic() - started < backup.SCHEDULED_LOCK_WAIT + 10
     assert not list((svc.data_dir / "backups").glob("*.partial")), "no .partial left"
+
+
+def pg_dumps(svc: ServiceProcess) -> list[psutil.Process]:
+    """The service's pg_dump processes now."""
+    assert svc.proc is not None
+    found = []
+    for child in psutil.Process(svc.proc.pid).children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if child.name() == "pg_dump" and child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child)
+    return found
+
+
+@contextlib.contextmanager
+def dump_held_up(svc: ServiceProcess, database_url: str) -> Iterator[psutil.Process]:
+    """A table pg_dump copies locked by another session until the block ends; yields the
+    service's scheduled pg_dump once it waits for that lock."""
+    import psycopg
+
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        admin.execute("CREATE TABLE held_up (n integer)")  # in the schema pg_dump copies
+        with admin.transaction():
+            admin.execute("LOCK TABLE held_up IN ACCESS EXCLUSIVE MODE")
+            wait_for(lambda: waiting_for(admin, "held_up") > 0)
+            (dump,) = wait_for(lambda: pg_dumps(svc))
+            yield dump
+            # The lock is held until here: a pg_dump seen waiting now never got it.
+
+
+def waiting_for(admin: Any, table: str) -> int:
+    query = f"SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = '{table}'::regclass"
+    return int(admin.execute(query).fetchone()[0])
+
+
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+def test_a_scheduled_backup_held_up_by_a_lock_holds_up_no_other_housekeeping_step(
+    start_service, database_url
+):
+    # The housekeeping step "run_file" writes run.json again (every lease_seconds / 3)
+    # once it is gone: it does so while the scheduled pg_dump still waits for the lock,
+    # not after that pg_dump gives up (SCHEDULED_LOCK_WAIT, logged as skipped).
+    svc = start_service(service={"backup_interval": 0.5}, queue={"lease_seconds": 3})
+    run_file = svc.data_dir / "run.json"
+    with dump_held_up(svc, database_url) as dump:
+        run_file.unlink()
+        wait_for(run_file.exists, timeout=backup.SCHEDULED_LOCK_WAIT + 15)
+        assert dump.is_running() and pg_dumps(svc) == [dump], "the same pg_dump waits still"
+        assert "backup skipped" not in svc.log()
+    assert json.loads(run_file.read_text())["pid"] == svc.proc.pid
+
+
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+def test_a_stop_ends_a_scheduled_pg_dump_held_up_by_a_lock_and_leaves_nothing(
+    start_service, database_url
+):
+    import psycopg
+
+    svc = start_service(service={"backup_interval": 0.5})
+    folder = svc.data_dir / "backups"
+    with dump_held_up(svc, database_url) as dump:
+        assert list(folder.glob("*.partial")), "the backup is under way"
+        assert svc.stop() == 0  # within the lock: the stop did not wait for pg_dump
+        assert not dump.is_running(), "pg_dump was ended"
+        with psycopg.connect(database_url, autocommit=True) as other:
+            # Its query was cancelled on the server too (pg_dump does so on SIGTERM).
+            wait_for(lambda: waiting_for(other, "held_up") == 0)
+    log = svc.log()
+    assert "scheduled backup cut short by the stop" in log, log
+    assert "backup skipped" not in log and "Traceback" not in log, log
+    assert not list(folder.glob("*.partial")), "no .partial left"
+    assert not list(folder.glob("*")), "nor anything else: the only backup was cut short"
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_stop_set_before_a_step_ends_a_sqlite_copy_and_leaves_nothing(start_service):
+    # The service's stop (its ``stopping`` event) is checked between the copy's steps.
+    svc = start_service()
+    svc.stop()
+    cfg = config.load(svc.config_path, env={})
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(backup.BackupStopped):
+        backup.take(cfg, scheduled=True, stop=stop)
+    assert not list((svc.data_dir / "backups").glob("*")), "no .partial left"
+    assert backup.take(cfg, scheduled=True, stop=threading.Event()).jobs == 0
 
 
 def test_a_backup_refuses_a_destination_with_less_room_than_it_needs(start_service, tmp_path):

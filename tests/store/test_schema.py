@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import peewee as pw
+
 from momentry_edge import cluster, jobs, store
 from momentry_edge.ingest.intake import Intake
 from momentry_edge.jobs import views
@@ -48,29 +50,15 @@ def test_a_version_4_database_gains_the_new_columns_and_keeps_its_jobs(tmp_path,
 def test_a_version_6_database_gains_the_file_recheck_columns_and_keeps_its_files(
     tmp_path, database_url
 ):
-    data = tmp_path / "data"
-    database = store.connect(database_url, data)
-    MediaFile.create(
-        file_uuid="d" * 32,
-        path="/drop/b.mp4",
-        watch_root="/drop",
-        rel_path="b.mp4",
-        name="b.mp4",
+    database = _file_database_back_at(
+        6,
+        ("transient", "content_hash"),
+        tmp_path,
+        database_url,
         state=FileState.REJECTED,
         reason="truncated or corrupt",
     )
-    for column in ("transient", "content_hash"):
-        database.execute_sql(f"ALTER TABLE media_file DROP COLUMN {column}")
-    SchemaVersion.delete().where(SchemaVersion.version >= 7).execute()
-    database.close()
-
-    database = store.connect(database_url, data)
-    database.connect(reuse_if_open=True)
-
-    columns = {c.name for c in database.get_columns("media_file")}
-    assert {"transient", "content_hash"} <= columns
-    assert SchemaVersion.select().count() == len(store.MIGRATIONS)
-    record = MediaFile.get(MediaFile.path == "/drop/b.mp4")
+    record = MediaFile.get(MediaFile.path == "/drop/a.mp4")
     assert (record.state, record.transient, record.content_hash) == (
         FileState.REJECTED,
         False,
@@ -79,6 +67,34 @@ def test_a_version_6_database_gains_the_file_recheck_columns_and_keeps_its_files
     # Run again (another node starting): nothing to do, nothing breaks.
     assert store.migrate(database) == len(store.MIGRATIONS)
     database.close()
+
+
+def _file_database_back_at(
+    version: int, added: tuple[str, ...], tmp_path, database_url, **file
+) -> pw.Database:
+    """A queue holding one file (/drop/a.mp4 with ``file``'s fields) brought back to
+    schema ``version`` (``added`` since: dropped), then opened again as a start would:
+    asserts the columns are back and every migration recorded."""
+    data = tmp_path / "data"
+    database = store.connect(database_url, data)
+    MediaFile.create(
+        file_uuid="d" * 32,
+        path="/drop/a.mp4",
+        watch_root="/drop",
+        rel_path="a.mp4",
+        name="a.mp4",
+        **file,
+    )
+    for column in added:
+        database.execute_sql(f"ALTER TABLE media_file DROP COLUMN {column}")
+    SchemaVersion.delete().where(SchemaVersion.version > version).execute()
+    database.close()
+
+    database = store.connect(database_url, data)
+    database.connect(reuse_if_open=True)
+    assert set(added) <= {c.name for c in database.get_columns("media_file")}
+    assert SchemaVersion.select().count() == len(store.MIGRATIONS)
+    return database
 
 
 def test_a_version_7_database_gains_inode_and_ctime_and_a_rescan_fills_them_in_unread(
@@ -176,26 +192,8 @@ def test_a_version_9_database_keeps_its_concurrency_change_on_each_node(tmp_path
 
 
 def test_a_version_10_database_gains_the_hdr_column_and_keeps_its_files(tmp_path, database_url):
-    data = tmp_path / "data"
-    database = store.connect(database_url, data)
-    MediaFile.create(
-        file_uuid="e" * 32,
-        path="/drop/hlg.mov",
-        watch_root="/drop",
-        rel_path="hlg.mov",
-        name="hlg.mov",
-        state=FileState.PRESENT,
-    )
-    database.execute_sql("ALTER TABLE media_file DROP COLUMN hdr")
-    SchemaVersion.delete().where(SchemaVersion.version >= 11).execute()
-    database.close()
-
-    database = store.connect(database_url, data)
-    database.connect(reuse_if_open=True)
-
-    assert "hdr" in {c.name for c in database.get_columns("media_file")}
-    assert SchemaVersion.select().count() == len(store.MIGRATIONS)
-    assert MediaFile.get(MediaFile.path == "/drop/hlg.mov").hdr is None  # until read again
+    database = _file_database_back_at(10, ("hdr",), tmp_path, database_url, state=FileState.PRESENT)
+    assert MediaFile.get(MediaFile.path == "/drop/a.mp4").hdr is None  # until read again
     assert store.migrate(database) == len(store.MIGRATIONS)
     database.close()
 
@@ -203,32 +201,19 @@ def test_a_version_10_database_gains_the_hdr_column_and_keeps_its_files(tmp_path
 def test_a_version_11_database_gains_the_picture_columns_and_keeps_its_files(
     tmp_path, database_url
 ):
-    data = tmp_path / "data"
-    database = store.connect(database_url, data)
-    MediaFile.create(
-        file_uuid="f" * 32,
-        path="/drop/pal.mp4",
-        watch_root="/drop",
-        rel_path="pal.mp4",
-        name="pal.mp4",
+    added = ("sample_aspect_ratio", "mirrored")
+    database = _file_database_back_at(
+        11,
+        added,
+        tmp_path,
+        database_url,
         state=FileState.PRESENT,
         width=1024,
         height=576,
         hdr="hlg",
     )
-    for column in ("sample_aspect_ratio", "mirrored"):
-        database.execute_sql(f"ALTER TABLE media_file DROP COLUMN {column}")
-    SchemaVersion.delete().where(SchemaVersion.version >= 12).execute()
-    database.close()
-
-    database = store.connect(database_url, data)
-    database.connect(reuse_if_open=True)
-
-    columns = {c.name for c in database.get_columns("media_file")}
-    assert {"sample_aspect_ratio", "mirrored"} <= columns
-    assert SchemaVersion.select().count() == len(store.MIGRATIONS)
     # The file reads as before; what it was not probed for is not known (null) until re-read.
-    detail = views.file_detail(MediaFile.get(MediaFile.path == "/drop/pal.mp4"))
+    detail = views.file_detail(MediaFile.get(MediaFile.path == "/drop/a.mp4"))
     assert (detail["width"], detail["height"], detail["hdr"]) == (1024, 576, "hlg")
     assert (detail["sample_aspect_ratio"], detail["mirrored"]) == (None, None)
     assert store.migrate(database) == len(store.MIGRATIONS)

@@ -556,6 +556,8 @@ def test_unknown_model_and_bad_settings_say_why(models_dir):
     )
     assert "bad asr settings" in processor(models_dir, chunk_seconds=90).readiness().reason
     assert "unknown setting 'beam'" in processor(models_dir, beam=3).readiness().reason
+    said = processor(models_dir, temperature_fallback="no").readiness().reason
+    assert "temperature_fallback must be true or false" in said
 
 
 def test_a_video_without_audio_has_an_empty_transcript(models_dir, tmp_path):

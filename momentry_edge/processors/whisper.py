@@ -56,6 +56,11 @@ class Options:
     beam_size: int = 5  # faster-whisper; mlx-whisper decodes greedily
     compute_type: str = "int8"
     cpu_threads: int = 0  # 0: CTranslate2's default
+    # On, as in both libraries' default call: a window heard as a loop or gibberish is
+    # decoded again by random sampling at rising temperatures, so its text differs from
+    # run to run (and a resumed run's from an unbroken one's). Off: always greedy/beam,
+    # the same text each time.
+    temperature_fallback: bool = True
     models_dir: str | None = None  # default <data_dir>/models
 
     @classmethod
@@ -76,9 +81,13 @@ class Options:
             raise ValueError("chunk_seconds must be between 1 and 30 (Whisper's window)")
         if opts.beam_size < 1 or opts.cpu_threads < 0:
             raise ValueError("beam_size must be >= 1 and cpu_threads >= 0")
-        if not isinstance(opts.vad, bool):
-            raise ValueError("vad must be true or false")
+        if not isinstance(opts.vad, bool) or not isinstance(opts.temperature_fallback, bool):
+            raise ValueError("vad and temperature_fallback must be true or false")
         return opts
+
+    def temperature(self) -> dict[str, float]:
+        """The temperature argument of either library's call: its own fallback by default."""
+        return {} if self.temperature_fallback else {"temperature": 0.0}
 
     def checkpoint_key(self, spec_name: str, backend: str, words: bool) -> dict[str, Any]:
         """What a checkpoint must have been made with to be resumed from (word timings
@@ -92,6 +101,7 @@ class Options:
             "chunk_seconds": self.chunk_seconds,
             "beam_size": self.beam_size,
             "compute_type": self.compute_type,
+            "temperature_fallback": self.temperature_fallback,
         }
 
 
@@ -148,6 +158,7 @@ class FasterWhisperEngine:
             local_files_only=True,
         )
         self.beam_size = opts.beam_size
+        self.temperature = opts.temperature()
 
     def transcribe(
         self,
@@ -175,6 +186,7 @@ class FasterWhisperEngine:
             condition_on_previous_text=True,
             initial_prompt=list(prompt) or None,
             clip_timestamps=[t for clip in clips for t in clip] or "0",
+            **self.temperature,
         )
         per_second = self.model.frames_per_second
         pieces = (
@@ -256,6 +268,7 @@ class MlxEngine:
         self.path = str(path)
         # float16 on the GPU; MLX's CPU backend computes float32 faster than float16.
         self.fp16 = mx.default_device().type == mx.DeviceType.gpu
+        self.temperature = opts.temperature()
         self.model = load_model(self.path, dtype=mx.float16 if self.fp16 else mx.float32)
         # Every array read in now, the positional embeddings too (not parameters): MLX
         # cannot evaluate an array on a thread other than the one that made it, and the
@@ -278,6 +291,7 @@ class MlxEngine:
                 word_timestamps=word_timestamps,
                 fp16=self.fp16,  # the dtype the model was loaded with
                 verbose=None,
+                **self.temperature,
             )
         pieces = [
             Piece(

@@ -23,6 +23,9 @@ from momentry_edge import weights
 
 TESTS = Path(__file__).resolve().parent
 
+# Wall and CPU seconds per test (MOMENTRY_TEST_TIMINGS=FILE writes them; tests/README.md).
+pytest_plugins = ["timings"]
+
 
 @pytest.fixture(scope="session")
 def models_dir(tmp_path_factory) -> Path:

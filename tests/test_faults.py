@@ -97,7 +97,8 @@ def test_a_database_locked_longer_than_every_timeout_leaves_no_job_stuck(start_s
     wait_for(lambda: svc.job(first)["progress"] >= 17)
     with exclusive_lock(svc):
         wait_for(lambda: steps_done(svc, first) >= STEPS, timeout=60)
-        time.sleep(RETRY_WINDOW + 3)  # the fault: held past every timeout
+        # The fault: held past every timeout, until the worker gives up recording it.
+        wait_for(lambda: logged(svc, f"job {first}: the worker failed"), timeout=RETRY_WINDOW * 3)
     job = svc.wait_status(first, "completed", timeout=60)
     assert job["crash_count"] == 1, job
     assert job["processors"]["steps"]["status"] == "completed"
@@ -107,7 +108,7 @@ def test_a_database_locked_longer_than_every_timeout_leaves_no_job_stuck(start_s
     wait_for(lambda: svc.job(second)["progress"] >= 17, timeout=30)
     with exclusive_lock(svc):
         wait_for(lambda: steps_done(svc, second) >= STEPS, timeout=60)
-        time.sleep(RETRY_WINDOW + 3)
+        wait_for(lambda: logged(svc, f"job {second}: the worker failed"), timeout=RETRY_WINDOW * 3)
         reply: dict[str, Any] = {}
         cancel = threading.Thread(
             target=lambda: reply.update(
@@ -138,8 +139,8 @@ def test_a_short_lock_is_ridden_out(start_service):
     wait_for(lambda: svc.job(task)["progress"] >= 17)
     with exclusive_lock(svc):
         wait_for(lambda: steps_done(svc, task) >= 20, timeout=60)
-        # Held for longer than one busy timeout, but shorter than the retries.
-        time.sleep(BUSY_TIMEOUT * 2)
+        # Held for longer than one busy timeout (a try gave up), but shorter than the retries.
+        wait_for(lambda: logged(svc, "trying again in"), timeout=RETRY_WINDOW)
     job = svc.wait_status(task, "completed", timeout=60)
     assert job["crash_count"] == 0 and job["retry_count"] == 0, job
     assert steps_done(svc, task) == 20  # ran once

@@ -315,23 +315,86 @@ def unprivileged() -> list[str]:
     return wrapper
 
 
-# The files that take minutes (a PyInstaller build, MLX on the CPU, long fault and resume
-# scenarios), longest first. scripts/test runs the suite on several workers, one file per
-# worker at a time in collection order: these go out first, so that none is left to run
-# alone at the end. Elsewhere only the order changes; each file's tests stay together.
+# The files that take minutes (a PyInstaller build, real models, long fault and resume
+# scenarios, a real browser), longest first: scripts/timings.py on a whole run's timings
+# (tests/README.md) says which. scripts/test runs the suite on several workers, one file
+# per worker at a time in collection order: these go out first, so that none is left to
+# run alone at the end. Elsewhere only the order changes; each file's tests stay together.
 LONGEST_FIRST = (
     "test_executable.py",
-    "test_mlx.py",
-    "test_side_by_side.py",
     "test_asr.py",
     "test_faults.py",
+    "test_side_by_side.py",
+    "test_console.py",
+    "test_backup.py",
     "test_cluster.py",
+    "test_queue.py",
+    "test_ingest.py",
+    "test_ingest_faults.py",
+    "test_redis_mirror.py",
+    "test_cli.py",
+    "test_mlx.py",
 )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+# scripts/test --quick: one or two tests of each package's core behaviour, a few minutes
+# in all (tests/README.md). By name here, in one place; a name that is gone fails that run.
+QUICK = {
+    "tests/cli/test_cli.py": ["test_prioritize_and_priority_reorder_the_line"],
+    "tests/cli/test_tui.py": ["test_tui_shows_the_queue_and_its_keys_steer_it"],
+    "tests/http/test_api_errors.py": ["test_client_mistakes_get_json_errors"],
+    "tests/http/test_console.py": ["test_pause_and_resume_steer_the_real_queue"],
+    "tests/ingest/test_ingest.py": [
+        "test_which_names_are_taken",
+        "test_bad_files_are_rejected_with_reasons_and_a_good_file_after_them_is_processed",
+    ],
+    "tests/ingest/test_sftpgo_hook.py": [
+        "test_an_sftpgo_upload_registers_the_file_and_its_scan_runs"
+    ],
+    "tests/jobs/test_job_views.py": ["test_a_job_shows_where_each_run_is_not_its_partial_result"],
+    "tests/processors/test_cut.py": ["test_finds_the_cuts_and_covers_the_whole_clip"],
+    "tests/processors/test_frame_processors.py": [
+        "test_yolo_finds_the_person_in_source_frame_pixels"
+    ],
+    "tests/sidecars/test_alerts.py": ["test_a_failed_job_and_a_dead_partial_job_each_alert_once"],
+    "tests/store/test_schema.py": [
+        "test_a_version_4_database_gains_the_new_columns_and_keeps_its_jobs"
+    ],
+    "tests/store/test_db_statements.py": ["test_written_out_statements_match_peewee"],
+    "tests/upkeep/test_backup.py": ["test_restore_refuses_while_the_service_runs"],
+    "tests/upkeep/test_housekeeping.py": ["test_sweep_keeps_recent_and_active_work"],
+    "tests/worker/test_gate.py": ["test_disk_guard_blocks_admission_and_says_why"],
+    "tests/test_asr.py": ["test_asr_returns_the_spoken_sentence_where_it_was_spoken"],
+    "tests/test_callbacks_and_logs.py": [
+        "test_callback_is_retried_after_a_500_and_carries_the_job"
+    ],
+    "tests/test_config.py": ["test_defaults_are_the_documented_ones"],
+    "tests/test_media.py": ["test_probe_reports_what_the_clip_is"],
+    "tests/test_models.py": [
+        "test_pull_from_the_installed_package_puts_verified_files_in_the_data_dir"
+    ],
+    "tests/test_outputs.py": ["test_a_failure_never_replaces_a_complete_result"],
+    "tests/test_queue.py": ["test_high_priority_starts_next_and_positions_move_exactly"],
+    "tests/test_recovery.py": ["test_task_timeout_fails_the_job_and_keeps_its_partial_output"],
+    "tests/test_startup.py": [
+        "test_a_database_server_that_is_down_is_one_line_naming_the_url_and_exit_1"
+    ],
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
         name = item.path.name
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: the rest keep their order
+    found: dict[str, set[str]] = {}
+    for item in items:
+        file = item.path.relative_to(TESTS.parent).as_posix()
+        name = getattr(item, "originalname", item.name)
+        if name in QUICK.get(file, ()):
+            item.add_marker(pytest.mark.quick)
+        found.setdefault(file, set()).add(name)
+    missing = [f"{f}::{t}" for f in found for t in QUICK.get(f, ()) if t not in found[f]]
+    if missing and "quick" in (config.option.markexpr or ""):
+        raise pytest.UsageError(f"tests/conftest.py QUICK names tests not there: {missing}")

@@ -57,8 +57,9 @@ def test_task_timeout_fails_the_job_and_keeps_its_partial_output(start_service):
     assert "queue.task_timeout" in job["error_message"]
     out = svc.data_dir / "results" / job["file_uuid"] / "steps.json"
     partial = json.loads(out.read_text())
-    # A timed-out run has failed: its document says so, with the result it had so far.
-    assert partial["status"] == "failed" and 5 < partial["last_checkpoint"]["frame"] < 400
+    # A timed-out run has failed: its document says so, with the result it had so far
+    # (however far a second took it: on a loaded machine, a few steps).
+    assert partial["status"] == "failed" and 0 < partial["last_checkpoint"]["frame"] < 400
     assert "timed out after 1 s" in partial["error"]
     assert partial["result"]["done"] == partial["last_checkpoint"]["frame"]
     assert svc.get(f"/api/v1/files/{job['file_uuid']}/results/steps") == partial

@@ -146,7 +146,10 @@ class ApiClient:
     def __init__(self, base_url: str, token: str = "", timeout: float = DEFAULT_TIMEOUT) -> None:
         check_token(token)
         self.base_url = base_url.rstrip("/")
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # Which interface asks: the service's log names it beside what was cancelled.
+        headers = {"X-Momentry-Via": "cli"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
 
     def __enter__(self) -> ApiClient:
@@ -157,6 +160,10 @@ class ApiClient:
 
     def close(self) -> None:
         self._http.close()
+
+    def speak_as(self, via: str) -> None:
+        """Name another interface on the requests from now on ("tui")."""
+        self._http.headers["X-Momentry-Via"] = via
 
     # -- queue ----------------------------------------------------------------------------------
 

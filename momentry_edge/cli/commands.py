@@ -82,7 +82,10 @@ def cmd_resume(api: ApiClient, args: argparse.Namespace) -> int:
 
 
 def cmd_clear(api: ApiClient, args: argparse.Namespace) -> int:
-    if not args.yes and sys.stdin.isatty():  # a person at a terminal: say what goes first
+    if not args.yes and not sys.stdin.isatty():
+        # Nobody to ask (a pipe, a script): `echo n | clear` must not cancel the line.
+        raise UsageError("no terminal to ask at before cancelling every waiting job: pass --yes")
+    if not args.yes:  # a person at a terminal: say what goes first
         status = api.queue_status(limit=1)
         waiting = status["pending_count"] + (status.get("retrying_count") or 0)
         answer = input(f"cancel {waiting} waiting job(s)? (running jobs go on) [y/N] ")
@@ -142,6 +145,7 @@ def cmd_concurrency(api: ApiClient, args: argparse.Namespace) -> int:
 def cmd_tui(api: ApiClient, args: argparse.Namespace) -> int:
     from . import tui  # imported here: only the live view needs rich.live and termios
 
+    api.speak_as("tui")
     return tui.run(api)
 
 

@@ -183,8 +183,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--text", action="store_true", help="print the transcript (asr)")
     add("pause", cmd_pause, "pause the queue: running jobs finish, nothing new starts")
     add("resume", cmd_resume, "resume a paused queue")
-    sub = add("clear", cmd_clear, "cancel every pending and retrying job (asks on a terminal)")
-    sub.add_argument("--yes", action="store_true", help="do not ask")
+    sub = add(
+        "clear",
+        cmd_clear,
+        "cancel every pending and retrying job (asks on a terminal, else needs --yes)",
+    )
+    sub.add_argument("--yes", action="store_true", help="do not ask (needed without a terminal)")
     add("rescan", cmd_rescan, "reconcile the watched folders with the database now")
     sub = add("jobs", cmd_jobs, "list jobs, newest first")
     sub.add_argument("--status", type=_csv, help="comma-separated, e.g. failed,partial")

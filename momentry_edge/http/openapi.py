@@ -208,7 +208,9 @@ SCHEMAS: dict[str, Schema] = {
             "completed": NAMES,
             "failed": NAMES,
             "created_at": TIME,
-            "error": _null(STR | {"description": "failed and partial jobs only"}),
+            "error": _null(
+                STR | {"description": "failed, partial and cancelled jobs only: why it ended"}
+            ),
             "resolved_by": _null(
                 TASK_ID | {"description": "a later job of the file that completed"}
             ),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import bottle
 from bottle import response
 
@@ -12,12 +14,15 @@ from ..store import FileState, JobStatus
 from .core import Core
 from .openapi import DEEP_SCAN_KEYS
 from .parsing import (
+    interface,
     json_body,
     media_file,
     not_at,
     paging,
     scan_options,
 )
+
+log = logging.getLogger(__name__)
 
 
 def add(app: bottle.Bottle, service: Core) -> None:
@@ -54,7 +59,9 @@ def add(app: bottle.Bottle, service: Core) -> None:
 
     @app.post("/api/v1/queue/clear")
     def clear() -> dict:
-        return {"success": True, "cleared": jobs.clear()}
+        cleared = jobs.clear()
+        log.info("queue cleared through %s: %d waiting job(s) cancelled", interface(), cleared)
+        return {"success": True, "cleared": cleared}
 
     @app.post("/api/v1/queue/prioritize/<file_uuid>")
     def prioritize(file_uuid: str) -> dict:
@@ -97,9 +104,18 @@ def add(app: bottle.Bottle, service: Core) -> None:
 
 def cancel_job(ref: str) -> dict:
     """Cancel a job (DELETE /api/v1/queue/task/..., POST /api/v1/jobs/.../cancel)."""
-    was = jobs.cancel(jobs.find_job(ref))
+    job = jobs.find_job(ref)
+    was = jobs.cancel(job)
     # A running job stops at its next report; "status" tells the two cases apart.
     status = "cancelling" if was == JobStatus.PROCESSING else JobStatus.CANCELLED
+    log.info(
+        "job %s (%s, was %s) cancelled through %s",
+        job.task_id,
+        job.file.name,
+        was,
+        interface(),
+        extra={"task_id": job.task_id},
+    )
     return {"success": True, "message": "Task cancelled", "status": status}
 
 

@@ -297,6 +297,8 @@ def job_summary(job: Job, resolved_by: str | None = None) -> dict[str, Any]:
     }
     if job.status in (JobStatus.FAILED, JobStatus.PARTIAL):
         summary |= {"error": job.error_message, "resolved_by": resolved_by}
+    elif job.status == JobStatus.CANCELLED:
+        summary["error"] = job.error_message  # why: cancelled by user, cleared from the queue
     return summary
 
 

@@ -6,7 +6,7 @@ const PAGE = 25;
 const $ = (id) => document.getElementById(id);
 const state = {
   token: sessionStorage.getItem("momentry-token") || "",
-  waitingOffset: 0, failedOffset: 0, filesOffset: 0, rejectedOffset: 0,
+  waitingOffset: 0, failedOffset: 0, cancelledOffset: 0, filesOffset: 0, rejectedOffset: 0,
   search: "", status: null, skew: 0, fileUuid: null, blobs: [], places: {}, readFailed: false,
 };
 
@@ -17,7 +17,8 @@ class ApiError extends Error {
 }
 
 function headers(extra) {
-  const h = Object.assign({}, extra || {});
+  // The service's log names the interface that cancelled or cleared what.
+  const h = Object.assign({ "X-Momentry-Via": "console" }, extra || {});
   if (state.token) h.Authorization = "Bearer " + state.token;
   return h;
 }
@@ -50,6 +51,33 @@ async function act(method, path, body) {
   }
 }
 
+// What cannot be undone asks first, in a dialog that names what it ends; Escape or
+// "Keep it" leaves everything as it was.
+function confirmThen(question, yes, action) {
+  const dialog = $("confirm");
+  $("confirm-text").textContent = question;
+  $("confirm-yes").textContent = yes;
+  dialog.returnValue = "";
+  dialog.onclose = () => { if (dialog.returnValue === "yes") action(); };
+  dialog.showModal();
+  $("confirm-no").focus();
+}
+$("confirm-yes").addEventListener("click", () => $("confirm").close("yes"));
+$("confirm-no").addEventListener("click", () => $("confirm").close("no"));
+
+function cancelJob(job) {
+  const running = job.status === "processing";
+  const question = running
+    ? `Cancel the running job of ${job.file_name} (${job.task_id})? It stops at its next checkpoint; Retry runs what it did not finish.`
+    : `Cancel the waiting job of ${job.file_name} (${job.task_id})? It leaves the line; Retry puts it back.`;
+  confirmThen(question, "Cancel job", () => act("POST", `/api/v1/jobs/${job.task_id}/cancel`));
+}
+
+function dismissJob(job) {
+  confirmThen(`Dismiss the ${job.status} job of ${job.file_name} (${job.task_id})? Its record is removed for good; its results stay.`,
+    "Dismiss job", () => act("POST", `/api/v1/jobs/${job.task_id}/dismiss`));
+}
+
 // -- signing in --------------------------------------------------------------------------
 
 function signOut() {
@@ -57,7 +85,8 @@ function signOut() {
   sessionStorage.removeItem("momentry-token");
   leaveStream();
   $("app").hidden = true;  // nothing of the queue or the files stays on screen
-  for (const id of ["running", "waiting", "failed", "files", "rejected", "scenes", "transcript"]) {
+  if ($("confirm").open) $("confirm").close();
+  for (const id of ["running", "waiting", "failed", "cancelled", "files", "rejected", "scenes", "transcript"]) {
     $(id).replaceChildren();
   }
   $("login").hidden = false;
@@ -357,7 +386,7 @@ async function draw(asked) {
   await drawRunning(status);
   if (!all) return;
   drawWaiting(status);
-  await Promise.all([drawFailed(), drawFiles(), drawRejected()]);
+  await Promise.all([drawFailed(), drawCancelled(), drawFiles(), drawRejected()]);
 }
 
 // -- words and numbers ---------------------------------------------------------------------
@@ -526,7 +555,7 @@ function runningItem(job, detail) {
       el("span", { class: "muted", text: "in " + folderOf(path) }),
       el("span", { class: "muted", text: detail ? remaining(detail) : "" }),
       el("button", { type: "button", "aria-label": "Cancel " + job.file_name, text: "Cancel",
-        onclick: () => act("POST", `/api/v1/jobs/${job.task_id}/cancel`) })),
+        onclick: () => cancelJob(job) })),
     ...rows);
 }
 
@@ -553,7 +582,7 @@ function drawWaiting(s) {
         j.status === "pending" ? el("button", { type: "button", "aria-label": "Prioritize " + label,
           text: "Prioritize", onclick: () => act("POST", "/api/v1/queue/prioritize/" + j.file_uuid) }) : null,
         el("button", { type: "button", "aria-label": "Cancel " + label, text: "Cancel",
-          onclick: () => act("POST", `/api/v1/jobs/${j.task_id}/cancel`) })));
+          onclick: () => cancelJob(j) })));
   });
   $("waiting").replaceChildren(...(items.length ? items : [el("li", { class: "muted", text: "Nothing is waiting." })]));
   pager("waiting-pager", state.waitingOffset, s.pending_count + (s.retrying_count || 0), (o) => { state.waitingOffset = o; refresh("all", true); });
@@ -571,13 +600,30 @@ async function drawFailed() {
       el("button", { type: "button", "aria-label": "Retry " + j.file_name, text: "Retry",
         onclick: () => act("POST", `/api/v1/jobs/${j.task_id}/retry`) }),
       el("button", { type: "button", "aria-label": "Dismiss " + j.file_name, text: "Dismiss",
-        onclick: () => act("POST", `/api/v1/jobs/${j.task_id}/dismiss`) })),
+        onclick: () => dismissJob(j) })),
     ...Object.entries(j.failed).map(([name, f]) => el("div", {},
       el("span", { text: `${name} failed after ${f.attempts} attempt${f.attempts === 1 ? "" : "s"}:` }),
       el("pre", { class: "err", text: f.error || "(no error recorded)" }))),
     j.error_message && !Object.keys(j.failed).length ? el("pre", { class: "err", text: j.error_message }) : null));
   $("failed").replaceChildren(...(items.length ? items : [el("li", { class: "muted", text: "No failed job." })]));
   pager("failed-pager", state.failedOffset, dead.total, (o) => { state.failedOffset = o; refresh("all", true); });
+}
+
+// -- cancelled jobs ------------------------------------------------------------------------
+
+async function drawCancelled() {
+  const list = await get(`/api/v1/jobs?status=cancelled&limit=${PAGE}&offset=${state.cancelledOffset}`);
+  const items = list.jobs.map((j) => el("li", { "data-task": j.task_id },
+    el("div", { class: "row" },
+      el("a", { class: "name", href: "#/file/" + j.file_uuid, text: j.file_name }),
+      statusWord(j.status),
+      el("span", { class: "muted", text: j.error || "" }),
+      el("button", { type: "button", "aria-label": "Retry " + j.file_name, text: "Retry",
+        onclick: () => act("POST", `/api/v1/jobs/${j.task_id}/retry`) }),
+      el("button", { type: "button", "aria-label": "Dismiss " + j.file_name, text: "Dismiss",
+        onclick: () => dismissJob(j) }))));
+  $("cancelled").replaceChildren(...(items.length ? items : [el("li", { class: "muted", text: "No cancelled job." })]));
+  pager("cancelled-pager", state.cancelledOffset, list.total, (o) => { state.cancelledOffset = o; refresh("all", true); });
 }
 
 // -- files ---------------------------------------------------------------------------------
@@ -678,12 +724,21 @@ async function drawFileJobs() {
   drawJobs(file);
 }
 
-// The file's jobs (the newest 10), each with its processors and how they ended.
+// The file's jobs (the newest 10), each with its processors and how they ended; one that
+// ended short can be retried here, one waiting or running cancelled.
+const ENDED_SHORT = ["failed", "partial", "cancelled"];
+const UNDER_WAY = ["pending", "retrying", "processing"];
+
 async function drawJobs(file) {
   const jobs = await Promise.all(file.jobs.slice(0, 10).map((j) => optional("/api/v1/jobs/" + j.task_id)));
+  const job = (j) => Object.assign({ file_name: file.file_name }, j);
   $("file-jobs").replaceChildren(...file.jobs.slice(0, 10).map((j, i) => el("li", {},
     el("div", { class: "row" }, el("span", { class: "name", text: j.task_id }), statusWord(j.status),
-      el("span", { class: "muted", text: "created " + when(j.created_at) })),
+      el("span", { class: "muted", text: "created " + when(j.created_at) }),
+      ENDED_SHORT.includes(j.status) ? el("button", { type: "button", "aria-label": "Retry " + j.task_id,
+        text: "Retry", onclick: () => act("POST", `/api/v1/jobs/${j.task_id}/retry`) }) : null,
+      UNDER_WAY.includes(j.status) ? el("button", { type: "button", "aria-label": "Cancel " + j.task_id,
+        text: "Cancel", onclick: () => cancelJob(job(j)) }) : null),
     jobs[i] ? el("div", { class: "muted", text: Object.entries(jobs[i].processors)
       .map(([name, run]) => `${name}: ${run.status}`).join(" · ") }) : null)));
   return jobs;

@@ -244,6 +244,8 @@ def test_tui_on_a_narrow_terminal_shows_which_job_is_selected(start_service, ter
     terminal.press("c")  # cancels the job the operator sees selected, and only that one
     wait_for(lambda: svc.job(tasks[1])["status"] == "cancelled")
     assert svc.job(tasks[0])["status"] == "pending"
+    said = f"job {tasks[1]} ({names[1]}, was pending) cancelled through the TUI"
+    wait_for(lambda: said in svc.log())
     terminal.press("q")
     terminal.wait(lambda s: "[exited 0]" in s)
 

@@ -157,17 +157,49 @@ def test_a_dropped_file_appears_live_and_ends_completed(start_service, console):
 
 
 @SQLITE
-def test_cancel_stops_a_running_job(start_service, console):
+def test_cancel_asks_first_and_a_cancelled_job_is_listed_with_retry(start_service, console):
     svc = start_service(**{"processors.steps": {"steps": 200, "step_seconds": 0.2}})
     view = console(svc)
     page = view.open()
-    task = svc.submit("long take.mp4", ["steps"])["task_id"]
+    submitted = svc.submit("long take.mp4", ["steps"])
+    task = submitted["task_id"]
     running = page.locator("#running li", has_text="long take.mp4")
     page_expect(running).to_contain_text("processing")
+    dialog = page.get_by_role("dialog")
+
+    # One click only asks, naming the job; "Keep it" leaves it running.
     page.get_by_role("button", name="Cancel long take.mp4").click()
+    page_expect(dialog).to_contain_text(f"Cancel the running job of long take.mp4 ({task})?")
+    dialog.get_by_role("button", name="Keep it").click()
+    page_expect(dialog).to_be_hidden()
+    assert svc.job(task)["status"] == "processing"
+
+    page.get_by_role("button", name="Cancel long take.mp4").click()
+    dialog.get_by_role("button", name="Cancel job").click()
     assert svc.wait_status(task, "cancelled")["status"] == "cancelled"
     page_expect(page.locator("#running")).to_contain_text("No job is running.")
     page_expect(page.locator("#files li", has_text="long take.mp4")).to_contain_text("cancelled")
+    said = f"job {task} (long take.mp4, was processing) cancelled through the console"
+    wait_for(lambda: said in svc.log())
+
+    # Listed as cancelled, with why, and Retry puts it back to work.
+    cancelled = page.locator("#cancelled li", has_text="long take.mp4")
+    page_expect(cancelled).to_contain_text("cancelled by user")
+    cancelled.get_by_role("button", name="Retry long take.mp4").click()
+    page_expect(page.locator("#cancelled")).to_contain_text("No cancelled job.")
+    page_expect(running).to_contain_text("processing")
+
+    # The file's page cancels (asking first) and retries too.
+    page.locator("#running a", has_text="long take.mp4").click()
+    jobs = page.locator("#file-jobs li", has_text=task)
+    page_expect(jobs).to_contain_text("processing")
+    jobs.get_by_role("button", name=f"Cancel {task}").click()
+    page_expect(dialog).to_contain_text(f"Cancel the running job of long take.mp4 ({task})?")
+    dialog.get_by_role("button", name="Cancel job").click()
+    page_expect(jobs).to_contain_text("cancelled")
+    jobs.get_by_role("button", name=f"Retry {task}").click()
+    page_expect(jobs).to_contain_text("processing")
+    assert svc.job(task)["status"] == "processing"
     view.check_clean()
 
 
@@ -212,7 +244,15 @@ def test_retry_reruns_a_failed_job_and_dismiss_removes_one(start_service, consol
     page_expect(page.locator("#files li", has_text="first.mp4")).to_contain_text("completed")
     assert svc.job(first)["status"] == "completed"
 
+    # Dismiss asks first, naming the job; Escape keeps it.
     page.get_by_role("button", name="Dismiss second.mp4").click()
+    dialog = page.get_by_role("dialog")
+    page_expect(dialog).to_contain_text(f"Dismiss the failed job of second.mp4 ({second})?")
+    page.keyboard.press("Escape")
+    page_expect(dialog).to_be_hidden()
+    assert svc.job(second)["status"] == "failed"
+    page.get_by_role("button", name="Dismiss second.mp4").click()
+    dialog.get_by_role("button", name="Dismiss job").click()
     page_expect(page.locator("#failed")).to_contain_text("No failed job.")
     svc.call("GET", f"/api/v1/jobs/{second}", expect=404)
     view.check_clean()

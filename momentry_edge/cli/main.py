@@ -237,7 +237,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub.set_defaults(local="doctor", takes=("json",))
 
-    add("tui", cmd_tui, "live view of the queue; keys steer it (p, +/-, arrows, c, r, t, q)", False)
+    add(
+        "tui",
+        cmd_tui,
+        "live view of the queue; keys steer it (p, +/-, arrows, Enter, c, r, t, q)",
+        False,
+    )
     sub = commands.add_parser(
         "service",
         help="start at login or at boot (launchd on macOS, systemd on Linux); start, stop",
@@ -352,9 +357,24 @@ def _token(cfg: config_module.Config, args: argparse.Namespace) -> tuple[str, st
     return cfg.service.token, f"service.token in {cfg.source or 'the config'}"
 
 
+# A reader that stopped reading (`status --json | head`) ends a command as it ends a Unix
+# tool, quietly, with the shell's code for SIGPIPE.
+EXIT_PIPE = 128 + 13
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    code = _main(args)
+    if args.command == "run":
+        code = _main(args)
+    else:
+        try:
+            code = _main(args)
+            sys.stdout.flush()  # here, not at exit, where a closed pipe is reported at length
+        except BrokenPipeError:
+            # Nothing more can be written there; stdout now points at /dev/null so the
+            # interpreter's last flush at exit has nowhere to fail either.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return EXIT_PIPE
     if code == EXIT_USAGE and args.command == "run" and _under_launchd():
         # launchd restarts any failed exit; a clean one stays stopped until fixed.
         print_error(

@@ -422,6 +422,16 @@ def test_clear_from_a_pipe_cancels_nothing_unless_told_yes(start_service, cli) -
     wait_for(lambda: "queue cleared through the CLI: 2 waiting job(s) cancelled" in svc.log())
 
 
+def test_a_reader_that_stops_reading_ends_a_command_quietly(start_service, cli) -> None:
+    svc = start_service()
+    svc.call("POST", "/api/v1/queue/pause")
+    svc.submit("waiting.mp4", ["noop"])
+    for command in (("status", "--json"), ("jobs", "--json"), ("config", "show", "--json")):
+        # 141 as a Unix tool killed by SIGPIPE; nothing on stderr (no BrokenPipeError).
+        ended = cli(*command, "--url", svc.url, reader_gone=True, expect=141)
+        assert ended.stderr == "", (command, ended.stderr)
+
+
 COMMANDS = (
     ("status",),
     ("jobs",),

@@ -320,6 +320,58 @@ def test_tui_asks_before_cancelling_a_running_job(start_service, terminal) -> No
 
 @needs_tmux
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_tui_at_80x24_reaches_every_waiting_job_and_enter_shows_one_whole(
+    start_service, terminal
+) -> None:
+    svc = start_service(queue={"max_retries": 0})
+    svc.marker.write_text("down")
+    broken = svc.submit("broken take.mp4", ["flaky"])["task_id"]
+    svc.wait_status(broken, "failed")
+    svc.call("POST", "/api/v1/queue/pause")
+    names = svc.add_copies(30)  # more than the 24 lines hold
+    for name in names:
+        svc.submit(name, ["noop"])
+    terminal.start("tui", "--url", svc.url, columns=80, lines=24)
+    screen = terminal.wait(lambda s: "PAUSED" in s and selected(s, names[0]))
+    # The failed list has room for the error itself, not its first words.
+    assert "upstream storage unavailable (attempt 1)" in line(screen, "broken take.mp4"), screen
+
+    # Down goes through the whole line, the list scrolling, then to the failed job.
+    for position, name in enumerate(names[1:], start=2):
+        terminal.press("Down")
+        terminal.wait(lambda s, n=name, p=position: selected(s, n) and at_position(s, n, p))
+    terminal.press("Down")
+    terminal.wait(lambda s: selected(s, "broken take.mp4"))
+
+    # Enter: the job whole, its error and each processor's; Escape: back to the list.
+    terminal.press("Enter")
+    screen = terminal.wait(lambda s: f"task {broken}" in s)
+    assert re.search(r"flaky\s+failed\s+upstream storage unavailable \(attempt 1\)", screen), screen
+    assert "Esc" in screen and "copy 0000.mp4" not in screen, screen
+    terminal.press("Escape")
+    terminal.wait(lambda s: selected(s, "broken take.mp4") and "q quit" in s)
+    terminal.press("q")
+    terminal.wait(lambda s: "[exited 0]" in s)
+
+
+@needs_tmux
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_tui_at_200x50_has_room_for_the_estimate_and_the_name(start_service, terminal) -> None:
+    steps = {"steps": 600, "step_seconds": 0.1}
+    svc = start_service(service={"node_id": "studio-b"}, **{"processors.steps": steps})
+    name = "ACME_wedding_2026-05-01_ceremony_and_speeches_camera_B_take01.mp4"
+    task = svc.submit(name, ["steps"])["task_id"]
+    node = svc.wait_status(task, "processing")["node"]
+    terminal.start("tui", "--url", svc.url, columns=200, lines=50)
+    # The estimate (or start) and the node it runs on are whole, beside the whole name.
+    row = line(terminal.wait(lambda s: "processing" in line(s, name)), name)
+    assert re.search(rf"(ends in|started) \S+( \S+)? (ago )?on {re.escape(node)}\s*$", row), row
+    terminal.press("q")
+    terminal.wait(lambda s: "[exited 0]" in s)
+
+
+@needs_tmux
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_clear_asks_at_a_terminal_before_cancelling_the_line(start_service, terminal) -> None:
     svc = start_service()
     svc.call("POST", "/api/v1/queue/pause")
@@ -504,6 +556,7 @@ def test_render_on_a_narrow_screen_drops_columns_not_the_file_name() -> None:
 
 def test_keys_and_cursor() -> None:
     assert parse_keys("\x1b[A\x1b[Bjk+p") == ["up", "down", "down", "up", "+", "p"]
+    assert parse_keys("\r\x1b") == ["enter", "escape"]
     snap = snapshot()
     rows = selectable(snap)
     assert [r["task_id"] for r in rows] == [f"task_{c}" for c in "abcdef"]

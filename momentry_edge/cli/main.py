@@ -31,6 +31,7 @@ from .commands import (
     cmd_clear,
     cmd_concurrency,
     cmd_config,
+    cmd_drain,
     cmd_jobs,
     cmd_logs,
     cmd_pause,
@@ -193,15 +194,47 @@ def build_parser() -> argparse.ArgumentParser:
     sub = add("jobs", cmd_jobs, "list jobs, newest first")
     sub.add_argument("--status", type=_csv, help="comma-separated, e.g. failed,partial")
     sub.add_argument("--limit", type=_positive_int, default=50)
-    sub = add("retry", cmd_retry, "re-queue a failed, partial or cancelled job")
-    sub.add_argument("job", metavar="JOB", type=_job_ref, help="task id, job id or file uuid")
-    sub = add("cancel", cmd_cancel, "cancel a pending, retrying or running job")
-    sub.add_argument("job", metavar="JOB", type=_job_ref, help="task id, job id or file uuid")
+    sub = add(
+        "retry",
+        cmd_retry,
+        "re-queue a failed, partial or cancelled job; --all-failed: every failed and partial one",
+    )
+    sub.add_argument(
+        "job", metavar="JOB", type=_job_ref, nargs="?", help="task id, job id or file uuid"
+    )
+    sub.add_argument(
+        "--all-failed",
+        action="store_true",
+        help="every failed and partial job a later one of its file has not resolved",
+    )
+    sub.add_argument(
+        "--folder", metavar="F", help="with --all-failed: only files in F (as `results` shows)"
+    )
+    sub = add(
+        "cancel",
+        cmd_cancel,
+        "cancel a pending, retrying or running job; --folder F: every waiting job in F",
+    )
+    sub.add_argument(
+        "job", metavar="JOB", type=_job_ref, nargs="?", help="task id, job id or file uuid"
+    )
+    sub.add_argument(
+        "--folder",
+        metavar="F",
+        help="the waiting jobs of the files in folder F and its subfolders (asks on a terminal)",
+    )
+    sub.add_argument("--yes", action="store_true", help="with --folder: do not ask")
     sub = add("prioritize", cmd_prioritize, "move a waiting job to the top of the line (high)")
     sub.add_argument("job", metavar="JOB", type=_job_ref, help="task id, job id or file uuid")
     sub = add("priority", cmd_priority, "set a waiting or running job's priority")
     sub.add_argument("job", metavar="JOB", type=_job_ref, help="task id, job id or file uuid")
     sub.add_argument("priority", metavar="PRIORITY", choices=("low", "normal", "high"))
+    sub = add(
+        "drain",
+        cmd_drain,
+        "drain this node before a reboot: its running jobs finish, it starts no new one",
+    )
+    sub.add_argument("--undo", action="store_true", help="take jobs again")
     sub = add("concurrency", cmd_concurrency, "set how many jobs run at once")
     sub.add_argument("max_concurrent", metavar="N", nargs="?", type=_positive_int)
     sub.add_argument(

@@ -142,6 +142,8 @@ def _header(snap: Snapshot, width: int | None = None) -> Group:
         title.append(" BLOCKED ", style="bold white on red")
     else:
         title.append(" RUNNING ", style="bold black on green")
+    if status.get("drained") and not snap.error:
+        title.append(" DRAINED ", style="bold black on yellow")
     if wide:
         title.append(
             f"   active {status['active_count']} / effective {status['effective_concurrency']}"
@@ -218,13 +220,16 @@ def _nodes(status: dict[str, Any] | None, now: float) -> Table | None:
     nodes = (status or {}).get("nodes") or []
     if len(nodes) < 2:  # one node is this service; the header already says it all
         return None
-    needs = {"node": 12, "host": 12, "active": 6, "processors": 14, "last seen": 12}
+    needs = {"node": 12, "host": 12, "active": 7, "processors": 14, "last seen": 12}
     table = _table(needs, title="nodes")
     for node in nodes:
+        online = node.get("online", True)
         table.add_row(
             Text(str(node["id"])),
             Text(str(node.get("host", ""))),
-            Text(f"{node.get('active', 0)} / {node.get('max_concurrent', '?')}"),
+            Text(f"{node.get('active', 0)} / {node.get('max_concurrent', '?')}")
+            if online
+            else Text("OFFLINE", style="bold red"),
             Text(",".join(node.get("processors", []))),
             Text(_ago(node.get("last_seen"), now)),
         )
@@ -352,7 +357,9 @@ def _job_cells(
     job: Job, selected: str | None, now: float, widths: dict[str, int] | None = None
 ) -> dict[str, RenderableType]:
     status = job["status"]
-    if status == "processing":
+    if status == "processing" and job.get("stalled"):
+        when = f"STALLED: no progress {_ago(job.get('progress_at'), now)}"
+    elif status == "processing":
         if job.get("estimated_end"):
             when = f"ends {_until(job['estimated_end'], now)}"
         else:
@@ -374,7 +381,7 @@ def _job_cells(
         "status": Text(status, style=STATUS_STYLE.get(status, "")),
         "progress": _progress(job.get("progress")) if status == "processing" else Text(""),
         "processors": Text(processors),
-        "when": Text(when, style="bright_black"),
+        "when": Text(when, style="bold red" if job.get("stalled") else "bright_black"),
     }
 
 
@@ -457,6 +464,9 @@ def _detail(snap: Snapshot, task_id: str, now: float) -> Group:
     ]
     if job.get("node"):
         when.append(f"on {job['node']}")
+    if job.get("progress_at") and status == "processing":
+        stalled = " (STALLED)" if job.get("stalled") else ""
+        when.append(f"last progress {_ago(job['progress_at'], now)}{stalled}")
     if job.get("position"):
         when.append(f"#{job['position']}, starts {_until(job.get('estimated_start'), now)}")
     if (end := _parse(job.get("completed_at"))) is not None:

@@ -9,7 +9,7 @@ from bottle import response
 
 from .. import jobs, store
 from ..errors import Invalid
-from ..jobs import views
+from ..jobs import folders, views
 from ..store import FileState, JobStatus
 from .core import Core
 from .openapi import DEEP_SCAN_KEYS
@@ -59,9 +59,27 @@ def add(app: bottle.Bottle, service: Core) -> None:
 
     @app.post("/api/v1/queue/clear")
     def clear() -> dict:
-        cleared = jobs.clear()
-        log.info("queue cleared through %s: %d waiting job(s) cancelled", interface(), cleared)
+        folder = folder_body()
+        cleared = folders.cancel_waiting(folder)
+        where = f" in folder {folder!r}" if folder else ""
+        log.info(
+            "queue cleared through %s: %d waiting job(s)%s cancelled", interface(), cleared, where
+        )
         return {"success": True, "cleared": cleared}
+
+    @app.post("/api/v1/queue/retry")
+    def retry_failed() -> dict:
+        folder = folder_body()
+        done = folders.retry_failed(folder)
+        where = f" in folder {folder!r}" if folder else ""
+        log.info(
+            "failed jobs%s retried through %s: %d back in line, %d refused",
+            where,
+            interface(),
+            done["retried"],
+            len(done["refused"]),
+        )
+        return {"success": True, **done}
 
     @app.post("/api/v1/queue/prioritize/<file_uuid>")
     def prioritize(file_uuid: str) -> dict:
@@ -96,10 +114,28 @@ def add(app: bottle.Bottle, service: Core) -> None:
             "effective_concurrency": service.effective_limit(),
         }
 
+    @app.post("/api/v1/node/drain")
+    def drain() -> dict:
+        running = service.drain(True, interface())
+        return {"success": True, "node": service.node, "drained": True, "running": running}
+
+    @app.delete("/api/v1/node/drain")
+    def undrain() -> dict:
+        running = service.drain(False, interface())
+        return {"success": True, "node": service.node, "drained": False, "running": running}
+
     @app.get("/api/v1/queue/dead")
     def dead() -> dict:
         limit, offset = paging()
         return views.dead_jobs(limit, offset)
+
+
+def folder_body() -> str | None:
+    """The folder a bulk action is limited to (body ``{"folder": "..."}``), None for all."""
+    body = json_body()
+    if unknown := sorted(set(body) - {"folder"}):
+        raise Invalid(f"unknown key {unknown[0]!r}; known: folder")
+    return folders.parse(body.get("folder"))
 
 
 def cancel_job(ref: str) -> dict:

@@ -422,6 +422,39 @@ def test_clear_from_a_pipe_cancels_nothing_unless_told_yes(start_service, cli) -
     wait_for(lambda: "queue cleared through the CLI: 2 waiting job(s) cancelled" in svc.log())
 
 
+def test_retry_all_failed_and_cancel_a_folder_are_one_command_each(start_service, cli) -> None:
+    svc = start_service(queue={"max_retries": 0})
+    url = ("--url", svc.url)
+    svc.marker.write_text("down")
+    names = ["day 1/a.mp4", "day 1/close-up/b.mp4", "day 2/c.mp4"]
+    tasks = [svc.submit(name, ["flaky"])["task_id"] for name in names]
+    for task in tasks:
+        svc.wait_status(task, "failed")
+    svc.call("POST", "/api/v1/queue/pause")
+    svc.marker.unlink()
+
+    # A folder, with its subfolders, named as the file list names it.
+    retried = cli("retry", "--all-failed", "--folder", "day 1", *url).stdout
+    assert "re-queued 2 failed job(s)" in retried, retried
+    assert [svc.job(t)["status"] for t in tasks] == ["pending", "pending", "failed"]
+    said = "failed jobs in folder 'day 1' retried through the CLI: 2 back in line, 0 refused"
+    wait_for(lambda: said in svc.log())
+
+    refused = cli("cancel", "--folder", "day 1", *url, input="y\n", expect=2)
+    assert "pass --yes" in refused.stderr  # from a pipe, not without --yes
+    typo = cli("cancel", "--folder", "day 3", "--yes", *url, expect=1)
+    assert "no known file is in folder 'day 3'" in typo.stderr
+    cancelled = cli("cancel", "--folder", "day 1/", "--yes", *url).stdout
+    assert "cancelled 2 waiting job(s) in 'day 1/'" in cancelled, cancelled
+    assert [svc.job(t)["status"] for t in tasks] == ["cancelled", "cancelled", "failed"]
+
+    # Every folder: the one failure left (cancelled jobs are not failures).
+    assert "re-queued 1 failed job(s)" in cli("retry", "--all-failed", *url).stdout
+    assert svc.job(tasks[2])["status"] == "pending"
+    assert svc.call("POST", "/api/v1/queue/retry", json={"foldr": "x"}, expect=400)
+    cli("retry", *url, expect=2)  # neither JOB nor --all-failed
+
+
 def test_a_reader_that_stops_reading_ends_a_command_quietly(start_service, cli) -> None:
     svc = start_service()
     svc.call("POST", "/api/v1/queue/pause")

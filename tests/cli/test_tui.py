@@ -333,8 +333,8 @@ def test_tui_at_80x24_reaches_every_waiting_job_and_enter_shows_one_whole(
         svc.submit(name, ["noop"])
     terminal.start("tui", "--url", svc.url, columns=80, lines=24)
     screen = terminal.wait(lambda s: "PAUSED" in s and selected(s, names[0]))
-    # The failed list has room for the error itself, not its first words.
-    assert "upstream storage unavailable (attempt 1)" in line(screen, "broken take.mp4"), screen
+    # The failed list has room for the error, not only its first words; Enter shows it whole.
+    assert "flaky: upstream storage unavailable" in line(screen, "broken take.mp4"), screen
 
     # Down goes through the whole line, the list scrolling, then to the failed job.
     for position, name in enumerate(names[1:], start=2):
@@ -345,8 +345,8 @@ def test_tui_at_80x24_reaches_every_waiting_job_and_enter_shows_one_whole(
 
     # Enter: the job whole, its error and each processor's; Escape: back to the list.
     terminal.press("Enter")
-    screen = terminal.wait(lambda s: f"task {broken}" in s)
-    assert re.search(r"flaky\s+failed\s+upstream storage unavailable \(attempt 1\)", screen), screen
+    whole = re.compile(r"flaky\s+failed\s+upstream storage unavailable \(attempt 1\)")
+    screen = terminal.wait(lambda s: f"task {broken}" in s and whole.search(s))
     assert "Esc" in screen and "copy 0000.mp4" not in screen, screen
     terminal.press("Escape")
     terminal.wait(lambda s: selected(s, "broken take.mp4") and "q quit" in s)
@@ -534,6 +534,20 @@ def test_render_a_line_while_models_are_pulled_at_start() -> None:
     assert "alpha.mp4" in screen and "q quit" in screen
     ready = [{"model": "whisper-base", "state": "ready", "percent": 100}]
     assert not line(text_of(snapshot(status=status_json(models=ready))), "models ")
+
+
+def test_render_an_offline_node_and_a_stalled_job() -> None:
+    nodes = [
+        {"id": "edge-1", "host": "a", "active": 0, "max_concurrent": 2, "online": True},
+        {"id": "studio", "host": "b", "active": 1, "max_concurrent": 4, "online": False}
+        | {"last_seen": "2026-03-24T11:55:10Z"},
+    ]
+    stuck = job("task_a", "alpha.mp4", "processing", progress=5, node="studio", stalled=True)
+    stuck |= {"started_at": "2026-03-24T11:50:10Z", "progress_at": "2026-03-24T11:54:10Z"}
+    screen = text_of(snapshot(status=status_json(nodes=nodes, queue=[stuck])))
+    assert "OFFLINE" in line(screen, "studio") and "5m 00s ago" in line(screen, "studio")
+    assert "0 / 2" in line(screen, "edge-1")
+    assert "STALLED: no progress 6m 00s ago" in line(screen, "alpha.mp4"), screen
 
 
 def test_render_keeps_the_key_help_and_the_selection_on_a_short_screen() -> None:

@@ -147,8 +147,15 @@ def cluster_processors(within: float) -> set[str]:
     return {name for (processors,) in rows.fetchall() for name in json.loads(processors)}
 
 
-def node_rows(within: float) -> list[dict[str, Any]]:
-    """The ``nodes`` list of the queue status."""
+# A node whose heartbeat stopped (kill -9, a power cut, a lost network) stays in the list,
+# offline, this long; one that stopped cleanly leaves it at once (leave()).
+OFFLINE_SHOWN = 24 * 3600.0
+
+
+def node_rows(within: float, now: float | None = None) -> list[dict[str, Any]]:
+    """The ``nodes`` list of the queue status: the live nodes, and those whose heartbeat
+    stopped within OFFLINE_SHOWN (``online`` false), with their last heartbeat."""
+    now = clock.now() if now is None else now
     active = dict(
         store.rows(
             store.Job.select(store.Job.node, pw.fn.COUNT(store.Job.id))
@@ -164,8 +171,9 @@ def node_rows(within: float) -> list[dict[str, Any]]:
             "active": active.get(node.node_id, 0),
             "max_concurrent": node.max_concurrent,
             "last_seen": iso(node.last_seen),
+            "online": node.last_seen >= now - within,
         }
-        for node in live_nodes(within)
+        for node in live_nodes(OFFLINE_SHOWN, now)
     ]
 
 

@@ -189,6 +189,9 @@ class QueueConfig:
     # A running job's lease; a worker that stops renewing it (crash, kill -9) loses the job
     # to the reaper after this long.
     lease_seconds: float = _setting(60.0, minimum=1, maximum=MAX_SECONDS)
+    # A running job with no progress reported for this long is shown stalled (Tdarr gives a
+    # job 5 minutes): a hung model call, a processor that never reports.
+    stall_seconds: float = _setting(300.0, minimum=1, maximum=MAX_SECONDS)
     # A job whose run took the process down this many times is parked as failed.
     max_crashes: int = _setting(3, minimum=1, maximum=100)
     # No job starts while the data dir's disk has less free space than this.

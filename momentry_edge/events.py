@@ -34,6 +34,7 @@ EVENTS: dict[str, str] = {
     "job.documented": "a parked job's failed run got its document afterwards: processor",
     "job.priority": "the job's priority changed: priority",
     "job.prioritized": "the job was moved to the head of the line",
+    "job.stalled": "a running job reported no progress for queue.stall_seconds: node, progress_at",
     "job.dismissed": "a failed, partial or cancelled job's record was removed (Dismiss)",
     "job.callback_owed": "a request gave an ended job a new callback_url: its summary is owed",
     "queue.paused": "the queue was paused: no job starts",

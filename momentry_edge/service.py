@@ -40,6 +40,7 @@ from .http.server import BaseWSGIServer, start_server, stop_server
 from .ingest import intake, paths
 from .ingest.watcher import Watcher
 from .jobs import views
+from .jobs.stalls import StallWatch
 from .processors import Registry
 from .provision import Provisioner
 from .sidecars.alerts import AlertSender
@@ -103,6 +104,8 @@ class Service:
         self.mirror = _redis_mirror(config.service.redis_url)
         self.alerts = AlertSender(config.alerts.url, self.node) if config.alerts.url else None
         self.node_watch = cluster.NodeWatch(self.node, config.queue.lease_seconds)
+        queue = config.queue
+        self.stall_watch = StallWatch(self.node, queue.lease_seconds, queue.stall_seconds)
         # Leases and last_seen on a thread of their own: no housekeeping step holds them up.
         self.heartbeat = cluster.Heartbeat(self._beat, config.queue.lease_seconds / 3)
         self._backup: threading.Thread | None = None  # the scheduled backup under way
@@ -120,6 +123,23 @@ class Service:
     def effective_limit(self) -> int:
         """Jobs this node may run at once now."""
         return self.workers.effective_limit()
+
+    def drain(self, drained: bool, via: str) -> int:
+        """Drain this node (its running jobs finish, it starts no new one), or undo that;
+        how many jobs it runs. Kept until undone or the service stops."""
+        self.workers.drained = drained
+        running = len(self.workers.in_hand())
+        if drained:
+            log.info(
+                "node %s drained through %s: %d running job(s) finish, none starts here",
+                self.node,
+                via,
+                running,
+            )
+        else:
+            log.info("node %s takes jobs again (drain undone through %s)", self.node, via)
+            self.workers.kick()
+        return running
 
     def submit(
         self,
@@ -183,9 +203,13 @@ class Service:
             "warnings": watch_folders.problems(self.config.service.watch) + self.watcher.warnings(),
             "disk": disk_space(self.config, *outputs.written_folders(self.config.data_dir)),
             "last_backup": backup.last_backup(self.config.data_dir),
+            "drained": self.workers.drained,  # this node's: it starts no job (drain)
         }
         limit_now = self.workers.effective_limit()
-        return views.queue_status(limit_now, self.gate.load, extra, self.node, limit, offset)
+        stall = self.config.queue.stall_seconds
+        return views.queue_status(
+            limit_now, self.gate.load, extra, self.node, limit, offset, stall_after=stall
+        )
 
     def processors(self) -> dict[str, dict[str, Any]]:
         """``GET /api/v1/processors``: readiness, and the pull of a model still coming."""
@@ -332,6 +356,7 @@ class Service:
                     self._stop_for(problem)
             elif task == "nodes":
                 self.node_watch.check()  # a node whose heartbeat stopped: node.lost
+                self.stall_watch.check()  # a running job with no progress: job.stalled
                 cluster.sync_clock(store.Job._meta.database)  # a clock set right meanwhile
             elif task == "reap":
                 reaped = jobs.reap(

@@ -438,3 +438,69 @@ def test_each_node_keeps_its_own_concurrency_across_restarts_and_changes(start_s
     )
     small.restart()
     each_keeps(2, 2)
+
+
+def test_a_dead_node_and_a_stalled_job_say_so_in_status(start_service, tmp_path):
+    # Node a runs no jobs; node b runs one that never reports, then is killed (kill -9).
+    hold = tmp_path / "quiet.hold"
+    hold.touch()
+    settings = {
+        "service": {"plugins": [*ALL, "workloads:Quiet"]},
+        "processors.quiet": {"hold_while_exists": str(hold)},
+    }
+    queue = {"lease_seconds": 2, "stall_seconds": 1}
+    a = node(start_service, "a", queue=queue | {"worker_enabled": False}, **settings)
+    b = node(start_service, "b", queue=queue, **settings)
+    task = a.submit("held.mp4", ["quiet"])["task_id"]
+    a.wait_status(task, "processing")
+
+    def shown() -> str:
+        return subprocess.run(
+            [sys.executable, "-m", "momentry_edge.cli", "--url", a.url, "status"],
+            env=a.env | {"COLUMNS": "200"},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+
+    # No progress for stall_seconds: flagged, with its node, start and last progress.
+    entry = wait_for(lambda: next((e for e in a.status()["queue"] if e.get("stalled")), None))
+    assert entry["task_id"] == task and entry["node"] == "node-b" and entry["progress_at"]
+    said = next(line for line in shown().splitlines() if line.startswith("held.mp4 on node-b"))
+    assert "started 20" in said and "last progress 20" in said and said.endswith("STALLED")
+    wait_for(lambda: f"job {task} (held.mp4) on node node-b has reported no progress" in a.log())
+
+    b.kill()
+    nodes = wait_for(
+        lambda: (n := {n["id"]: n for n in a.status()["nodes"]}) and not n["node-b"]["online"] and n
+    )
+    assert nodes["node-a"]["online"] and nodes["node-b"]["last_seen"]
+    said = next(line for line in shown().splitlines() if line.startswith("node node-b"))
+    assert ": OFFLINE, last heartbeat 20" in said and " UTC (" in said, said
+
+
+def test_a_drained_node_finishes_its_job_and_starts_no_other(start_service):
+    steps = {"processors.steps": {"steps": 30, "step_seconds": 0.1}}
+    a = node(start_service, "a", queue={"worker_enabled": False}, **steps)
+    b = node(start_service, "b", queue={"max_concurrent": 1}, **steps)
+    running = a.submit("first.mp4", ["steps"])["task_id"]
+    wait_for(lambda: a.job(running)["progress"] > 0)
+
+    drained = subprocess.run(
+        [sys.executable, "-m", "momentry_edge.cli", "--url", b.url, "drain"],
+        env=b.env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "node node-b drained: its 1 running job(s) finish" in drained, drained
+    assert b.status()["drained"] is True and b.status()["effective_concurrency"] == 0
+    waiting = a.submit("second.mp4", ["steps"])["task_id"]
+    job = a.wait_status(running, "completed")  # what it ran finishes
+    assert job["node"] == "node-b"
+    wait_for(lambda: "node node-b drained through the CLI" in b.log())
+    assert a.job(waiting)["status"] == "pending"  # and nothing new starts there
+
+    b.call("DELETE", "/api/v1/node/drain")
+    assert a.wait_status(waiting, "completed")["node"] == "node-b"
+    assert b.status()["drained"] is False

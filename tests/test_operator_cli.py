@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -119,7 +120,8 @@ def test_results_shows_each_processor_and_submit_force_runs_again(start_service,
     assert Path(steps[2]).parent == svc.data_dir / "results" / uuid
     assert fresh_shell(home, "results", uuid).stdout.splitlines()[1] == f"job {task}: completed"
     missing = fresh_shell(home, "results", "nothing.mp4", expect=1)
-    assert "no file named 'nothing.mp4'" in missing.stderr
+    assert "no known file is named 'nothing.mp4'" in missing.stderr
+    assert "`momentry-edge submit PATH`" in missing.stderr
     no_text = fresh_shell(home, "results", "take 1.mp4", "--text", expect=1)
     assert "has no transcript" in no_text.stderr
 
@@ -135,6 +137,30 @@ def test_results_shows_each_processor_and_submit_force_runs_again(start_service,
 
 
 @SQLITE
+def test_results_finds_a_file_by_its_name_typed_loosely(start_service, home) -> None:
+    svc = start_service(env={"HOME": str(home)})
+    svc.call("POST", "/api/v1/queue/pause")
+    names = ["Director Interview – Café.mp4", "director notes.mp4", "b-roll/wide 2.mp4"]
+    for name in names:
+        svc.submit(name, ["noop"])
+    uuids = {f["path"]: f["file_uuid"] for f in svc.get("/api/v1/files")["files"]}
+    for typed, path in [
+        ("director interview - cafe.mp4", names[0]),  # case, accent, a hyphen for the en dash
+        ("DIRECTOR INTERVIEW – CAFÉ", names[0]),  # without its extension
+        ("director int", names[0]),  # a unique start
+        ("interview", names[0]),  # a unique part
+        ("Wide", names[2]),
+    ]:
+        first = fresh_shell(home, "results", typed).stdout.splitlines()[0]
+        assert first == f"{path} ({uuids[path]}), present", (typed, first)
+    several = fresh_shell(home, "results", "director", expect=1).stderr
+    assert "2 files match 'director': " in several, several
+    assert f"{names[0]} ({uuids[names[0]]})" in several and uuids[names[1]] in several
+    near = fresh_shell(home, "results", "director notez.mp4", expect=1).stderr
+    assert "names like it: director notes.mp4" in near, near
+
+
+@SQLITE
 def test_results_text_prints_the_transcript(start_service, home, talk, models_dir) -> None:
     whisper = {"model": "whisper-tiny.en", "models_dir": str(models_dir)}
     svc = start_service(env={"HOME": str(home)}, **{"processors.asr": whisper})
@@ -144,6 +170,16 @@ def test_results_text_prints_the_transcript(start_service, home, talk, models_di
     text = fresh_shell(home, "results", "talk.mp4", "--text").stdout.lower()
     assert "weekly meeting" in text and "budget" in text
     assert "{" not in text  # the words, not the JSON document
+    # Each segment a line with its times, as the console shows them.
+    document = svc.get(f"/api/v1/files/{svc.job(task)['file_uuid']}/results/asr")["result"]
+    lines = text.splitlines()
+    assert len(lines) == len(document["segments"]), text
+    for line, segment in zip(lines, document["segments"], strict=True):
+        shown = re.fullmatch(r"\[(\d+):(\d\d\.\d) - (\d+):(\d\d\.\d)\] (.+)", line)
+        assert shown, line
+        assert abs(int(shown[1]) * 60 + float(shown[2]) - segment["start"]) <= 0.05, line
+        assert abs(int(shown[3]) * 60 + float(shown[4]) - segment["end"]) <= 0.05, line
+        assert shown[5] == segment["text"].strip().lower()
 
 
 @pytest.fixture(scope="module")

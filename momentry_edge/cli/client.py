@@ -146,7 +146,10 @@ class ApiClient:
     def __init__(self, base_url: str, token: str = "", timeout: float = DEFAULT_TIMEOUT) -> None:
         check_token(token)
         self.base_url = base_url.rstrip("/")
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # Which interface asks: the service's log names it beside what was cancelled.
+        headers = {"X-Momentry-Via": "cli"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
 
     def __enter__(self) -> ApiClient:
@@ -157,6 +160,10 @@ class ApiClient:
 
     def close(self) -> None:
         self._http.close()
+
+    def speak_as(self, via: str) -> None:
+        """Name another interface on the requests from now on ("tui")."""
+        self._http.headers["X-Momentry-Via"] = via
 
     # -- queue ----------------------------------------------------------------------------------
 
@@ -171,8 +178,21 @@ class ApiClient:
     def resume(self) -> dict[str, Any]:
         return self._call("POST", "/api/v1/queue/resume", PAUSED)
 
-    def clear(self) -> dict[str, Any]:
-        return self._call("POST", "/api/v1/queue/clear", DONE | {"cleared": int})
+    def clear(self, folder: str | None = None) -> dict[str, Any]:
+        """Cancel the waiting jobs (those of ``folder`` and its subfolders, if given)."""
+        body = {"json": {"folder": folder}} if folder is not None else {}
+        return self._call("POST", "/api/v1/queue/clear", DONE | {"cleared": int}, **body)
+
+    def drain(self, undo: bool = False) -> dict[str, Any]:
+        """Drain the service's node (running jobs finish, none starts), or undo that."""
+        shape = DONE | {"node": str, "drained": bool, "running": int}
+        return self._call("DELETE" if undo else "POST", "/api/v1/node/drain", shape)
+
+    def retry_failed(self, folder: str | None = None) -> dict[str, Any]:
+        """Re-queue the failed and partial jobs (those of ``folder``, if given)."""
+        body = {"json": {"folder": folder}} if folder is not None else {}
+        shape = DONE | {"retried": int, "task_ids": ListOf(str), "refused": ListOf(dict)}
+        return self._call("POST", "/api/v1/queue/retry", shape, **body)
 
     def rescan(self) -> dict[str, Any]:
         # New files are probed one by one: a first rescan of a full folder takes a while.

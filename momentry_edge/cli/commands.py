@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -82,14 +84,23 @@ def cmd_resume(api: ApiClient, args: argparse.Namespace) -> int:
 
 
 def cmd_clear(api: ApiClient, args: argparse.Namespace) -> int:
-    if not args.yes and sys.stdin.isatty():  # a person at a terminal: say what goes first
-        status = api.queue_status(limit=1)
-        waiting = status["pending_count"] + (status.get("retrying_count") or 0)
-        answer = input(f"cancel {waiting} waiting job(s)? (running jobs go on) [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            print("nothing cancelled")
+    if not args.yes:
+        status = api.queue_status(limit=1) if sys.stdin.isatty() else None
+        waiting = status["pending_count"] + (status.get("retrying_count") or 0) if status else 0
+        if not _confirmed(f"cancel {waiting} waiting job(s)? (running jobs go on)"):
             return EXIT_REFUSED
     return _show(args, api.clear(), lambda r: print(f"cancelled {r['cleared']} waiting job(s)"))
+
+
+def _confirmed(question: str) -> bool:
+    """Whether a person at the terminal said yes; with nobody to ask (a pipe, a script:
+    `echo n | clear` must not cancel the line) a UsageError naming --yes."""
+    if not sys.stdin.isatty():
+        raise UsageError("there is no terminal to ask at before cancelling: pass --yes")
+    if input(f"{question} [y/N] ").strip().lower() in ("y", "yes"):
+        return True
+    print("nothing cancelled")
+    return False
 
 
 def cmd_rescan(api: ApiClient, args: argparse.Namespace) -> int:
@@ -105,10 +116,33 @@ def cmd_jobs(api: ApiClient, args: argparse.Namespace) -> int:
 
 
 def cmd_retry(api: ApiClient, args: argparse.Namespace) -> int:
-    return _show(args, api.retry(args.job), _requeued)
+    if args.all_failed == (args.job is not None):
+        raise UsageError("give JOB or --all-failed")
+    if args.folder is not None and not args.all_failed:
+        raise UsageError("--folder goes with --all-failed")
+    if not args.all_failed:
+        return _show(args, api.retry(args.job), _requeued)
+
+    def render(reply: dict[str, Any]) -> None:
+        print(f"re-queued {reply['retried']} failed job(s)")
+        for refused in reply["refused"]:
+            print(printable(f"  {refused['task_id']}: not re-queued: {refused['reason']}"))
+
+    return _show(args, api.retry_failed(args.folder), render)
 
 
 def cmd_cancel(api: ApiClient, args: argparse.Namespace) -> int:
+    if (args.folder is None) == (args.job is None):
+        raise UsageError("give JOB or --folder F")
+    if args.folder is not None:
+        if not args.yes and not _confirmed(f"cancel the waiting jobs in folder {args.folder!r}?"):
+            return EXIT_REFUSED
+        reply = api.clear(args.folder)
+        where = printable(repr(args.folder))
+        return _show(
+            args, reply, lambda r: print(f"cancelled {r['cleared']} waiting job(s) in {where}")
+        )
+
     # The API's message is "Task cancelled" either way; its status tells a running job,
     # which only stops at its next checkpoint, from one that is cancelled already.
     def render(reply: dict[str, Any]) -> None:
@@ -133,6 +167,19 @@ def _placed(reply: dict[str, Any]) -> None:
     print(f"{reply['task_id']}: {where}")
 
 
+def cmd_drain(api: ApiClient, args: argparse.Namespace) -> int:
+    def render(reply: dict[str, Any]) -> None:
+        if reply["drained"]:
+            print(
+                f"node {reply['node']} drained: its {reply['running']} running job(s) finish,"
+                " no new job starts there; `momentry-edge drain --undo` takes jobs again"
+            )
+        else:
+            print(f"node {reply['node']} takes jobs again")
+
+    return _show(args, api.drain(args.undo), render)
+
+
 def cmd_concurrency(api: ApiClient, args: argparse.Namespace) -> int:
     if args.max_concurrent is None and args.dynamic is None:
         raise UsageError("give N, --dynamic or --no-dynamic")
@@ -142,6 +189,7 @@ def cmd_concurrency(api: ApiClient, args: argparse.Namespace) -> int:
 def cmd_tui(api: ApiClient, args: argparse.Namespace) -> int:
     from . import tui  # imported here: only the live view needs rich.live and termios
 
+    api.speak_as("tui")
     return tui.run(api)
 
 
@@ -308,6 +356,8 @@ def render_status(status: dict[str, Any]) -> None:
     )
     if status.get("retrying_count"):
         header += f", {status['retrying_count']} retrying"
+    if status.get("drained"):
+        header += " · this node drained: it starts no job (`drain --undo`)"
     console.print(Text(header))
     if status.get("blocked_reason"):  # else a full disk looks like a queue that just waits
         console.print(Text(printable(f"nothing starts: {status['blocked_reason']}")))
@@ -317,12 +367,17 @@ def render_status(status: dict[str, Any]) -> None:
     nodes = status.get("nodes") or []
     shared = len(nodes) > 1
     if shared:
+        online = [n for n in nodes if n.get("online", True)]
         console.print(
             Text(
                 "nodes: "
-                + ", ".join(f"{n['id']} {n['active']}/{n['max_concurrent']}" for n in nodes)
+                + ", ".join(f"{n['id']} {n['active']}/{n['max_concurrent']}" for n in online)
             )
         )
+    for node in nodes:  # a dead node says so, with its last heartbeat
+        if not node.get("online", True):
+            said = f"node {node['id']} on {node.get('host', '?')}: OFFLINE, "
+            console.print(Text(printable(said + f"last heartbeat {_ago(node.get('last_seen'))}")))
     if status["queue"]:
         table = _table(
             "#", "file", "prio", "status", "%", "processors", "task", *(["node"] if shared else [])
@@ -343,6 +398,13 @@ def render_status(status: dict[str, Any]) -> None:
         console.print(table)
     else:
         console.print("nothing running or waiting")
+    for entry in status["queue"]:  # where each running job runs, and whether it moves
+        if entry["status"] == "processing":
+            line = (
+                f"{entry['file_name']} on {entry.get('node') or '?'}: started"
+                f" {_ago(entry.get('started_at'))}, last progress {_ago(entry.get('progress_at'))}"
+            )
+            console.print(Text(printable(line + (" · STALLED" if entry.get("stalled") else ""))))
     waiting = status["pending_count"] + (status.get("retrying_count") or 0)
     shown = sum(entry["status"] != "processing" for entry in status["queue"])
     if waiting > shown:
@@ -402,6 +464,22 @@ def _table(*columns: str) -> Table:
 def _cells(*values: Any) -> list[Text]:
     # Text, not str: rich would read "[...]" in a file name as markup.
     return [Text(str(v)) for v in values]
+
+
+def _ago(stamp: str | None) -> str:
+    """``2026-12-06 12:40:01 UTC (1m 05s ago)``; "not known" without a time."""
+    if not stamp:
+        return "not known"
+    try:
+        at = datetime.fromisoformat(stamp)
+    except ValueError:
+        return printable(stamp)
+    seconds = max(0, round(time.time() - at.timestamp()))
+    if seconds >= 3600:
+        ago = f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
+    else:
+        ago = f"{seconds // 60}m {seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+    return f"{at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC ({ago} ago)"
 
 
 def _percent(progress: int | None) -> str:

@@ -85,6 +85,11 @@ def follow(path: Path) -> Iterator[str]:
             stream, pending = path.open("rb"), b""
 
 
+def job_lines(folder: Path, task_id: str, most: int) -> list[str]:
+    """The last ``most`` readable lines of the log in ``folder`` about the job ``task_id``."""
+    return list(deque((line for line in _lines(_files(folder)) if task_id in line), maxlen=most))
+
+
 def _files(folder: Path) -> list[Path]:
     rotated = sorted(folder.glob(f"{NAME}.[0-9]*"), key=lambda p: -int(p.suffix[1:] or 0))
     return [*rotated, folder / NAME]

@@ -31,6 +31,7 @@ from .commands import (
     cmd_clear,
     cmd_concurrency,
     cmd_config,
+    cmd_drain,
     cmd_jobs,
     cmd_logs,
     cmd_pause,
@@ -183,21 +184,57 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--text", action="store_true", help="print the transcript (asr)")
     add("pause", cmd_pause, "pause the queue: running jobs finish, nothing new starts")
     add("resume", cmd_resume, "resume a paused queue")
-    sub = add("clear", cmd_clear, "cancel every pending and retrying job (asks on a terminal)")
-    sub.add_argument("--yes", action="store_true", help="do not ask")
+    sub = add(
+        "clear",
+        cmd_clear,
+        "cancel every pending and retrying job (asks on a terminal, else needs --yes)",
+    )
+    sub.add_argument("--yes", action="store_true", help="do not ask (needed without a terminal)")
     add("rescan", cmd_rescan, "reconcile the watched folders with the database now")
     sub = add("jobs", cmd_jobs, "list jobs, newest first")
     sub.add_argument("--status", type=_csv, help="comma-separated, e.g. failed,partial")
     sub.add_argument("--limit", type=_positive_int, default=50)
-    sub = add("retry", cmd_retry, "re-queue a failed, partial or cancelled job")
-    sub.add_argument("job", metavar="JOB", type=_job_ref, help="task id, job id or file uuid")
-    sub = add("cancel", cmd_cancel, "cancel a pending, retrying or running job")
-    sub.add_argument("job", metavar="JOB", type=_job_ref, help="task id, job id or file uuid")
+    sub = add(
+        "retry",
+        cmd_retry,
+        "re-queue a failed, partial or cancelled job; --all-failed: every failed and partial one",
+    )
+    sub.add_argument(
+        "job", metavar="JOB", type=_job_ref, nargs="?", help="task id, job id or file uuid"
+    )
+    sub.add_argument(
+        "--all-failed",
+        action="store_true",
+        help="every failed and partial job a later one of its file has not resolved",
+    )
+    sub.add_argument(
+        "--folder", metavar="F", help="with --all-failed: only files in F (as `results` shows)"
+    )
+    sub = add(
+        "cancel",
+        cmd_cancel,
+        "cancel a pending, retrying or running job; --folder F: every waiting job in F",
+    )
+    sub.add_argument(
+        "job", metavar="JOB", type=_job_ref, nargs="?", help="task id, job id or file uuid"
+    )
+    sub.add_argument(
+        "--folder",
+        metavar="F",
+        help="the waiting jobs of the files in folder F and its subfolders (asks on a terminal)",
+    )
+    sub.add_argument("--yes", action="store_true", help="with --folder: do not ask")
     sub = add("prioritize", cmd_prioritize, "move a waiting job to the top of the line (high)")
     sub.add_argument("job", metavar="JOB", type=_job_ref, help="task id, job id or file uuid")
     sub = add("priority", cmd_priority, "set a waiting or running job's priority")
     sub.add_argument("job", metavar="JOB", type=_job_ref, help="task id, job id or file uuid")
     sub.add_argument("priority", metavar="PRIORITY", choices=("low", "normal", "high"))
+    sub = add(
+        "drain",
+        cmd_drain,
+        "drain this node before a reboot: its running jobs finish, it starts no new one",
+    )
+    sub.add_argument("--undo", action="store_true", help="take jobs again")
     sub = add("concurrency", cmd_concurrency, "set how many jobs run at once")
     sub.add_argument("max_concurrent", metavar="N", nargs="?", type=_positive_int)
     sub.add_argument(
@@ -233,7 +270,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub.set_defaults(local="doctor", takes=("json",))
 
-    add("tui", cmd_tui, "live view of the queue; keys steer it (p, +/-, arrows, c, r, t, q)", False)
+    add(
+        "tui",
+        cmd_tui,
+        "live view of the queue; keys steer it (p, +/-, arrows, Enter, c, r, t, q)",
+        False,
+    )
     sub = commands.add_parser(
         "service",
         help="start at login or at boot (launchd on macOS, systemd on Linux); start, stop",
@@ -348,9 +390,24 @@ def _token(cfg: config_module.Config, args: argparse.Namespace) -> tuple[str, st
     return cfg.service.token, f"service.token in {cfg.source or 'the config'}"
 
 
+# A reader that stopped reading (`status --json | head`) ends a command as it ends a Unix
+# tool, quietly, with the shell's code for SIGPIPE.
+EXIT_PIPE = 128 + 13
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    code = _main(args)
+    if args.command == "run":
+        code = _main(args)
+    else:
+        try:
+            code = _main(args)
+            sys.stdout.flush()  # here, not at exit, where a closed pipe is reported at length
+        except BrokenPipeError:
+            # Nothing more can be written there; stdout now points at /dev/null so the
+            # interpreter's last flush at exit has nowhere to fail either.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return EXIT_PIPE
     if code == EXIT_USAGE and args.command == "run" and _under_launchd():
         # launchd restarts any failed exit; a clean one stays stopped until fixed.
         print_error(

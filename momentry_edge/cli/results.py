@@ -4,9 +4,11 @@ and (--text) its transcript. Everything comes from the service's API."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import re
 import sys
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -49,21 +51,61 @@ def find_file(api: ApiClient, ref: str) -> dict[str, Any]:
         except ApiError as exc:
             if exc.status != 404:
                 raise
-    wanted = {ref, Path(ref).name}
-    matches, offset = [], 0
+    files, offset = [], 0
     while True:  # the service lists at most PAGE a request
         page = api.files(PAGE, offset)
-        matches += [f for f in page["files"] if f["path"] == ref or f["file_name"] in wanted]
+        files += page["files"]
         offset += len(page["files"])
         if not page["files"] or offset >= page["total"]:
             break
-    exact = [f for f in matches if f["path"] == ref] or matches
-    if not exact:
-        raise NotFound(f"no file named {ref!r} is known; `momentry-edge jobs` lists them")
-    if len(exact) > 1:
-        names = "; ".join(f"{f['path']} ({f['file_uuid']})" for f in exact[:10])
-        raise NotFound(f"{len(exact)} files are named {ref!r}: {names}; give the path or uuid")
-    return api.file(exact[0]["file_uuid"])
+    matches = matching(files, ref)
+    if not matches:
+        paths = {loose(f["file_name"]): f["path"] for f in files}
+        near = difflib.get_close_matches(loose(Path(ref).name), list(paths), n=5)
+        hint = f"; names like it: {', '.join(paths[n] for n in near)}" if near else ""
+        raise NotFound(
+            f"no known file is named {ref!r}{hint}. A file the service has not registered: "
+            "`momentry-edge submit PATH`"
+        )
+    if len(matches) > 1:
+        names = "; ".join(f"{f['path']} ({f['file_uuid']})" for f in matches[:10])
+        more = f"; and {len(matches) - 10} more" if len(matches) > 10 else ""
+        raise NotFound(
+            f"{len(matches)} files match {ref!r}: {names}{more}; give more of the name, "
+            "the path or the uuid"
+        )
+    return api.file(matches[0]["file_uuid"])
+
+
+# The dashes a keyboard does not type, each read as the hyphen typed in their place.
+DASHES = dict.fromkeys(map(ord, "\u2010\u2011\u2012\u2013\u2014\u2015\u2212\ufe63\uff0d"), "-")
+
+
+def loose(text: str) -> str:
+    """``text`` as a name typed loosely matches it: any case, no accents, an en dash as a
+    hyphen, runs of spaces as one."""
+    text = unicodedata.normalize("NFKD", text.translate(DASHES))
+    text = "".join(c for c in text if not unicodedata.combining(c))
+    return " ".join(text.casefold().split())
+
+
+def matching(files: list[dict[str, Any]], ref: str) -> list[dict[str, Any]]:
+    """The files ``ref`` names, the closest kind of match that any has: the path; the name;
+    the name typed loosely (see loose), with or without its extension; then a unique start
+    of the name or a part of it. Several of the same kind are all returned."""
+    typed = loose(Path(ref).name)
+    names = [(f, loose(f["file_name"])) for f in files]
+    kinds = (
+        lambda f, name: f["path"] == ref,
+        lambda f, name: f["file_name"] in (ref, Path(ref).name),
+        lambda f, name: typed in (name, name.rsplit(".", 1)[0]),
+        lambda f, name: name.startswith(typed),
+        lambda f, name: typed in name,
+    )
+    for kind in kinds:
+        if found := [f for f, name in names if kind(f, name)]:
+            return found
+    return []
 
 
 def render(record: dict[str, Any], job: dict[str, Any] | None) -> None:
@@ -92,7 +134,7 @@ def _print_transcript(api: ApiClient, record: dict[str, Any]) -> int:
         document = document.get("result") or {}  # the processor's own part of the document
         segments = document.get("segments")
         if isinstance(segments, list):
-            lines = [str(s.get("text", "")).strip() for s in segments if isinstance(s, dict)]
+            lines = [_timed(s) for s in segments if isinstance(s, dict)]
         else:
             lines = [str(document.get("text", "")).strip()]
         print(printable("\n".join(line for line in lines if line), multiline=True))
@@ -102,3 +144,21 @@ def _print_transcript(api: ApiClient, record: dict[str, Any]) -> int:
         file=sys.stderr,
     )
     return 1
+
+
+def _timed(segment: dict[str, Any]) -> str:
+    """A segment as a line: ``[0:01.0 - 0:04.5] its words`` (the console's time codes)."""
+    text = str(segment.get("text", "")).strip()
+    start, end = segment.get("start"), segment.get("end")
+    if not text or not isinstance(start, int | float) or not isinstance(end, int | float):
+        return text
+    return f"[{clock_time(start)} - {clock_time(end)}] {text}"
+
+
+def clock_time(seconds: float) -> str:
+    """m:ss.s, or h:mm:ss.s from an hour."""
+    tenths = round(max(0.0, seconds) * 10)
+    minutes, tenths = divmod(tenths, 600)
+    hours, minutes = divmod(minutes, 60)
+    shown = f"{minutes:02d}" if hours else f"{minutes}"
+    return f"{hours}:" * bool(hours) + f"{shown}:{tenths // 10:02d}.{tenths % 10}"

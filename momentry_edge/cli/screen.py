@@ -38,7 +38,10 @@ STATUS_STYLE = {
     "cancelled": "bright_black",
 }
 # "q quit" first: a narrow terminal cuts the end of the line.
-KEY_HELP = "q quit · ↑/↓ select · c cancel · r retry · t top · p pause/resume · +/- max"
+KEY_HELP = (
+    "q quit · ↑/↓ select · Enter detail · c cancel · r retry · t top · p pause/resume · +/- max"
+)
+DETAIL_HELP = "Enter/Esc/q back · ↑/↓ another job · c cancel · r retry · t top"
 
 
 @dataclass(frozen=True)
@@ -65,12 +68,23 @@ def render(
     height: int = 40,
     now: float | None = None,
     width: int | None = None,
+    opened: str | None = None,
 ) -> RenderableType:
     """The whole screen for one snapshot; ``height`` and ``width`` are the terminal's
-    (``width`` None: every column), ``now`` a Unix time."""
+    (``width`` None: every column), ``now`` a Unix time; with ``opened`` (a task id) that
+    job's detail in place of the lists."""
     if now is None:
         now = snap.fetched_at or 0.0
     header = _header(snap, width)
+    if opened is not None:
+        footer = _footer(snap, message, DETAIL_HELP)
+        layout = Layout()
+        layout.split_column(
+            Layout(header, size=_lines(header)),
+            Layout(_detail(snap, opened, now)),
+            Layout(footer, size=_lines(footer)),
+        )
+        return layout
     nodes = _nodes(snap.status, now)
     footer = _footer(snap, message)
     # The lists below the queue give it room on a short screen: 2 rows each at 24 lines.
@@ -128,6 +142,8 @@ def _header(snap: Snapshot, width: int | None = None) -> Group:
         title.append(" BLOCKED ", style="bold white on red")
     else:
         title.append(" RUNNING ", style="bold black on green")
+    if status.get("drained") and not snap.error:
+        title.append(" DRAINED ", style="bold black on yellow")
     if wide:
         title.append(
             f"   active {status['active_count']} / effective {status['effective_concurrency']}"
@@ -204,13 +220,16 @@ def _nodes(status: dict[str, Any] | None, now: float) -> Table | None:
     nodes = (status or {}).get("nodes") or []
     if len(nodes) < 2:  # one node is this service; the header already says it all
         return None
-    needs = {"node": 12, "host": 12, "active": 6, "processors": 14, "last seen": 12}
+    needs = {"node": 12, "host": 12, "active": 7, "processors": 14, "last seen": 12}
     table = _table(needs, title="nodes")
     for node in nodes:
+        online = node.get("online", True)
         table.add_row(
             Text(str(node["id"])),
             Text(str(node.get("host", ""))),
-            Text(f"{node.get('active', 0)} / {node.get('max_concurrent', '?')}"),
+            Text(f"{node.get('active', 0)} / {node.get('max_concurrent', '?')}")
+            if online
+            else Text("OFFLINE", style="bold red"),
             Text(",".join(node.get("processors", []))),
             Text(_ago(node.get("last_seen"), now)),
         )
@@ -231,11 +250,16 @@ QUEUE_COLUMNS = {
     "when": 17,
 }
 QUEUE_DROPS = ("processors", "prio", "when", "progress")
-FAILED_COLUMNS = {"": 1, "file": 22, "status": 7, "error": 20, "failed": 10, "task": 17}
+# The error needs 40: on 80 columns it is worth more than the processors' names (which it
+# says too); Enter shows it whole.
+FAILED_COLUMNS = {"": 1, "file": 22, "status": 7, "error": 40, "failed": 10, "task": 17}
 FAILED_DROPS = ("task", "failed", "error")
 FINISHED_COLUMNS = {"": 1, "file": 22, "status": 9, "processors": 14, "task": 17}
 FINISHED_DROPS = ("task", "processors")
-GROW = ("file", "error")  # the columns that take the room left, in equal parts
+# The columns that take the room left, and their shares of it: a wide screen gives the
+# estimate ("ends in 1m 59s on studio-b") and the error room too, not the file name all.
+GROW = {"file": 3, "error": 3, "when": 1, "processors": 1}
+ROOMY = {"when": 40, "processors": 30}  # the most these take; the file name gets the rest
 
 
 def _fitting(needs: dict[str, int], drops: tuple[str, ...], width: int | None) -> list[str]:
@@ -258,11 +282,20 @@ def _widths(needs: dict[str, int], names: list[str], width: int | None) -> dict[
     widths = {n: needs[n] for n in names}
     if width is None:
         return widths
-    growing = [n for n in names if n in GROW]
     spare = width - _used(needs, names)
+    # Too narrow even so: only the file name and the error are made shorter.
+    growing = [n for n in names if n in GROW and (spare >= 0 or n in ("file", "error"))]
+    shares = sum(GROW[n] for n in growing)
+    given = 0
     for i, name in enumerate(growing):
-        share = spare // len(growing) + (1 if i < spare % len(growing) else 0)
+        # The last takes what rounding left over, so the columns fill the width exactly.
+        share = spare - given if i == len(growing) - 1 else spare * GROW[name] // shares
+        given += share
         widths[name] = max(widths[name] + share, 10)  # a very narrow screen: shorter names
+    for name in set(growing) & set(ROOMY):
+        if (over := widths[name] - ROOMY[name]) > 0 and growing[0] not in ROOMY:
+            widths[name] -= over
+            widths[growing[0]] += over
     if not growing and names:  # nothing grows: the last column may not go past the edge
         widths[names[-1]] = max(widths[names[-1]] - max(_used(needs, names) - width, 0), 1)
     return widths
@@ -324,7 +357,9 @@ def _job_cells(
     job: Job, selected: str | None, now: float, widths: dict[str, int] | None = None
 ) -> dict[str, RenderableType]:
     status = job["status"]
-    if status == "processing":
+    if status == "processing" and job.get("stalled"):
+        when = f"STALLED: no progress {_ago(job.get('progress_at'), now)}"
+    elif status == "processing":
         if job.get("estimated_end"):
             when = f"ends {_until(job['estimated_end'], now)}"
         else:
@@ -346,7 +381,7 @@ def _job_cells(
         "status": Text(status, style=STATUS_STYLE.get(status, "")),
         "progress": _progress(job.get("progress")) if status == "processing" else Text(""),
         "processors": Text(processors),
-        "when": Text(when, style="bright_black"),
+        "when": Text(when, style="bold red" if job.get("stalled") else "bright_black"),
     }
 
 
@@ -412,7 +447,55 @@ def _finished(
     return table
 
 
-def _footer(snap: Snapshot, message: str) -> Group:
+def _detail(snap: Snapshot, task_id: str, now: float) -> Group:
+    """One job whole, its words wrapped, never cut: what the lists' columns only begin."""
+    listed = next((j for j in _all_listed(snap) if j["task_id"] == task_id), {})
+    job = {**listed, **snap.details.get(task_id, {})}
+    if not job:
+        return Group(Text(f"{task_id}: reading…", style="bright_black"))
+    status = job.get("status", "")
+    title = Text(f"{job.get('file_name', '')}  ", style="bold")
+    title.append(status, style=STATUS_STYLE.get(status, ""))
+    lines = [title, Text(f"task {task_id} · priority {job.get('priority', '?')}")]
+    when = [
+        f"{label} {_clock(at)}"
+        for label, key in (("created", "created_at"), ("started", "started_at"))
+        if (at := _parse(job.get(key))) is not None
+    ]
+    if job.get("node"):
+        when.append(f"on {job['node']}")
+    if job.get("progress_at") and status == "processing":
+        stalled = " (STALLED)" if job.get("stalled") else ""
+        when.append(f"last progress {_ago(job['progress_at'], now)}{stalled}")
+    if job.get("position"):
+        when.append(f"#{job['position']}, starts {_until(job.get('estimated_start'), now)}")
+    if (end := _parse(job.get("completed_at"))) is not None:
+        when.append(f"ended {_clock(end)}")
+    if when:
+        lines.append(Text(" · ".join(when), style="bright_black"))
+    runs = snap.details.get(task_id, {}).get("processors") or {}  # a list's entry has names
+    # The processors' errors are on their own lines below: the job's own is said once.
+    error = job.get("error_message") or (None if runs else snap.errors.get(task_id))
+    if error:
+        lines.append(Text(f"error: {error}", style="red"))
+    for name, run in runs.items():
+        said = run.get("error") or run.get("reason") or run.get("output_path") or ""
+        counts = f" {run['current']}/{run['total']}" if run.get("total") else ""
+        row = Text(f"  {name:<6} ")
+        row.append(
+            f"{run.get('status', '')}{counts}", style=STATUS_STYLE.get(run.get("status"), "")
+        )
+        if said:
+            row.append(f"  {said}", style="red" if run.get("error") else "bright_black")
+        lines.append(row)
+    return Group(*lines)
+
+
+def _all_listed(snap: Snapshot) -> list[Job]:
+    return [*(snap.status or {}).get("queue", []), *snap.failed, *snap.finished]
+
+
+def _footer(snap: Snapshot, message: str, keys: str = KEY_HELP) -> Group:
     # One line each, cut rather than wrapped, so the key help is never pushed off screen.
     cut: dict[str, Any] = {"no_wrap": True, "overflow": "ellipsis"}
     if snap.error:
@@ -420,7 +503,7 @@ def _footer(snap: Snapshot, message: str) -> Group:
         line = Text(f"⚠ retrying every second{since}: {snap.error}", style="bold red", **cut)
     else:
         line = Text(message or " ", style="yellow", **cut)
-    return Group(line, Text(KEY_HELP, style="bright_black", **cut))
+    return Group(line, Text(keys, style="bright_black", **cut))
 
 
 def _table(widths: dict[str, int], title: str) -> Table:
@@ -441,7 +524,7 @@ def _table(widths: dict[str, int], title: str) -> Table:
             justify="right" if name == "#" else "left",
             no_wrap=True,
             overflow="ellipsis",
-            ratio=1 if growing else None,
+            ratio=width if growing else None,  # in proportion to the widths chosen
             width=None if growing else width,
             min_width=width if growing else None,
         )

@@ -32,6 +32,7 @@ from .screen import DETAIL_JOBS, RECENT, Job, Snapshot, render
 
 POLL_SECONDS = 1.0  # API.md: the view refreshes at least once a second
 TICK = 0.2  # how long a key may wait before it is acted on
+MORE = "reading more of the line…"
 
 Command = tuple[str, Any]
 
@@ -39,15 +40,19 @@ Command = tuple[str, Any]
 # -- talking to the service -----------------------------------------------------------------------
 
 
-def fetch(api: ApiClient, previous: Snapshot, rows: int = 50) -> Snapshot:
-    """Poll the API once (the running jobs and the first ``rows`` waiting); on failure keep
-    the last data and say why.
+def fetch(
+    api: ApiClient, previous: Snapshot, rows: int = 50, opened: str | None = None
+) -> Snapshot:
+    """Poll the API once (the running jobs and the first ``rows`` waiting, and the detail
+    of the ``opened`` job); on failure keep the last data and say why.
 
     Every reply is scrubbed here, where it enters: file names and errors reach the screen."""
     try:
         status = scrub(api.queue_status(limit=max(rows, 1)))
         running = [j["task_id"] for j in status.get("queue", []) if j["status"] == "processing"]
         details = {t: d for t in running[:DETAIL_JOBS] if (d := _job_or_none(api, t))}
+        if opened and opened not in details and (d := _job_or_none(api, opened)):
+            details[opened] = d
         # The dead list: failures a later good run of the same file has not resolved.
         failed = scrub(api.dead(limit=RECENT)["jobs"])
         finished = scrub(api.jobs(["completed", "cancelled"], limit=RECENT)["jobs"])
@@ -83,7 +88,8 @@ class Feed:
     def __init__(self, api: ApiClient, interval: float = POLL_SECONDS) -> None:
         self.api = api
         self.interval = interval
-        self.rows = 50  # waiting jobs asked for: as many as the screen has lines
+        self.rows = 50  # waiting jobs asked for: a screenful past the selected one
+        self.opened: str | None = None  # the job whose detail view is open (Enter)
         # Replaced whole, never mutated: safe to read from the drawing thread.
         self.snapshot = Snapshot(printable(api.base_url))
         self.message = ""  # the outcome of the latest command, for the status line
@@ -104,7 +110,7 @@ class Feed:
     def _loop(self) -> None:
         while True:
             try:
-                self.snapshot = fetch(self.api, self.snapshot, self.rows)
+                self.snapshot = fetch(self.api, self.snapshot, self.rows, self.opened)
             except Exception as exc:  # an observer keeps observing: show the bug, don't freeze
                 error = printable(f"{type(exc).__name__}: {exc}")
                 self.snapshot = replace(self.snapshot, error=error)
@@ -114,6 +120,8 @@ class Feed:
                 continue
             if command is None:
                 return
+            if command[0] == "refresh":  # read again now: the view asks for more
+                continue
             try:
                 outcome = execute(self.api, command, self.snapshot)
             except Exception as exc:  # a reply of a shape no check foresaw: say so, go on
@@ -232,6 +240,7 @@ class Cursor:
 # -- keys -----------------------------------------------------------------------------------------
 
 ARROWS = {"\x1b[A": "up", "\x1bOA": "up", "\x1b[B": "down", "\x1bOB": "down"}
+NAMED = {"k": "up", "j": "down", "\r": "enter", "\n": "enter", "\x1b": "escape"}
 JOB_COMMANDS = {"c": "cancel", "r": "retry", "t": "top"}
 QUEUE_COMMANDS = {"p": "toggle", "+": "more", "=": "more", "-": "fewer"}
 
@@ -245,7 +254,7 @@ def parse_keys(chunk: str) -> list[str]:
             keys.append(ARROWS[arrow])
             chunk = chunk[len(arrow) :]
         else:
-            keys.append({"k": "up", "j": "down"}.get(chunk[0], chunk[0]))
+            keys.append(NAMED.get(chunk[0], chunk[0]))
             chunk = chunk[1:]
     return keys
 
@@ -287,13 +296,17 @@ def run(api: ApiClient, console: Console | None = None) -> int:
     try:
         with KeyReader() as keys, Live(console=console, screen=True, auto_refresh=False) as live:
             while True:
-                feed.rows = console.height
                 snap = feed.snapshot
                 picked = cursor.pick(selectable(snap))
                 selected = picked["task_id"] if picked else None
-                _draw(live, snap, selected, feed.message, console.height)
+                # Every waiting job can be reached: the line is read a screenful past the
+                # selected one (the API gives 1000 at most).
+                feed.rows = min(console.height + waiting_index(snap, selected) + 1, 1000)
+                if feed.opened and selected:
+                    feed.opened = selected  # the detail view follows the selection
+                _draw(live, snap, selected, feed.message, console.height, feed.opened)
                 for key in keys.read(TICK):
-                    if key == "q" and asking.command is None:
+                    if key == "q" and asking.command is None and feed.opened is None:
                         return 0
                     on_key(key, snap, cursor, feed, asking)
     except KeyboardInterrupt:
@@ -302,17 +315,42 @@ def run(api: ApiClient, console: Console | None = None) -> int:
         feed.stop()
 
 
-def _draw(live: Live, snap: Snapshot, selected: str | None, message: str, height: int) -> None:
+def _draw(
+    live: Live,
+    snap: Snapshot,
+    selected: str | None,
+    message: str,
+    height: int,
+    opened: str | None = None,
+) -> None:
     """Show the screen; if the service's data cannot be drawn (a reply of a shape no check
     foresaw), the screen without it and a warning, until a later poll can be drawn."""
     try:
-        view = render(snap, selected, message, height, time.time(), live.console.width)
+        view = render(snap, selected, message, height, time.time(), live.console.width, opened)
         live.update(view, refresh=True)
     except Exception as exc:
         error = printable(f"unexpected reply from {snap.url}: {type(exc).__name__}: {exc}")
         bare = Snapshot(snap.url, error=error, fetched_at=snap.fetched_at)
         view = render(bare, None, message, height, time.time(), live.console.width)
         live.update(view, refresh=True)
+
+
+def waiting_index(snap: Snapshot, task_id: str | None) -> int:
+    """Where ``task_id`` is among the waiting jobs read (0 the first); -1 if not there."""
+    waiting = [j["task_id"] for j in (snap.status or {}).get("queue", []) if _waits(j)]
+    return waiting.index(task_id) if task_id in waiting else -1
+
+
+def _waits(job: Job) -> bool:
+    return job["status"] != "processing"
+
+
+def _more_waiting(snap: Snapshot, task_id: str | None) -> bool:
+    """Whether ``task_id`` is the last waiting job read while more wait beyond it."""
+    status = snap.status or {}
+    read = sum(_waits(j) for j in status.get("queue", []))
+    waiting = status.get("pending_count", 0) + (status.get("retrying_count") or 0)
+    return read < waiting and waiting_index(snap, task_id) == read - 1
 
 
 def on_key(key: str, snap: Snapshot, cursor: Cursor, feed: Feed, asking: Asking) -> None:
@@ -324,8 +362,23 @@ def on_key(key: str, snap: Snapshot, cursor: Cursor, feed: Feed, asking: Asking)
         else:
             feed.message = f"{command[1]['file_name']}: left running"
         return
-    if key in ("up", "down"):
+    if key == "enter":
+        picked = cursor.pick(rows)
+        feed.opened = None if feed.opened or picked is None else picked["task_id"]
+        feed.send(("refresh", None))
+    elif key in ("escape", "q"):
+        feed.opened = None  # q quits from the list only (see run)
+    elif key == "down" and _more_waiting(snap, cursor.task_id):
+        # The next waiting job is past those read: they are read now (run asks for a
+        # screenful past the selection), and Down goes on from there.
+        feed.message = MORE
+        feed.send(("refresh", None))
+    elif key in ("up", "down"):
         cursor.move(rows, -1 if key == "up" else 1)
+        if feed.message == MORE:
+            feed.message = ""
+        if feed.opened:
+            feed.send(("refresh", None))
     elif key in QUEUE_COMMANDS:
         feed.send((QUEUE_COMMANDS[key], None))
     elif key in JOB_COMMANDS:

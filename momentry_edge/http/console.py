@@ -4,6 +4,7 @@ and acts through the same /api/ routes as any client, with the same token and ru
 
 from __future__ import annotations
 
+import logging
 from importlib import resources
 from typing import Any
 
@@ -12,6 +13,9 @@ from bottle import response
 
 from .. import jobs, outputs
 from ..errors import NotFound
+from .parsing import interface
+
+log = logging.getLogger(__name__)
 
 # The page's own files: name -> content type. Nothing else is served from the folder.
 ASSETS = {
@@ -76,6 +80,14 @@ def add_routes(app: bottle.Bottle, service: Any, find_file: Any) -> None:
     def dismiss(job: str) -> dict:
         found = jobs.find_job(job)
         jobs.dismiss(found)
+        log.info(
+            "job %s (%s, %s) dismissed through %s",
+            found.task_id,
+            found.file.name,
+            found.status,
+            interface(),
+            extra={"task_id": found.task_id},
+        )
         return {"success": True, "task_id": found.task_id, "dismissed": True}
 
 

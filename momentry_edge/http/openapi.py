@@ -123,6 +123,9 @@ SCHEMAS: dict[str, Schema] = {
             "progress": PCT,
             "node": _null(STR),
             "estimated_end": TIME | {"description": "when a running job should end, if known"},
+            "progress_at": TIME | {"description": "a running job's last progress report"},
+            "stalled": BOOL
+            | {"description": "a running job without progress for queue.stall_seconds"},
             "queued_at": TIME,
             "position": {"type": "integer", "minimum": 1},
             "estimated_start": TIME,
@@ -140,7 +143,8 @@ SCHEMAS: dict[str, Schema] = {
             "processors": NAMES,
             "active": INT,
             "max_concurrent": INT,
-            "last_seen": TIME,
+            "last_seen": TIME | {"description": "its last heartbeat"},
+            "online": BOOL | {"description": "false: its heartbeat stopped (lease passed)"},
         }
     ),
     "QueueStatus": _obj(
@@ -179,6 +183,8 @@ SCHEMAS: dict[str, Schema] = {
                 _obj({"folder": STR, "created_at": TIME, "scheduled": BOOL}, "*")
                 | {"description": "the newest complete backup in <data_dir>/backups"}
             ),
+            "drained": BOOL
+            | {"description": "the node answering is drained: it starts no job (POST /node/drain)"},
         },
         "active_count max_concurrent effective_concurrency dynamic_concurrency pending_count"
         " paused queue statistics resources",
@@ -208,7 +214,9 @@ SCHEMAS: dict[str, Schema] = {
             "completed": NAMES,
             "failed": NAMES,
             "created_at": TIME,
-            "error": _null(STR | {"description": "failed and partial jobs only"}),
+            "error": _null(
+                STR | {"description": "failed, partial and cancelled jobs only: why it ended"}
+            ),
             "resolved_by": _null(
                 TASK_ID | {"description": "a later job of the file that completed"}
             ),
@@ -301,6 +309,13 @@ SCHEMAS: dict[str, Schema] = {
     ),
     "DeepScanRequest": _obj(_SCAN) | {"additionalProperties": False},
     "PriorityRequest": _obj({"priority": _ref("Priority")}, "*"),
+    "FolderRequest": _obj(
+        {
+            "folder": STR
+            | {"description": "as the file list names it, with its subfolders; '.': all"}
+        }
+    )
+    | {"additionalProperties": False},
     "ConcurrencyRequest": _obj(  # either key, or both
         {"max_concurrent": {"type": "integer", "minimum": 1}, "dynamic_concurrency": BOOL}
     )
@@ -473,7 +488,34 @@ OPERATIONS: dict[str, Schema] = {  # "method path": operation, one per route in 
     ),
     "post /api/v1/queue/pause": _op("pause", "Pause the queue", _ok(paused=BOOL)),
     "post /api/v1/queue/resume": _op("resume", "Resume the queue", _ok(paused=BOOL)),
-    "post /api/v1/queue/clear": _op("clear", "Cancel all pending/retrying jobs", _ok(cleared=INT)),
+    "post /api/v1/queue/clear": _op(
+        "clear",
+        "Cancel all pending/retrying jobs, or those of a folder",
+        _ok(cleared=INT),
+        "404",  # no known file in that folder
+        body="FolderRequest",
+    ),
+    "post /api/v1/node/drain": _op(
+        "drain",
+        "Drain the node answering: its running jobs finish, it starts no new one",
+        _ok(node=STR, drained=BOOL, running=INT),
+    ),
+    "delete /api/v1/node/drain": _op(
+        "undrain",
+        "Undo a drain: the node answering starts jobs again",
+        _ok(node=STR, drained=BOOL, running=INT),
+    ),
+    "post /api/v1/queue/retry": _op(
+        "retry_failed",
+        "Re-queue every failed and partial job (not resolved later), or those of a folder",
+        _ok(
+            retried=INT,
+            task_ids=_arr(TASK_ID),
+            refused=_arr(_obj({"task_id": TASK_ID, "reason": STR}, "*")),
+        ),
+        "404",
+        body="FolderRequest",
+    ),
     "post /api/v1/queue/prioritize/{file_uuid}": _op(
         "prioritize",
         "Move a file's waiting job to position 1",
@@ -509,6 +551,13 @@ OPERATIONS: dict[str, Schema] = {  # "method path": operation, one per route in 
         query=("status", *_PAGING),
     ),
     "get /api/v1/jobs/{job}": _op("job_detail", "One job", _ref("JobDetail"), "404"),
+    "get /api/v1/jobs/{job}/log": _op(
+        "job_log",
+        "The log lines about a job, from the answering node's log",
+        _obj({"task_id": TASK_ID, "node": STR, "lines": _arr(STR)}, "*"),
+        "400 404",
+        query=("limit",),
+    ),
     "post /api/v1/jobs/{job}/retry": _op(
         "retry",
         "Re-queue what did not complete of a failed, partial or cancelled job",

@@ -238,6 +238,16 @@ def paging() -> tuple[int, int]:
     return limit, offset
 
 
+# The interfaces that name themselves on a request (header ``X-Momentry-Via``), for the
+# log's word on who cancelled or cleared what; any other client is "the API".
+INTERFACES = {"console": "the console", "cli": "the CLI", "tui": "the TUI"}
+
+
+def interface() -> str:
+    """Which interface sent this request, as the log says it: "the console", "the API"."""
+    return INTERFACES.get(request.get_header("X-Momentry-Via", "").lower(), "the API")
+
+
 def error(status: int, code: str, message: str) -> str:
     response.status = status
     response.content_type = "application/json"

@@ -25,6 +25,15 @@ def add(app: bottle.Bottle, service: Core) -> None:
     def job_detail(job: str) -> dict:
         return views.job_detail(jobs.find_job(job), service.effective_limit())
 
+    @app.get("/api/v1/jobs/<job>/log")
+    def job_log(job: str) -> dict:
+        from ..cli import logview  # the reading `logs --job` does, of this node's log
+
+        found = jobs.find_job(job)
+        limit, _ = paging()
+        lines = logview.job_lines(service.config.data_dir / "logs", found.task_id, limit)
+        return {"task_id": found.task_id, "node": service.node, "lines": lines}
+
     @app.post("/api/v1/jobs/<job>/retry")
     def retry(job: str) -> dict:
         retried = jobs.retry(jobs.find_job(job))

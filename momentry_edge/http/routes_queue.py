@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import logging
+
 import bottle
 from bottle import response
 
 from .. import jobs, store
 from ..errors import Invalid
-from ..jobs import views
+from ..jobs import folders, views
 from ..store import FileState, JobStatus
 from .core import Core
 from .openapi import DEEP_SCAN_KEYS
 from .parsing import (
+    interface,
     json_body,
     media_file,
     not_at,
     paging,
     scan_options,
 )
+
+log = logging.getLogger(__name__)
 
 
 def add(app: bottle.Bottle, service: Core) -> None:
@@ -54,7 +59,27 @@ def add(app: bottle.Bottle, service: Core) -> None:
 
     @app.post("/api/v1/queue/clear")
     def clear() -> dict:
-        return {"success": True, "cleared": jobs.clear()}
+        folder = folder_body()
+        cleared = folders.cancel_waiting(folder)
+        where = f" in folder {folder!r}" if folder else ""
+        log.info(
+            "queue cleared through %s: %d waiting job(s)%s cancelled", interface(), cleared, where
+        )
+        return {"success": True, "cleared": cleared}
+
+    @app.post("/api/v1/queue/retry")
+    def retry_failed() -> dict:
+        folder = folder_body()
+        done = folders.retry_failed(folder)
+        where = f" in folder {folder!r}" if folder else ""
+        log.info(
+            "failed jobs%s retried through %s: %d back in line, %d refused",
+            where,
+            interface(),
+            done["retried"],
+            len(done["refused"]),
+        )
+        return {"success": True, **done}
 
     @app.post("/api/v1/queue/prioritize/<file_uuid>")
     def prioritize(file_uuid: str) -> dict:
@@ -89,17 +114,44 @@ def add(app: bottle.Bottle, service: Core) -> None:
             "effective_concurrency": service.effective_limit(),
         }
 
+    @app.post("/api/v1/node/drain")
+    def drain() -> dict:
+        running = service.drain(True, interface())
+        return {"success": True, "node": service.node, "drained": True, "running": running}
+
+    @app.delete("/api/v1/node/drain")
+    def undrain() -> dict:
+        running = service.drain(False, interface())
+        return {"success": True, "node": service.node, "drained": False, "running": running}
+
     @app.get("/api/v1/queue/dead")
     def dead() -> dict:
         limit, offset = paging()
         return views.dead_jobs(limit, offset)
 
 
+def folder_body() -> str | None:
+    """The folder a bulk action is limited to (body ``{"folder": "..."}``), None for all."""
+    body = json_body()
+    if unknown := sorted(set(body) - {"folder"}):
+        raise Invalid(f"unknown key {unknown[0]!r}; known: folder")
+    return folders.parse(body.get("folder"))
+
+
 def cancel_job(ref: str) -> dict:
     """Cancel a job (DELETE /api/v1/queue/task/..., POST /api/v1/jobs/.../cancel)."""
-    was = jobs.cancel(jobs.find_job(ref))
+    job = jobs.find_job(ref)
+    was = jobs.cancel(job)
     # A running job stops at its next report; "status" tells the two cases apart.
     status = "cancelling" if was == JobStatus.PROCESSING else JobStatus.CANCELLED
+    log.info(
+        "job %s (%s, was %s) cancelled through %s",
+        job.task_id,
+        job.file.name,
+        was,
+        interface(),
+        extra={"task_id": job.task_id},
+    )
     return {"success": True, "message": "Task cancelled", "status": status}
 
 

@@ -380,8 +380,8 @@ def _cancel(job: Job, reason: str, now: float) -> str:
     return job.status
 
 
-def clear() -> int:
-    """Cancel every pending and retrying job."""
+def clear(among: pw.Expression | None = None) -> int:
+    """Cancel every pending and retrying job (``among`` those, if given: a condition on Job)."""
     now = clock.now()
     with store.write_transaction(Job._meta.database):
         # One statement, not a read then a write: on PostgreSQL a job a worker claims
@@ -393,7 +393,10 @@ def clear() -> int:
                 error_message="cleared from the queue",
                 next_attempt_at=None,  # a retrying job's attempt is no longer due
             )
-            .where(Job.status.in_((JobStatus.PENDING, JobStatus.RETRYING)))
+            .where(
+                Job.status.in_((JobStatus.PENDING, JobStatus.RETRYING)),
+                *([] if among is None else [among]),
+            )
             .returning(Job.id, Job.task_id, Job.options)
             .execute()
         )

@@ -13,7 +13,7 @@ import peewee as pw
 from .. import clock, jobs, store
 from ..clock import iso
 from ..errors import Invalid
-from ..store import Job, JobStatus, MediaFile, ProcessorRun, RunStatus
+from ..store import FileState, Job, JobStatus, MediaFile, ProcessorRun, RunStatus
 from . import estimates
 
 
@@ -130,12 +130,34 @@ def queue_status(
     node: str | None = None,
     limit: int = 50,
     offset: int = 0,
+    stall_after: float | None = None,
 ) -> dict[str, Any]:
     """The queue's status as ``node`` (the one answering) sees it: its own concurrency.
-    ``queue`` holds the running jobs and a page (``limit``, ``offset``) of the waiting ones."""
+    ``queue`` holds the running jobs and a page (``limit``, ``offset``) of the waiting ones;
+    a running job without progress for ``stall_after`` seconds is marked stalled."""
     rates = _rates()
     with store.read_snapshot(Job._meta.database):
-        return _queue_status(effective_limit, load, extra, node, limit, offset, rates)
+        return _queue_status(effective_limit, load, extra, node, limit, offset, rates, stall_after)
+
+
+def last_progress(running: list[Job]) -> dict[int, float]:
+    """job id -> when each of the ``running`` jobs last reported progress (a report of any
+    of its running processors), else when it started."""
+    reported = (
+        dict(
+            store.rows(
+                ProcessorRun.select(ProcessorRun.job, pw.fn.MAX(ProcessorRun.updated_at))
+                .where(
+                    ProcessorRun.job.in_([job.id for job in running]),
+                    ProcessorRun.status == RunStatus.RUNNING,
+                )
+                .group_by(ProcessorRun.job)
+            )
+        )
+        if running
+        else {}
+    )
+    return {job.id: max(reported.get(job.id) or 0.0, job.started_at or 0.0) for job in running}
 
 
 def _rates() -> estimates.Rates:
@@ -153,6 +175,7 @@ def _queue_status(
     limit: int,
     offset: int,
     rates: estimates.Rates,
+    stall_after: float | None = None,
 ) -> dict[str, Any]:
     now = clock.now()
     state = jobs.queue_state(node)
@@ -179,6 +202,7 @@ def _queue_status(
             .offset(max(offset - pending_count, 0))
         )
     left = running_left(running, rates, now)
+    progressed = last_progress(running)
     waiting = [(job.processors, job.file.duration) for job in pending]
     ends = [now + left.get(job.id, 0.0) for job in running]
     starts = _starts_after(offset, waiting, ends, effective_limit, now, rates)
@@ -191,6 +215,8 @@ def _queue_status(
                 "progress": job.progress,
                 "node": job.node,
                 "estimated_end": iso(now + left[job.id]) if job.id in left else None,
+                "progress_at": iso(progressed[job.id] or None),
+                "stalled": bool(stall_after and now - progressed[job.id] > stall_after),
             }
         )
     for number, (job, start) in enumerate(zip(pending, starts, strict=True), start=offset + 1):
@@ -297,10 +323,12 @@ def job_summary(job: Job, resolved_by: str | None = None) -> dict[str, Any]:
     }
     if job.status in (JobStatus.FAILED, JobStatus.PARTIAL):
         summary |= {"error": job.error_message, "resolved_by": resolved_by}
+    elif job.status == JobStatus.CANCELLED:
+        summary["error"] = job.error_message  # why: cancelled by user, cleared from the queue
     return summary
 
 
-def _resolved() -> pw.Node:
+def resolved() -> pw.Node:
     """SQL: the job (failed or partial) has a later job of its file that completed (the
     file uploaded again, or the job retried as new): it is no longer a failure."""
     later = Job.alias()
@@ -467,10 +495,14 @@ def _page(chosen: Any, order: tuple, limit: int, offset: int) -> list[int]:
 def dead_jobs(limit: int, offset: int) -> dict[str, Any]:
     """Jobs that ran out of retries (or could not be retried), newest first, with each
     processor's error; a page of them, as the other lists (they pile up with the history).
-    A job whose file completed a later job is no longer a failure: it is left out."""
+    A job whose file completed a later job is no longer a failure: it is left out; so is
+    one whose file was rejected (not a readable video): the file's list of rejected files
+    says why, once."""
     newest_first = (Job.completed_at.desc(), Job.id.desc())
     ended_badly = Job.status.in_((JobStatus.FAILED, JobStatus.PARTIAL))
-    chosen = Job.select(Job.id).where(ended_badly, ~_resolved())  # type: ignore[operator]
+    unresolved = ~resolved()  # type: ignore[operator]
+    readable = MediaFile.state != FileState.REJECTED
+    chosen = Job.select(Job.id).join(MediaFile).where(ended_badly, unresolved, readable)
     with store.read_snapshot(Job._meta.database):
         total = chosen.count()
         ids = _page(chosen, newest_first, limit, offset)

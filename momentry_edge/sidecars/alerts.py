@@ -76,6 +76,15 @@ class AlertSender(Background):
             self._queue("jobs held back", event["reason"], priority="high", tags="floppy_disk")
         elif kind == "backup.skipped":
             self._queue("backup skipped", event["reason"], priority="high", tags="floppy_disk")
+        elif kind == "job.stalled":
+            self._queue(
+                "job stalled",
+                f"job {event['task_id']} on node {event['node']} has reported no progress since "
+                f"{event['progress_at']}",
+                priority="high",
+                tags="warning",
+                task_id=event["task_id"],
+            )
         elif kind == "node.lost":
             self._queue(
                 "node lost",

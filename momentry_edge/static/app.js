@@ -6,8 +6,10 @@ const PAGE = 25;
 const $ = (id) => document.getElementById(id);
 const state = {
   token: sessionStorage.getItem("momentry-token") || "",
-  waitingOffset: 0, failedOffset: 0, filesOffset: 0, rejectedOffset: 0,
+  waitingOffset: 0, failedOffset: 0, cancelledOffset: 0, filesOffset: 0, rejectedOffset: 0,
   search: "", status: null, skew: 0, fileUuid: null, blobs: [], places: {}, readFailed: false,
+  selected: new Map(),  // task_id -> file name: the waiting jobs ticked for Cancel selected
+  openLogs: new Set(),  // task ids whose log is open on the file's page
 };
 
 // -- the API -----------------------------------------------------------------------------
@@ -17,7 +19,8 @@ class ApiError extends Error {
 }
 
 function headers(extra) {
-  const h = Object.assign({}, extra || {});
+  // The service's log names the interface that cancelled or cleared what.
+  const h = Object.assign({ "X-Momentry-Via": "console" }, extra || {});
   if (state.token) h.Authorization = "Bearer " + state.token;
   return h;
 }
@@ -50,6 +53,33 @@ async function act(method, path, body) {
   }
 }
 
+// What cannot be undone asks first, in a dialog that names what it ends; Escape or
+// "Keep it" leaves everything as it was.
+function confirmThen(question, yes, action) {
+  const dialog = $("confirm");
+  $("confirm-text").textContent = question;
+  $("confirm-yes").textContent = yes;
+  dialog.returnValue = "";
+  dialog.onclose = () => { if (dialog.returnValue === "yes") action(); };
+  dialog.showModal();
+  $("confirm-no").focus();
+}
+$("confirm-yes").addEventListener("click", () => $("confirm").close("yes"));
+$("confirm-no").addEventListener("click", () => $("confirm").close("no"));
+
+function cancelJob(job) {
+  const running = job.status === "processing";
+  const question = running
+    ? `Cancel the running job of ${job.file_name} (${job.task_id})? It stops at its next checkpoint; Retry runs what it did not finish.`
+    : `Cancel the waiting job of ${job.file_name} (${job.task_id})? It leaves the line; Retry puts it back.`;
+  confirmThen(question, "Cancel job", () => act("POST", `/api/v1/jobs/${job.task_id}/cancel`));
+}
+
+function dismissJob(job) {
+  confirmThen(`Dismiss the ${job.status} job of ${job.file_name} (${job.task_id})? Its record is removed for good; its results stay.`,
+    "Dismiss job", () => act("POST", `/api/v1/jobs/${job.task_id}/dismiss`));
+}
+
 // -- signing in --------------------------------------------------------------------------
 
 function signOut() {
@@ -57,7 +87,8 @@ function signOut() {
   sessionStorage.removeItem("momentry-token");
   leaveStream();
   $("app").hidden = true;  // nothing of the queue or the files stays on screen
-  for (const id of ["running", "waiting", "failed", "files", "rejected", "scenes", "transcript"]) {
+  if ($("confirm").open) $("confirm").close();
+  for (const id of ["running", "waiting", "failed", "cancelled", "files", "rejected", "scenes", "transcript"]) {
     $(id).replaceChildren();
   }
   $("login").hidden = false;
@@ -357,7 +388,7 @@ async function draw(asked) {
   await drawRunning(status);
   if (!all) return;
   drawWaiting(status);
-  await Promise.all([drawFailed(), drawFiles(), drawRejected()]);
+  await Promise.all([drawFailed(), drawCancelled(), drawFiles(), drawRejected()]);
 }
 
 // -- words and numbers ---------------------------------------------------------------------
@@ -408,6 +439,10 @@ function when(iso) {
   return t.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" });
 }
 
+function ago(iso) {
+  return iso ? span(now() - Date.parse(iso) / 1000) + " ago" : "not known";
+}
+
 function bytes(mb) {
   return mb >= 1024 ? (mb / 1024).toFixed(1) + " GB" : mb + " MB";
 }
@@ -432,6 +467,18 @@ function pager(id, offset, total, onPage) {
 
 // -- the service ---------------------------------------------------------------------------
 
+// Why fewer jobs may run than the maximum: the pause, what blocks, or the machine's load
+// (dynamic concurrency holds back while CPU, memory or GPU is busy), as the TUI's gauges say.
+function belowMax(s) {
+  if (s.effective_concurrency >= s.max_concurrent) return "";
+  if (s.paused) return ": paused";
+  if (s.blocked_reason) return ": blocked";
+  const r = s.resources || {};
+  const load = [["CPU", r.cpu_percent], ["memory", r.memory_percent], ["GPU", r.gpu_percent]]
+    .filter(([, v]) => v !== null && v !== undefined).map(([k, v]) => `${k} ${Math.round(v)}%`);
+  return s.dynamic_concurrency ? `: held back by dynamic concurrency (${load.join(", ") || "the machine is busy"})` : "";
+}
+
 function drawService(s) {
   const word = s.paused ? "paused" : s.blocked_reason ? "blocked" : "running";
   const line = $("service-state");
@@ -444,7 +491,7 @@ function drawService(s) {
   const facts = [
     ["Jobs", `${s.active_count} running · ${s.pending_count} pending · ${s.retrying_count || 0} retrying`],
     ["Concurrency", `effective ${s.effective_concurrency} / max ${s.max_concurrent}` +
-      (s.dynamic_concurrency ? " (dynamic)" : "")],
+      (s.dynamic_concurrency ? " (dynamic)" : "") + belowMax(s)],
     ["Finished", `${s.statistics.total_processed} (${s.statistics.total_failed} failed)`],
   ];
   for (const d of s.disk || []) {
@@ -452,12 +499,15 @@ function drawService(s) {
       ` (nothing starts below ${bytes(d.min_free_mb)})`]);
   }
   for (const n of s.nodes || []) {
-    facts.push(["Node", `${n.id} on ${n.host}: ${n.active} running of ${n.max_concurrent}`]);
+    facts.push(["Node", n.online === false
+      ? `${n.id} on ${n.host}: OFFLINE, last heartbeat ${when(n.last_seen)} (${ago(n.last_seen)})`
+      : `${n.id} on ${n.host}: ${n.active} running of ${n.max_concurrent}, last heartbeat ${ago(n.last_seen)}`]);
   }
   for (const m of s.models || []) {
     const done = m.total ? ` ${m.percent}% (${bytes(Math.round(m.done / 2 ** 20))})` : "";
     facts.push(["Model pull", `${m.model}: ${m.state}${done}${m.error ? ": " + m.error : ""}`]);
   }
+  if (s.drained) facts.push(["Drained", "this node starts no job; its running jobs finish (`momentry-edge drain --undo` takes jobs again)"]);
   const b = s.last_backup;
   facts.push(["Last backup", b ? `${when(b.created_at)} (${b.scheduled ? "scheduled" : "by hand"})` : "none in the data folder"]);
   $("service-facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: v })]));
@@ -510,6 +560,9 @@ function remaining(detail) {
 
 function runningItem(job, detail) {
   const path = state.places[job.file_uuid] || job.file_name;
+  const node = (state.status.nodes || []).find((n) => n.id === job.node);
+  const where = `on ${job.node || "?"}${node && node.online === false ? " (offline)" : ""}` +
+    ` · started ${when(job.started_at)} · last progress ${ago(job.progress_at)}`;
   const rows = [];
   for (const [name, run] of Object.entries(detail ? detail.processors : {})) {
     const pct = run.progress || 0;
@@ -524,9 +577,11 @@ function runningItem(job, detail) {
       el("a", { class: "name", href: "#/file/" + job.file_uuid, text: job.file_name }),
       statusWord(job.status),
       el("span", { class: "muted", text: "in " + folderOf(path) }),
+      job.stalled ? el("span", { class: "status status-failed", text: "stalled" }) : null,
       el("span", { class: "muted", text: detail ? remaining(detail) : "" }),
       el("button", { type: "button", "aria-label": "Cancel " + job.file_name, text: "Cancel",
-        onclick: () => act("POST", `/api/v1/jobs/${job.task_id}/cancel`) })),
+        onclick: () => cancelJob(job) })),
+    el("div", { class: "muted", text: where }),
     ...rows);
 }
 
@@ -543,8 +598,12 @@ function drawWaiting(s) {
     const start = j.status === "pending"
       ? "starts " + (j.estimated_start ? when(j.estimated_start) : "not known (paused, blocked or no history)")
       : "next attempt " + when(j.next_attempt_at);
+    const tick = el("input", { type: "checkbox", "aria-label": "Select " + label,
+      checked: state.selected.has(j.task_id),
+      onchange: (e) => { if (e.target.checked) state.selected.set(j.task_id, label); else state.selected.delete(j.task_id); showSelected(); } });
     return el("li", { "data-task": j.task_id },
       el("div", { class: "row" },
+        tick,
         el("span", { text: place }),
         el("a", { class: "name", href: "#/file/" + j.file_uuid, text: label }),
         statusWord(j.status),
@@ -553,31 +612,118 @@ function drawWaiting(s) {
         j.status === "pending" ? el("button", { type: "button", "aria-label": "Prioritize " + label,
           text: "Prioritize", onclick: () => act("POST", "/api/v1/queue/prioritize/" + j.file_uuid) }) : null,
         el("button", { type: "button", "aria-label": "Cancel " + label, text: "Cancel",
-          onclick: () => act("POST", `/api/v1/jobs/${j.task_id}/cancel`) })));
+          onclick: () => cancelJob(j) })));
   });
   $("waiting").replaceChildren(...(items.length ? items : [el("li", { class: "muted", text: "Nothing is waiting." })]));
+  // A ticked job that no longer waits (it started, or was cancelled) is no longer ticked.
+  const shown = new Set(waiting.map((j) => j.task_id));
+  for (const task of state.selected.keys()) if (!shown.has(task)) state.selected.delete(task);
+  showSelected();
   pager("waiting-pager", state.waitingOffset, s.pending_count + (s.retrying_count || 0), (o) => { state.waitingOffset = o; refresh("all", true); });
 }
 
+// The skip link: to the file search at once, without a change of page (the hash routes).
+document.querySelector(".skip").addEventListener("click", (event) => {
+  event.preventDefault();
+  $("search-name").focus();
+});
+
+function showSelected() {
+  const count = state.selected.size;
+  $("cancel-selected").disabled = !count;
+  $("cancel-selected").textContent = count ? `Cancel selected (${count})` : "Cancel selected";
+}
+
+$("cancel-selected").addEventListener("click", () => {
+  const chosen = [...state.selected.entries()];
+  const names = chosen.slice(0, 5).map(([, name]) => name).join(", ") + (chosen.length > 5 ? ", …" : "");
+  confirmThen(`Cancel ${chosen.length} waiting job${chosen.length === 1 ? "" : "s"}: ${names}?`, "Cancel jobs", async () => {
+    const failed = [];
+    for (const [task, name] of chosen) {
+      try { await call("POST", `/api/v1/jobs/${task}/cancel`); } catch (e) { failed.push(`${name}: ${e.message}`); }
+      state.selected.delete(task);
+    }
+    $("bulk-said").textContent = `Cancelled ${chosen.length - failed.length} of ${chosen.length}.`;
+    say(failed.length ? "Not cancelled: " + failed.join("; ") : "");
+    refresh("all", true);
+  });
+});
+
+// A folder's jobs at once, the folder named as the lists name it ("in day 1").
+const bulkFolder = () => $("bulk-folder").value.trim().replace(/^\.\/?$|\/+$/g, "");
+const bulkBody = () => (bulkFolder() ? { folder: bulkFolder() } : {});
+const inFolder = () => (bulkFolder() ? `in folder ${bulkFolder()}` : "in every folder");
+
+async function bulk(path, done) {
+  try {
+    const reply = await (await call("POST", path, bulkBody())).json();
+    say("");
+    $("bulk-said").textContent = done(reply);
+    refresh("all", true);
+  } catch (e) {
+    if (e.status !== 401) say(e.message);
+  }
+}
+
+$("bulk-retry").addEventListener("click", () => bulk("/api/v1/queue/retry", (r) =>
+  `Retried ${r.retried} failed job${r.retried === 1 ? "" : "s"} ${inFolder()}.` +
+  (r.refused.length ? ` Not retried: ${r.refused.map((x) => `${x.task_id} (${x.reason})`).join("; ")}` : "")));
+$("bulk-cancel").addEventListener("click", () => confirmThen(
+  `Cancel every waiting job ${inFolder()}? Running jobs go on; Retry puts each back.`, "Cancel jobs",
+  () => bulk("/api/v1/queue/clear", (r) => `Cancelled ${r.cleared} waiting job${r.cleared === 1 ? "" : "s"} ${inFolder()}.`)));
+
 // -- failed jobs ---------------------------------------------------------------------------
+
+// One cause is said once, with the processors it hit (a frame pass's members fail alike),
+// and the attempts only when there were several.
+function causes(failed) {
+  const byError = new Map();
+  for (const [name, f] of Object.entries(failed)) {
+    const error = f.error || "(no error recorded)";
+    const cause = byError.get(error) || { names: [], attempts: 0 };
+    cause.names.push(name);
+    cause.attempts = Math.max(cause.attempts, f.attempts || 0);
+    byError.set(error, cause);
+  }
+  return [...byError].map(([error, c]) => el("div", {},
+    el("span", { text: `${c.names.join(", ")} failed` + (c.attempts > 1 ? ` after ${c.attempts} attempts` : "") + ":" }),
+    el("pre", { class: "err", text: error })));
+}
 
 async function drawFailed() {
   const dead = await get(`/api/v1/queue/dead?limit=${PAGE}&offset=${state.failedOffset}`);
+  await Promise.all(dead.jobs.map((j) => placeOf(j.file_uuid)));
   const items = dead.jobs.map((j) => el("li", { "data-task": j.task_id },
     el("div", { class: "row" },
       el("a", { class: "name", href: "#/file/" + j.file_uuid, text: j.file_name }),
       statusWord(j.status),
+      el("span", { class: "muted", text: "in " + folderOf(state.places[j.file_uuid] || j.file_name) }),
       el("span", { class: "muted", text: "ended " + when(j.completed_at) }),
       el("button", { type: "button", "aria-label": "Retry " + j.file_name, text: "Retry",
         onclick: () => act("POST", `/api/v1/jobs/${j.task_id}/retry`) }),
       el("button", { type: "button", "aria-label": "Dismiss " + j.file_name, text: "Dismiss",
-        onclick: () => act("POST", `/api/v1/jobs/${j.task_id}/dismiss`) })),
-    ...Object.entries(j.failed).map(([name, f]) => el("div", {},
-      el("span", { text: `${name} failed after ${f.attempts} attempt${f.attempts === 1 ? "" : "s"}:` }),
-      el("pre", { class: "err", text: f.error || "(no error recorded)" }))),
+        onclick: () => dismissJob(j) })),
+    ...causes(j.failed),
     j.error_message && !Object.keys(j.failed).length ? el("pre", { class: "err", text: j.error_message }) : null));
   $("failed").replaceChildren(...(items.length ? items : [el("li", { class: "muted", text: "No failed job." })]));
   pager("failed-pager", state.failedOffset, dead.total, (o) => { state.failedOffset = o; refresh("all", true); });
+}
+
+// -- cancelled jobs ------------------------------------------------------------------------
+
+async function drawCancelled() {
+  const list = await get(`/api/v1/jobs?status=cancelled&limit=${PAGE}&offset=${state.cancelledOffset}`);
+  const items = list.jobs.map((j) => el("li", { "data-task": j.task_id },
+    el("div", { class: "row" },
+      el("a", { class: "name", href: "#/file/" + j.file_uuid, text: j.file_name }),
+      statusWord(j.status),
+      el("span", { class: "muted", text: j.error || "" }),
+      el("button", { type: "button", "aria-label": "Retry " + j.file_name, text: "Retry",
+        onclick: () => act("POST", `/api/v1/jobs/${j.task_id}/retry`) }),
+      el("button", { type: "button", "aria-label": "Dismiss " + j.file_name, text: "Dismiss",
+        onclick: () => dismissJob(j) }))));
+  $("cancelled").replaceChildren(...(items.length ? items : [el("li", { class: "muted", text: "No cancelled job." })]));
+  pager("cancelled-pager", state.cancelledOffset, list.total, (o) => { state.cancelledOffset = o; refresh("all", true); });
 }
 
 // -- files ---------------------------------------------------------------------------------
@@ -678,15 +824,39 @@ async function drawFileJobs() {
   drawJobs(file);
 }
 
-// The file's jobs (the newest 10), each with its processors and how they ended.
+// The file's jobs (the newest 10), each with its processors and how they ended; one that
+// ended short can be retried here, one waiting or running cancelled.
+const ENDED_SHORT = ["failed", "partial", "cancelled"];
+const UNDER_WAY = ["pending", "retrying", "processing"];
+
 async function drawJobs(file) {
   const jobs = await Promise.all(file.jobs.slice(0, 10).map((j) => optional("/api/v1/jobs/" + j.task_id)));
+  const job = (j) => Object.assign({ file_name: file.file_name }, j);
   $("file-jobs").replaceChildren(...file.jobs.slice(0, 10).map((j, i) => el("li", {},
     el("div", { class: "row" }, el("span", { class: "name", text: j.task_id }), statusWord(j.status),
-      el("span", { class: "muted", text: "created " + when(j.created_at) })),
+      el("span", { class: "muted", text: "created " + when(j.created_at) }),
+      ENDED_SHORT.includes(j.status) ? el("button", { type: "button", "aria-label": "Retry " + j.task_id,
+        text: "Retry", onclick: () => act("POST", `/api/v1/jobs/${j.task_id}/retry`) }) : null,
+      UNDER_WAY.includes(j.status) ? el("button", { type: "button", "aria-label": "Cancel " + j.task_id,
+        text: "Cancel", onclick: () => cancelJob(job(j)) }) : null),
     jobs[i] ? el("div", { class: "muted", text: Object.entries(jobs[i].processors)
-      .map(([name, run]) => `${name}: ${run.status}`).join(" · ") }) : null)));
+      .map(([name, run]) => `${name}: ${run.status}`).join(" · ") }) : null,
+    jobLog(j.task_id))));
   return jobs;
+}
+
+// The job's log lines (those `logs --job` prints), read when opened, again at each redraw.
+function jobLog(task) {
+  const lines = el("pre", { class: "log", text: "reading…" });
+  const read = () => get(`/api/v1/jobs/${task}/log?limit=200`).then((r) => {
+    lines.textContent = r.lines.join("\n") || `no line about this job in the log of ${r.node}`;
+  }, (e) => { lines.textContent = e.message; });
+  const open = state.openLogs.has(task);
+  if (open) read();
+  return el("details", { open, ontoggle: (e) => {
+    if (e.target.open && !state.openLogs.has(task)) { state.openLogs.add(task); read(); }
+    if (!e.target.open) state.openLogs.delete(task);
+  } }, el("summary", { text: "Log" }), lines);
 }
 
 function notRun(doc, what) {

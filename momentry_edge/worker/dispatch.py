@@ -63,6 +63,8 @@ class Workers:
             lease_seconds=config.queue.lease_seconds,
         )
         self.stopping = threading.Event()
+        # Drained (before a reboot): the jobs running finish, no new one starts here.
+        self.drained = False
         self.started = False
         self.provision = provision
         self.can_run: set[str] = set()
@@ -183,6 +185,8 @@ class Workers:
 
     def effective_limit(self, state: QueueState | None = None) -> int:
         """How many jobs may run here now, by the queue's state (read now if not given)."""
+        if self.drained:
+            return 0
         state = state or jobs.queue_state(self.node)
         return self.gate.effective_limit(
             state.max_concurrent, state.dynamic_concurrency, state.paused, self.hands.threads()

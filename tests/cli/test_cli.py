@@ -22,7 +22,9 @@ TASK_ID = re.compile(r"task_[0-9a-f]{12}")
 
 @pytest.fixture
 def cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """cli(*args, expect=0, env={}, cwd=None) -> the finished `momentry-edge` process."""
+    """cli(*args, expect=0, env={}, cwd=None, input=None, reader_gone=False) -> the finished
+    `momentry-edge` process; ``input`` is piped to its stdin; with ``reader_gone`` its
+    stdout is a pipe closed before it writes (as `| head` closes it having read enough)."""
     # An empty data dir: no momentry.toml or token of the machine's own leaks into a test.
     home = tmp_path / "cli-home"
     home.mkdir()
@@ -30,16 +32,36 @@ def cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
     base["MOMENTRY_DATA_DIR"] = str(home)
 
     def run(
-        *args: str, expect: int = 0, env: dict[str, str] | None = None, cwd: Path | None = None
+        *args: str,
+        expect: int = 0,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        input: str | None = None,
+        reader_gone: bool = False,
     ) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(
-            [sys.executable, "-m", "momentry_edge.cli", *args],
-            env=base | (env or {}),
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        command = [sys.executable, "-m", "momentry_edge.cli", *args]
+        if reader_gone:
+            with subprocess.Popen(
+                command,
+                env=base | (env or {}),
+                cwd=cwd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            ) as popen:
+                popen.stdout.close()  # type: ignore[union-attr]
+                stderr = popen.communicate(timeout=60)[1]
+            proc = subprocess.CompletedProcess(command, popen.returncode, "", stderr)
+        else:
+            proc = subprocess.run(
+                command,
+                env=base | (env or {}),
+                cwd=cwd,
+                input=input,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
         assert proc.returncode == expect, (
             f"{args}: exit {proc.returncode}\nstdout: {proc.stdout}\nstderr: {proc.stderr}"
         )
@@ -85,7 +107,7 @@ def test_submit_pause_cancel_concurrency(start_service, cli) -> None:
     # A relative PATH is resolved against the user's working directory, not the service's.
     svc.add_video("second.mp4")
     cli("submit", "second.mp4", "--processors", "noop", *url, cwd=svc.drop)
-    assert "cancelled 1 waiting job" in cli("clear", *url).stdout
+    assert "cancelled 1 waiting job" in cli("clear", "--yes", *url).stdout
     assert svc.status()["pending_count"] == 0
 
     outside = svc.root / "outside.mp4"
@@ -378,6 +400,71 @@ def broken() -> Iterator[BrokenServer]:
         yield server
 
 
+def test_clear_from_a_pipe_cancels_nothing_unless_told_yes(start_service, cli) -> None:
+    svc = start_service()
+    url = ("--url", svc.url)
+    svc.call("POST", "/api/v1/queue/pause")
+    tasks = [svc.submit(f"waiting {i}.mp4", ["noop"])["task_id"] for i in range(3)]
+
+    refused = cli("clear", *url, input="n\n", expect=2)  # echo n | momentry-edge clear
+    assert "pass --yes" in refused.stderr and refused.stdout == "", refused
+    assert [svc.job(t)["status"] for t in tasks] == ["pending"] * 3
+
+    # The log says which interface cancelled what.
+    cli("cancel", tasks[0], *url)
+    wait_for(
+        lambda: (
+            f"job {tasks[0]} (waiting 0.mp4, was pending) cancelled through the CLI" in svc.log()
+        )
+    )
+    assert "cancelled 2 waiting job(s)" in cli("clear", "--yes", *url, input="").stdout
+    assert [svc.job(t)["status"] for t in tasks] == ["cancelled"] * 3
+    wait_for(lambda: "queue cleared through the CLI: 2 waiting job(s) cancelled" in svc.log())
+
+
+def test_retry_all_failed_and_cancel_a_folder_are_one_command_each(start_service, cli) -> None:
+    svc = start_service(queue={"max_retries": 0})
+    url = ("--url", svc.url)
+    svc.marker.write_text("down")
+    names = ["day 1/a.mp4", "day 1/close-up/b.mp4", "day 2/c.mp4"]
+    tasks = [svc.submit(name, ["flaky"])["task_id"] for name in names]
+    for task in tasks:
+        svc.wait_status(task, "failed")
+    svc.call("POST", "/api/v1/queue/pause")
+    svc.marker.unlink()
+
+    # A folder, with its subfolders, named as the file list names it.
+    retried = cli("retry", "--all-failed", "--folder", "day 1", *url).stdout
+    assert "re-queued 2 failed job(s)" in retried, retried
+    assert [svc.job(t)["status"] for t in tasks] == ["pending", "pending", "failed"]
+    said = "failed jobs in folder 'day 1' retried through the CLI: 2 back in line, 0 refused"
+    wait_for(lambda: said in svc.log())
+
+    refused = cli("cancel", "--folder", "day 1", *url, input="y\n", expect=2)
+    assert "pass --yes" in refused.stderr  # from a pipe, not without --yes
+    typo = cli("cancel", "--folder", "day 3", "--yes", *url, expect=1)
+    assert "no known file is in folder 'day 3'" in typo.stderr
+    cancelled = cli("cancel", "--folder", "day 1/", "--yes", *url).stdout
+    assert "cancelled 2 waiting job(s) in 'day 1/'" in cancelled, cancelled
+    assert [svc.job(t)["status"] for t in tasks] == ["cancelled", "cancelled", "failed"]
+
+    # Every folder: the one failure left (cancelled jobs are not failures).
+    assert "re-queued 1 failed job(s)" in cli("retry", "--all-failed", *url).stdout
+    assert svc.job(tasks[2])["status"] == "pending"
+    assert svc.call("POST", "/api/v1/queue/retry", json={"foldr": "x"}, expect=400)
+    cli("retry", *url, expect=2)  # neither JOB nor --all-failed
+
+
+def test_a_reader_that_stops_reading_ends_a_command_quietly(start_service, cli) -> None:
+    svc = start_service()
+    svc.call("POST", "/api/v1/queue/pause")
+    svc.submit("waiting.mp4", ["noop"])
+    for command in (("status", "--json"), ("jobs", "--json"), ("config", "show", "--json")):
+        # 141 as a Unix tool killed by SIGPIPE; nothing on stderr (no BrokenPipeError).
+        ended = cli(*command, "--url", svc.url, reader_gone=True, expect=141)
+        assert ended.stderr == "", (command, ended.stderr)
+
+
 COMMANDS = (
     ("status",),
     ("jobs",),
@@ -388,7 +475,7 @@ COMMANDS = (
     ("retry", "task_000000000000"),
     ("prioritize", "task_000000000000"),
     ("priority", "task_000000000000", "high"),
-    ("clear",),
+    ("clear", "--yes"),
     ("rescan",),
     ("submit", "x.mp4"),
 )

@@ -244,6 +244,8 @@ def test_tui_on_a_narrow_terminal_shows_which_job_is_selected(start_service, ter
     terminal.press("c")  # cancels the job the operator sees selected, and only that one
     wait_for(lambda: svc.job(tasks[1])["status"] == "cancelled")
     assert svc.job(tasks[0])["status"] == "pending"
+    said = f"job {tasks[1]} ({names[1]}, was pending) cancelled through the TUI"
+    wait_for(lambda: said in svc.log())
     terminal.press("q")
     terminal.wait(lambda s: "[exited 0]" in s)
 
@@ -312,6 +314,58 @@ def test_tui_asks_before_cancelling_a_running_job(start_service, terminal) -> No
     terminal.wait(lambda s: "which is running?" in s)
     terminal.press("y")
     svc.wait_status(task, "cancelled")
+    terminal.press("q")
+    terminal.wait(lambda s: "[exited 0]" in s)
+
+
+@needs_tmux
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_tui_at_80x24_reaches_every_waiting_job_and_enter_shows_one_whole(
+    start_service, terminal
+) -> None:
+    svc = start_service(queue={"max_retries": 0})
+    svc.marker.write_text("down")
+    broken = svc.submit("broken take.mp4", ["flaky"])["task_id"]
+    svc.wait_status(broken, "failed")
+    svc.call("POST", "/api/v1/queue/pause")
+    names = svc.add_copies(30)  # more than the 24 lines hold
+    for name in names:
+        svc.submit(name, ["noop"])
+    terminal.start("tui", "--url", svc.url, columns=80, lines=24)
+    screen = terminal.wait(lambda s: "PAUSED" in s and selected(s, names[0]))
+    # The failed list has room for the error, not only its first words; Enter shows it whole.
+    assert "flaky: upstream storage unavailable" in line(screen, "broken take.mp4"), screen
+
+    # Down goes through the whole line, the list scrolling, then to the failed job.
+    for position, name in enumerate(names[1:], start=2):
+        terminal.press("Down")
+        terminal.wait(lambda s, n=name, p=position: selected(s, n) and at_position(s, n, p))
+    terminal.press("Down")
+    terminal.wait(lambda s: selected(s, "broken take.mp4"))
+
+    # Enter: the job whole, its error and each processor's; Escape: back to the list.
+    terminal.press("Enter")
+    whole = re.compile(r"flaky\s+failed\s+upstream storage unavailable \(attempt 1\)")
+    screen = terminal.wait(lambda s: f"task {broken}" in s and whole.search(s))
+    assert "Esc" in screen and "copy 0000.mp4" not in screen, screen
+    terminal.press("Escape")
+    terminal.wait(lambda s: selected(s, "broken take.mp4") and "q quit" in s)
+    terminal.press("q")
+    terminal.wait(lambda s: "[exited 0]" in s)
+
+
+@needs_tmux
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_tui_at_200x50_has_room_for_the_estimate_and_the_name(start_service, terminal) -> None:
+    steps = {"steps": 600, "step_seconds": 0.1}
+    svc = start_service(service={"node_id": "studio-b"}, **{"processors.steps": steps})
+    name = "ACME_wedding_2026-05-01_ceremony_and_speeches_camera_B_take01.mp4"
+    task = svc.submit(name, ["steps"])["task_id"]
+    node = svc.wait_status(task, "processing")["node"]
+    terminal.start("tui", "--url", svc.url, columns=200, lines=50)
+    # The estimate (or start) and the node it runs on are whole, beside the whole name.
+    row = line(terminal.wait(lambda s: "processing" in line(s, name)), name)
+    assert re.search(rf"(ends in|started) \S+( \S+)? (ago )?on {re.escape(node)}\s*$", row), row
     terminal.press("q")
     terminal.wait(lambda s: "[exited 0]" in s)
 
@@ -482,6 +536,20 @@ def test_render_a_line_while_models_are_pulled_at_start() -> None:
     assert not line(text_of(snapshot(status=status_json(models=ready))), "models ")
 
 
+def test_render_an_offline_node_and_a_stalled_job() -> None:
+    nodes = [
+        {"id": "edge-1", "host": "a", "active": 0, "max_concurrent": 2, "online": True},
+        {"id": "studio", "host": "b", "active": 1, "max_concurrent": 4, "online": False}
+        | {"last_seen": "2026-03-24T11:55:10Z"},
+    ]
+    stuck = job("task_a", "alpha.mp4", "processing", progress=5, node="studio", stalled=True)
+    stuck |= {"started_at": "2026-03-24T11:50:10Z", "progress_at": "2026-03-24T11:54:10Z"}
+    screen = text_of(snapshot(status=status_json(nodes=nodes, queue=[stuck])))
+    assert "OFFLINE" in line(screen, "studio") and "5m 00s ago" in line(screen, "studio")
+    assert "0 / 2" in line(screen, "edge-1")
+    assert "STALLED: no progress 6m 00s ago" in line(screen, "alpha.mp4"), screen
+
+
 def test_render_keeps_the_key_help_and_the_selection_on_a_short_screen() -> None:
     many = [job(f"task_{i:03d}", f"file {i:03d}.mp4", "pending", position=i) for i in range(1, 60)]
     snap = snapshot(status=status_json(queue=many, pending_count=59), details={})
@@ -502,6 +570,7 @@ def test_render_on_a_narrow_screen_drops_columns_not_the_file_name() -> None:
 
 def test_keys_and_cursor() -> None:
     assert parse_keys("\x1b[A\x1b[Bjk+p") == ["up", "down", "down", "up", "+", "p"]
+    assert parse_keys("\r\x1b") == ["enter", "escape"]
     snap = snapshot()
     rows = selectable(snap)
     assert [r["task_id"] for r in rows] == [f"task_{c}" for c in "abcdef"]

@@ -157,17 +157,49 @@ def test_a_dropped_file_appears_live_and_ends_completed(start_service, console):
 
 
 @SQLITE
-def test_cancel_stops_a_running_job(start_service, console):
+def test_cancel_asks_first_and_a_cancelled_job_is_listed_with_retry(start_service, console):
     svc = start_service(**{"processors.steps": {"steps": 200, "step_seconds": 0.2}})
     view = console(svc)
     page = view.open()
-    task = svc.submit("long take.mp4", ["steps"])["task_id"]
+    submitted = svc.submit("long take.mp4", ["steps"])
+    task = submitted["task_id"]
     running = page.locator("#running li", has_text="long take.mp4")
     page_expect(running).to_contain_text("processing")
+    dialog = page.get_by_role("dialog")
+
+    # One click only asks, naming the job; "Keep it" leaves it running.
     page.get_by_role("button", name="Cancel long take.mp4").click()
+    page_expect(dialog).to_contain_text(f"Cancel the running job of long take.mp4 ({task})?")
+    dialog.get_by_role("button", name="Keep it").click()
+    page_expect(dialog).to_be_hidden()
+    assert svc.job(task)["status"] == "processing"
+
+    page.get_by_role("button", name="Cancel long take.mp4").click()
+    dialog.get_by_role("button", name="Cancel job").click()
     assert svc.wait_status(task, "cancelled")["status"] == "cancelled"
     page_expect(page.locator("#running")).to_contain_text("No job is running.")
     page_expect(page.locator("#files li", has_text="long take.mp4")).to_contain_text("cancelled")
+    said = f"job {task} (long take.mp4, was processing) cancelled through the console"
+    wait_for(lambda: said in svc.log())
+
+    # Listed as cancelled, with why, and Retry puts it back to work.
+    cancelled = page.locator("#cancelled li", has_text="long take.mp4")
+    page_expect(cancelled).to_contain_text("cancelled by user")
+    cancelled.get_by_role("button", name="Retry long take.mp4").click()
+    page_expect(page.locator("#cancelled")).to_contain_text("No cancelled job.")
+    page_expect(running).to_contain_text("processing")
+
+    # The file's page cancels (asking first) and retries too.
+    page.locator("#running a", has_text="long take.mp4").click()
+    jobs = page.locator("#file-jobs li", has_text=task)
+    page_expect(jobs).to_contain_text("processing")
+    jobs.get_by_role("button", name=f"Cancel {task}").click()
+    page_expect(dialog).to_contain_text(f"Cancel the running job of long take.mp4 ({task})?")
+    dialog.get_by_role("button", name="Cancel job").click()
+    page_expect(jobs).to_contain_text("cancelled")
+    jobs.get_by_role("button", name=f"Retry {task}").click()
+    page_expect(jobs).to_contain_text("processing")
+    assert svc.job(task)["status"] == "processing"
     view.check_clean()
 
 
@@ -181,6 +213,8 @@ def test_pause_and_resume_steer_the_real_queue(start_service, console):
     page.get_by_role("button", name="Pause").click()
     page_expect(page.locator("#service-state")).to_have_text("queue paused")
     assert svc.status()["paused"] is True
+    # Fewer may run than the maximum, and the page says why.
+    page_expect(page.locator("#service-facts")).to_contain_text("effective 0 / max 2: paused")
     # Paused, a new job waits in line, shown with its place.
     svc.submit("held.mp4", ["noop"])
     waiting = page.locator("#waiting li", has_text="held.mp4")
@@ -212,7 +246,15 @@ def test_retry_reruns_a_failed_job_and_dismiss_removes_one(start_service, consol
     page_expect(page.locator("#files li", has_text="first.mp4")).to_contain_text("completed")
     assert svc.job(first)["status"] == "completed"
 
+    # Dismiss asks first, naming the job; Escape keeps it.
     page.get_by_role("button", name="Dismiss second.mp4").click()
+    dialog = page.get_by_role("dialog")
+    page_expect(dialog).to_contain_text(f"Dismiss the failed job of second.mp4 ({second})?")
+    page.keyboard.press("Escape")
+    page_expect(dialog).to_be_hidden()
+    assert svc.job(second)["status"] == "failed"
+    page.get_by_role("button", name="Dismiss second.mp4").click()
+    dialog.get_by_role("button", name="Dismiss job").click()
     page_expect(page.locator("#failed")).to_contain_text("No failed job.")
     svc.call("GET", f"/api/v1/jobs/{second}", expect=404)
     view.check_clean()
@@ -706,3 +748,98 @@ def test_a_files_page_shows_the_objects_text_faces_and_people_found(
     page_expect(page.get_by_role("img", name="Faces count over time, from 0 to 1")).to_be_visible()
     page_expect(page.locator("#scenes")).to_contain_text("cut has not run on this file.")
     view.check_clean()
+
+
+@SQLITE
+def test_a_folders_failures_retry_in_one_click_and_its_waiting_jobs_cancel_in_two(
+    start_service, console
+):
+    svc = start_service(queue={"max_retries": 0})
+    svc.marker.write_text("down")
+    names = ["day 1/a.mp4", "day 1/b.mp4", "day 2/c.mp4"]
+    tasks = [svc.submit(name, ["flaky"])["task_id"] for name in names]
+    for task in tasks:
+        svc.wait_status(task, "failed")
+    svc.call("POST", "/api/v1/queue/pause")
+    svc.marker.unlink()
+    view = console(svc)
+    page = view.open()
+    page_expect(page.locator("#failed li")).to_have_count(3)
+
+    page.get_by_label("Folder", exact=True).fill("day 1")
+    page.get_by_role("button", name="Retry its failed jobs").click()
+    said = page.locator("#bulk-said")
+    page_expect(said).to_have_text("Retried 2 failed jobs in folder day 1.")
+    page_expect(page.locator("#waiting li")).to_have_count(2)
+    assert [svc.job(t)["status"] for t in tasks] == ["pending", "pending", "failed"]
+
+    page.get_by_role("button", name="Cancel its waiting jobs").click()
+    dialog = page.get_by_role("dialog")
+    page_expect(dialog).to_contain_text("Cancel every waiting job in folder day 1?")
+    dialog.get_by_role("button", name="Cancel jobs").click()
+    page_expect(said).to_have_text("Cancelled 2 waiting jobs in folder day 1.")
+    page_expect(page.locator("#cancelled li")).to_have_count(2)
+    assert [svc.job(t)["status"] for t in tasks] == ["cancelled", "cancelled", "failed"]
+
+    # Ticked jobs are cancelled together, after a question naming them.
+    page.locator("#failed").get_by_role("button", name="Retry c.mp4").click()
+    page.locator("#cancelled").get_by_role("button", name="Retry a.mp4").click()
+    for name in ("a.mp4", "c.mp4"):
+        page.get_by_role("checkbox", name=f"Select {name}").check()
+    page.get_by_role("button", name="Cancel selected (2)").click()
+    page_expect(dialog).to_contain_text("Cancel 2 waiting jobs: ")
+    dialog.get_by_role("button", name="Cancel jobs").click()
+    wait_for(lambda: [svc.job(t)["status"] for t in tasks] == ["cancelled"] * 3)
+
+    # The first Tab stop of the page skips to the file search.
+    page.reload()
+    page_expect(page.locator("#live")).to_have_text("live")
+    page.keyboard.press("Tab")
+    page_expect(page.get_by_role("link", name="Skip to the file search")).to_be_focused()
+    page.keyboard.press("Enter")
+    page_expect(page.get_by_label("Find by name")).to_be_focused()
+    view.check_clean()
+
+
+@SQLITE
+def test_a_failure_says_its_cause_once_and_its_files_page_shows_the_jobs_log(
+    start_service, console, tmp_path
+):
+    plugins = [f"workloads:{n}" for n in ("Noop", "Steps", "Flaky", "FlakyToo")]
+    marker = tmp_path / "node" / "flaky.marker"  # the service's own (ServiceProcess.marker)
+    svc = start_service(
+        service={"plugins": plugins},
+        queue={"max_retries": 0},
+        **{"processors.flaky_too": {"fail_while_exists": str(marker)}},
+    )
+    svc.marker.write_text("down")
+    task = svc.submit("day 1/both.mp4", ["flaky", "flaky_too"])["task_id"]
+    svc.wait_status(task, "failed")
+    view = console(svc)
+    page = view.open()
+
+    # Two processors, one cause: said once, naming both, in the file's folder.
+    failed = page.locator("#failed li", has_text="both.mp4")
+    page_expect(failed).to_contain_text("flaky, flaky_too failed:")
+    page_expect(failed).to_contain_text("in day 1")
+    page_expect(failed.locator("pre")).to_have_count(1)
+    page_expect(failed.locator("pre")).to_have_text("upstream storage unavailable (attempt 1)")
+
+    failed.get_by_role("link", name="both.mp4").click()
+    job = page.locator("#file-jobs li", has_text=task)
+    job.locator("summary", has_text="Log").click()
+    log = job.locator("pre.log")
+    page_expect(log).to_contain_text(f"job {task}")
+    lines = svc.get(f"/api/v1/jobs/{task}/log")["lines"]
+    assert lines and all(task in line for line in lines), lines
+    page_expect(log).to_contain_text(lines[-1])
+    view.check_clean()
+
+
+@SQLITE
+def test_a_rejected_files_failed_job_is_listed_once_with_the_rejected(start_service):
+    svc = start_service(ingest={"processors": ["noop"]})
+    (svc.drop / "notes.mp4").write_text("minutes of the meeting\n")
+    wait_for(lambda: svc.get("/api/v1/jobs", params={"status": "failed"})["total"] == 1)
+    assert svc.get("/api/v1/files", params={"state": "rejected"})["total"] == 1
+    assert svc.get("/api/v1/queue/dead")["total"] == 0

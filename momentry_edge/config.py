@@ -160,6 +160,9 @@ class ServiceConfig:
     backup_interval: float = _setting(0.0, minimum=0, maximum=MAX_SECONDS)
     # Automatic backups kept; older ones are removed (backups taken by hand stay).
     backup_keep: int = _setting(7, minimum=1, maximum=10000)
+    # A group that may read results (0640/0750 with that group); empty: the service's
+    # account alone reads anything in the data dir.
+    share_group: str = _setting("", env="MOMENTRY_SHARE_GROUP")
 
 
 @dataclass(frozen=True)

@@ -185,8 +185,10 @@ def cmd_logs(cfg: config_module.Config, args: argparse.Namespace) -> int:
 
 
 def cmd_backup(cfg: config_module.Config, args: argparse.Namespace) -> int:
+    from .. import privacy
     from ..upkeep import backup
 
+    privacy.apply(cfg)  # the copies are as private as what they copy
     try:
         made = backup.take(cfg, Path(args.dest) if args.dest else None, results=args.results)
     except backup.BackupError as exc:
@@ -213,8 +215,10 @@ def _skipped(links: tuple[str, ...]) -> None:
 
 
 def cmd_restore(cfg: config_module.Config, args: argparse.Namespace) -> int:
+    from .. import privacy
     from ..upkeep import backup, restore
 
+    privacy.apply(cfg)  # the restored database and results as the service makes them
     try:
         done = restore.restore(cfg, Path(args.src))
     except backup.BackupError as exc:

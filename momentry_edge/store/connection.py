@@ -11,11 +11,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
-from urllib.parse import unquote, urlparse, urlunparse
+from urllib.parse import unquote, urlparse
 
 import peewee as pw
 from playhouse.pool import PooledPostgresqlDatabase
 
+from .. import redact
 from ..config import ConfigError
 from .migrations import SchemaVersion, migrate
 from .schema import (
@@ -313,8 +314,6 @@ def retried(action: Callable[P, R]) -> Callable[P, R]:
 
 
 def safe_url(url: str) -> str:
-    """The database URL as it may be shown: its password masked."""
-    parts = urlparse(url)
-    if parts.password:
-        return urlunparse(parts._replace(netloc=parts.netloc.replace(parts.password, "***", 1)))
-    return url
+    """The database URL as it may be shown: its password (in the userinfo or the query)
+    masked."""
+    return redact.url(url)

@@ -428,6 +428,11 @@ def last_backup(data_dir: Path) -> dict[str, Any] | None:
     }
 
 
+def taken(data_dir: Path) -> list[Path]:
+    """The backups in <data_dir>/backups, oldest first."""
+    return sorted(path for path, _ in _complete(backups_dir(data_dir)))
+
+
 def _complete(folder: Path) -> list[tuple[Path, dict[str, Any]]]:
     """The backups in ``folder`` with their manifests; a .partial folder is none, even with
     its manifest written (a crash before its rename, or while it was being removed)."""

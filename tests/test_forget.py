@@ -52,9 +52,7 @@ def test_forget_through_http_leaves_no_trace_and_names_the_backups_that_hold_it(
     uuid, task = reply["file_uuid"], reply["task_id"]
     svc.wait_status(task, "completed")
     svc.wait_status(kept, "completed")
-    backup = Path(
-        cli(svc, "backup", "--results").stdout.split("backup written to ")[1].split(":")[0]
-    )
+    backup = Path(json.loads(cli(svc, "backup", "--results", "--json").stdout)["path"])
     words = ["withdrawn footage", uuid, task]
     assert traces(svc.data_dir, words)  # the results, the log, the database name it now
 

@@ -205,7 +205,8 @@ class Service:
 
     def start(self) -> None:
         """Open the database, recover what a crash left, then start serving and working."""
-        gid = privacy.apply(self.config)  # the database, logs, backups: private
+        # Before anything is written: the database, logs, backups are private.
+        gid = privacy.apply(self.config)
         _prepare_data_dir(self.config)
         try:
             logs.setup(self.config.data_dir, self.config.service.log_level)

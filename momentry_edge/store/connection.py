@@ -105,7 +105,9 @@ def postgres(database_url: str) -> PooledPostgresqlDatabase:
         params = CONNECTION_DEFAULTS | named | conninfo_to_dict(database_url)
     except psycopg.Error as exc:
         # libpq ends its messages with a newline.
-        raise ConfigError(f"service.database_url: {str(exc).strip()}") from None
+        # Its message may quote a part of the URL (a bad %-escape in the password).
+        problem = redact.scrub(str(exc).strip(), database_url)
+        raise ConfigError(f"service.database_url: {problem}") from None
     # libpq parses the port only when it connects, and then says "connection is bad".
     for port in str(params.get("port") or "").split(","):
         if port and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):

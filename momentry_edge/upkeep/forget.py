@@ -120,7 +120,13 @@ def remove_rows(file_id: int) -> None:
         return  # the server's own files: its autovacuum reclaims the rows
     try:
         database.execute_sql("VACUUM")
-        database.execute_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+        # The WAL's older frames go once no reader needs them: a reader's snapshot keeps
+        # them (busy), for moments only.
+        for _ in range(50):
+            if not database.execute_sql("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]:
+                return
+            time.sleep(0.1)
+        log.warning("the database's WAL could not be emptied after forgetting a file")
     except pw.OperationalError as exc:  # busy past the timeout: the rows are gone all the same
         log.warning("the database file could not be compacted after forgetting a file: %s", exc)
 

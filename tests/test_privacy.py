@@ -165,3 +165,27 @@ def test_results_are_shared_with_the_group_a_setting_names(open_root):
 def test_a_share_group_that_does_not_exist_stops_the_start_with_its_name(open_root):
     with pytest.raises(AssertionError, match=r"service\.share_group: no group named 'no-such-grp'"):
         open_root(service={"share_group": "no-such-grp"})
+
+
+def test_doctor_warns_of_a_data_dir_other_accounts_may_reach(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir(mode=0o755)
+    data.chmod(0o755)
+    config = tmp_path / "momentry.toml"
+    config.write_text(f'[service]\ndata_dir = "{data}"\nport = 0\nwatch = []\n')
+
+    def privacy_check() -> dict[str, str]:
+        command = ["--config", str(config), "doctor", "--json"]
+        proc = subprocess.run(
+            [sys.executable, "-m", "momentry_edge.cli", *command],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        checks = {c["check"]: c for c in json.loads(proc.stdout)["checks"]}
+        return checks["data dir privacy"]
+
+    said = privacy_check()
+    assert said["level"] == "warning" and "mode 0755" in said["detail"], said
+    data.chmod(0o700)
+    assert privacy_check()["level"] == "ok"

@@ -123,6 +123,10 @@ class Service:
         """Jobs this node may run at once now."""
         return self.workers.effective_limit()
 
+    def jobs_in_hand(self) -> set[int]:
+        """Ids of the jobs this node's workers run now."""
+        return self.workers.in_hand()
+
     def submit(
         self,
         record: MediaFile,

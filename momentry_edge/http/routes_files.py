@@ -114,6 +114,7 @@ def add(app: bottle.Bottle, service: Core) -> None:
             record,
             delete_source=delete_source,
             stopping=service.stopping.is_set,
+            in_hand=service.jobs_in_hand,
         )
         return done.as_dict()
 

@@ -18,7 +18,7 @@ import shutil
 import sqlite3
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,9 +72,12 @@ def forget(
     *,
     delete_source: bool = False,
     stopping: Callable[[], bool] = lambda: False,
+    in_hand: Callable[[], Collection[int]] = set,
 ) -> Forgotten:
     """Forget ``record``'s file. Conflict (nothing removed) while the file is still in the
-    drop folder and ``delete_source`` is not set, or while one of its jobs does not stop."""
+    drop folder and ``delete_source`` is not set, or while one of its jobs does not stop.
+    ``in_hand``: the ids of the jobs this process's workers hold (they log their job's
+    end after its status is written)."""
     source = Path(record.path)
     if lstat_regular(source) is not None and not delete_source:
         raise Conflict(
@@ -83,7 +86,7 @@ def forget(
             "(delete_source, --delete-source)"
         )
     done = Forgotten(record.file_uuid)
-    task_ids = _stop_jobs(record, stopping)
+    task_ids = _stop_jobs(record, stopping, in_hand)
     done.jobs = task_ids
     for folder in outputs.result_folders(data_dir, record):
         if folder.exists() and trees.remove(folder):
@@ -131,10 +134,14 @@ def remove_rows(file_id: int) -> None:
         log.warning("the database file could not be compacted after forgetting a file: %s", exc)
 
 
-def _stop_jobs(record: MediaFile, stopping: Callable[[], bool]) -> list[str]:
+def _stop_jobs(
+    record: MediaFile, stopping: Callable[[], bool], in_hand: Callable[[], Collection[int]]
+) -> list[str]:
     """Cancel the file's jobs still to run or running, and wait for the running ones to
-    stop (their last documents written); returns all its jobs' task ids."""
+    stop (their last documents written, their workers done with them); returns all its
+    jobs' task ids."""
     all_jobs = list(Job.select().where(Job.file == record.id))
+    ids = {job.id for job in all_jobs}
     for job in all_jobs:
         if job.status in (JobStatus.PENDING, JobStatus.RETRYING, JobStatus.PROCESSING):
             with contextlib.suppress(Conflict):  # ended meanwhile
@@ -142,7 +149,8 @@ def _stop_jobs(record: MediaFile, stopping: Callable[[], bool]) -> list[str]:
     deadline = time.monotonic() + STOP_WAIT
     while running := [
         job.task_id
-        for job in Job.select().where(Job.file == record.id, Job.status == JobStatus.PROCESSING)
+        for job in Job.select().where(Job.file == record.id)
+        if job.status == JobStatus.PROCESSING or job.id in ids & set(in_hand())
     ]:
         if time.monotonic() > deadline or stopping():
             raise Conflict(

@@ -10,10 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
 import pytest
 from conftest import ServiceProcess, wait_for
 
-pytestmark = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 
 
 def cli(svc: ServiceProcess, *args: str, expect: int = 0) -> subprocess.CompletedProcess[str]:
@@ -45,6 +46,7 @@ def traces(data_dir: Path, words: list[str], skip: str = "backups") -> list[str]
     return found
 
 
+@SQLITE
 def test_forget_through_http_leaves_no_trace_and_names_the_backups_that_hold_it(start_service):
     svc = start_service()
     kept = svc.submit("kept interview.mp4", ["steps"])["task_id"]
@@ -82,6 +84,7 @@ def test_forget_through_http_leaves_no_trace_and_names_the_backups_that_hold_it(
     assert svc.get(f"/api/v1/files/{kept_uuid}")["state"] == "present"
 
 
+@SQLITE
 def test_forget_through_the_cli_cancels_a_running_job(start_service):
     svc = start_service(**{"processors.steps": {"steps": 400, "step_seconds": 0.05}})
     reply = svc.submit("long take.mp4", ["steps"])
@@ -98,3 +101,23 @@ def test_forget_through_the_cli_cancels_a_running_job(start_service):
     assert "no file" in missing.stderr
     assert cli(svc, "forget", "no such.mp4", "--yes", expect=1).stderr.startswith("error:")
     assert svc.get("/healthz")["status"] == "ok"  # the service goes on
+
+
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+def test_forget_on_postgresql_deletes_every_row_of_the_file(start_service, database_url):
+    svc = start_service()
+    kept = svc.submit("kept.mp4", ["noop"])["task_id"]
+    reply = svc.submit("gone.mp4", ["noop"])
+    svc.wait_status(reply["task_id"], "completed")
+    svc.wait_status(kept, "completed")
+    (svc.drop / "gone.mp4").unlink()
+    done = svc.call("POST", f"/api/v1/files/{reply['file_uuid']}/forget")
+    assert done["jobs"] == [reply["task_id"]] and done["source_removed"] is False
+    with psycopg.connect(database_url) as conn:
+        dump = [
+            str(row)
+            for table in ("media_file", "job", "processor_run")
+            for row in conn.execute(f"SELECT * FROM {table}").fetchall()
+        ]
+    assert dump and not [row for row in dump if "gone.mp4" in row or reply["task_id"] in row]
+    assert [row for row in dump if kept in row]

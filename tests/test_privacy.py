@@ -22,10 +22,8 @@ from conftest import ServiceProcess, wait_for
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
 
-pytestmark = [
-    pytest.mark.parametrize("database_url", ["sqlite"], indirect=True),
-    pytest.mark.skipif(os.geteuid() != 0, reason="becoming another account needs root"),
-]
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="becoming another account needs root")
+SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 
 
 @pytest.fixture
@@ -72,6 +70,12 @@ def cli(svc: ServiceProcess, *args: str) -> subprocess.CompletedProcess[str]:
     return proc
 
 
+def closed_said(svc: ServiceProcess) -> list[str]:
+    """The lines of the service's log file (not its stderr) saying it closed the data dir."""
+    logged = svc.log().split("--- stderr ---")[0]
+    return [line for line in logged.splitlines() if "made the data dir's files private" in line]
+
+
 def modes(root: Path) -> dict[str, str]:
     """Every file and folder under ``root`` (itself included): its mode, octal."""
     found = {".": f"{stat.S_IMODE(root.stat().st_mode):04o}"}
@@ -82,6 +86,7 @@ def modes(root: Path) -> dict[str, str]:
     return found
 
 
+@SQLITE
 def test_another_account_reads_nothing_the_service_wrote(open_root):
     svc = open_root(service={"backup_interval": 0.5})
     svc.add_video("client footage.mp4")
@@ -117,6 +122,7 @@ def test_another_account_reads_nothing_the_service_wrote(open_root):
     assert sum(path.endswith("manifest.json") for path in table) >= 2
 
 
+@SQLITE
 def test_a_done_run_keeps_no_result_content_in_its_checkpoint(open_root):
     svc = open_root()
     task = svc.submit("talk.mp4", ["steps"])["task_id"]
@@ -129,6 +135,7 @@ def test_a_done_run_keeps_no_result_content_in_its_checkpoint(open_root):
     assert kept == [{"frame": 5, "timestamp": pytest.approx(0.25)}]
 
 
+@SQLITE
 def test_a_data_dir_left_open_is_made_private_at_start(open_root, tmp_path):
     svc = open_root()
     svc.stop()
@@ -142,26 +149,28 @@ def test_a_data_dir_left_open_is_made_private_at_start(open_root, tmp_path):
     assert stat.S_IMODE(data.stat().st_mode) == 0o700
     assert stat.S_IMODE((data / "momentry.db").stat().st_mode) == 0o600
     assert stat.S_IMODE((data / "logs" / "momentry-edge.log").stat().st_mode) == 0o600
-    said = [line for line in svc.log().splitlines() if "made the data dir's files private" in line]
+    said = closed_said(svc)
     assert len(said) == 1 and "0755 -> 0700" in said[0] and "momentry.db 0644 -> 0600" in said[0]
     svc.restart()
-    said = [line for line in svc.log().splitlines() if "made the data dir's files private" in line]
+    said = closed_said(svc)
     assert len(said) == 1  # said once: nothing was open the second time
 
 
+@SQLITE
 def test_results_are_shared_with_the_group_a_setting_names(open_root):
     group = grp.getgrgid(65534).gr_name  # nobody's own group
     svc = open_root(service={"share_group": group})
     task = svc.submit("shared.mp4", ["steps"])["task_id"]
     job = svc.wait_status(task, "completed")
     document = Path(job["processors"]["steps"]["output_path"])
-    assert readable_by_nobody(document)  # nobody is in the group
+    assert readable_by_nobody(document), json.dumps(modes(svc.data_dir))  # in the group
     assert document.stat().st_gid == 65534 and stat.S_IMODE(document.stat().st_mode) == 0o640
     assert not readable_by_nobody(svc.data_dir / "momentry.db")  # the queue is not shared
     assert not readable_by_nobody(svc.data_dir / "logs" / "momentry-edge.log")
     assert not readable_by_nobody(svc.data_dir)  # passed through, not listed
 
 
+@SQLITE
 def test_a_share_group_that_does_not_exist_stops_the_start_with_its_name(open_root):
     with pytest.raises(AssertionError, match=r"service\.share_group: no group named 'no-such-grp'"):
         open_root(service={"share_group": "no-such-grp"})

@@ -24,8 +24,7 @@ from .config import Config
 log = logging.getLogger(__name__)
 
 UMASK = 0o077
-PRIVATE_FILE, PRIVATE_DIR = 0o600, 0o700
-SHARED_FILE, SHARED_DIR = 0o640, 0o750
+PRIVATE_FILE = 0o600
 # With a shared group the data dir lets the group through to results/ (x), not list it.
 SHARED_DATA_DIR = 0o710
 
@@ -57,36 +56,42 @@ def group_id(name: str) -> int:
 def secure_data_dir(data_dir: Path, results: Path, gid: int | None) -> None:
     """Close a data dir an earlier version left open: the folder itself, the database
     files, logs, backups and the results folder; said once in the log when anything
-    changed. Only the top of each tree: below a closed folder no other account gets."""
+    changed. Only the top of each tree: below a closed folder no other account gets.
+    The owner's own bits are kept (a database made read-only stays so)."""
     changed: list[str] = []
-    _set(data_dir, SHARED_DATA_DIR if gid is not None else PRIVATE_DIR, gid, changed)
+    _close(data_dir, 0o010 if gid is not None else 0, gid, changed)
     if results.is_dir():
-        _set(results, SHARED_DIR if gid is not None else PRIVATE_DIR, gid, changed)
-    for name in ("logs", "backups"):
-        folder = data_dir / name
-        if folder.is_dir():
-            _set(folder, PRIVATE_DIR, None, changed)
-    for path in (*data_dir.glob("momentry.db*"), *data_dir.glob("logs/*"), data_dir / "run.json"):
-        if path.is_file():
-            _set(path, PRIVATE_FILE, None, changed)
+        _close(results, 0o050 if gid is not None else 0, gid, changed)
+    for path in (
+        data_dir / "logs",
+        data_dir / "backups",
+        *data_dir.glob("momentry.db*"),
+        *data_dir.glob("logs/*"),
+        data_dir / "run.json",
+    ):
+        if path.exists():
+            _close(path, 0, None, changed)
     if changed:
-        log.warning(
+        log.info(
             "made the data dir's files private to the service's account (they were "
             "readable by others): %s",
             ", ".join(changed),
         )
 
 
-def _set(path: Path, mode: int, gid: int | None, changed: list[str]) -> None:
+def _close(path: Path, group: int, gid: int | None, changed: list[str]) -> None:
+    """Take away the group's and others' bits of ``path`` but ``group`` (with ``gid``)."""
     try:
         st = path.stat()
         if gid is not None and st.st_gid != gid:
             os.chown(path, -1, gid)
-        if stat.S_IMODE(st.st_mode) != mode:
-            os.chmod(path, mode)
-            changed.append(f"{path} {stat.S_IMODE(st.st_mode):04o} -> {mode:04o}")
+        before = stat.S_IMODE(st.st_mode)
+        after = (before & 0o700) | group
+        if before != after:
+            os.chmod(path, after)
+            changed.append(f"{path} {before:04o} -> {after:04o}")
     except OSError as exc:  # another account's file: the start goes on, the log says so
-        log.warning("cannot make %s private (mode %04o): %s", path, mode, exc.strerror)
+        log.warning("cannot make %s private: %s", path, exc.strerror)
 
 
 def ignores_modes(folder: Path) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import errno
+import json
 import math
 import os
 import re
@@ -26,6 +27,8 @@ from .outbound import url_problem
 DEFAULT_DATA_DIR = "~/.momentry-edge"
 NODE_ID_MAX = 120  # store.Node.node_id
 CONFIG_NAME = "momentry.toml"
+# Names a file of settings' variables saved for an installed service (_with_env_file).
+ENV_FILE_VAR = "MOMENTRY_ENV_FILE"
 
 
 class ConfigError(ValueError):
@@ -160,6 +163,9 @@ class ServiceConfig:
     backup_interval: float = _setting(0.0, minimum=0, maximum=MAX_SECONDS)
     # Automatic backups kept; older ones are removed (backups taken by hand stay).
     backup_keep: int = _setting(7, minimum=1, maximum=10000)
+    # A group that may read results (0640/0750 with that group); empty: the service's
+    # account alone reads anything in the data dir.
+    share_group: str = _setting("", env="MOMENTRY_SHARE_GROUP")
 
 
 @dataclass(frozen=True)
@@ -280,7 +286,7 @@ def load(
     path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
 ) -> Config:
     """Read the config file (if any) and apply environment overrides."""
-    env = os.environ if env is None else env
+    env = _with_env_file(os.environ if env is None else env)
     file_path = _config_path(path, env)
     raw: dict[str, Any] = {}
     if file_path is not None:
@@ -365,6 +371,36 @@ def _expand(path: str, key: str, origin: str = "") -> Path:
         where = f" ({origin})" if origin else ""
         user = path.split("/")[0]
         raise ConfigError(f"{key}: cannot expand {user!r}: no such user{where}") from None
+
+
+def setting_variables(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables in ``env`` that give a setting (DATABASE_URL, MOMENTRY_SERVICE_HOST,
+    ...), as `run` would read them: what a service installed from this shell must see."""
+    names: set[str] = set()
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            names.update(
+                filter(None, (f.metadata.get("env"), f"MOMENTRY_{section}_{f.name}".upper()))
+            )
+    return {var: env[var] for var in sorted(names) if var in env}
+
+
+def _with_env_file(env: Mapping[str, str]) -> Mapping[str, str]:
+    """``env`` with the variables in the file MOMENTRY_ENV_FILE names (a JSON object, written
+    0600 by `service install`: settings that were given through the installing shell's
+    environment, some secret); the variables set in ``env`` itself win."""
+    path = env.get(ENV_FILE_VAR)
+    if not path:
+        return env
+    try:
+        saved = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path} ({ENV_FILE_VAR}): {_why(exc)}") from None
+    except ValueError as exc:
+        raise ConfigError(f"{path} ({ENV_FILE_VAR}): not valid JSON: {exc}") from None
+    if not isinstance(saved, dict) or not all(isinstance(v, str) for v in saved.values()):
+        raise ConfigError(f"{path} ({ENV_FILE_VAR}): expected an object of strings")
+    return saved | dict(env)
 
 
 def _refuse_unknown_variables(env: Mapping[str, str]) -> None:

@@ -36,6 +36,7 @@ EVENTS: dict[str, str] = {
     "job.prioritized": "the job was moved to the head of the line",
     "job.stalled": "a running job reported no progress for queue.stall_seconds: node, progress_at",
     "job.dismissed": "a failed, partial or cancelled job's record was removed (Dismiss)",
+    "job.forgotten": "the job's file was forgotten: the job's record and results are gone",
     "job.callback_owed": "a request gave an ended job a new callback_url: its summary is owed",
     "queue.paused": "the queue was paused: no job starts",
     "queue.resumed": "the queue was resumed",

@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Collection
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
@@ -199,6 +200,38 @@ def _drop_cut_line(path: str) -> None:
         last = file.read().rfind(b"\n")
         if last >= 0 or start == 0:
             file.truncate(start + last + 1)
+
+
+def forget(data_dir: Path, words: Collection[str]) -> int:
+    """Take the lines naming any of ``words`` (a file's name, path, uuid, task ids) out of
+    the log files in <data_dir>/logs, rotated ones included; returns how many. The live
+    file is rewritten in place under its handler's lock: the handler appends (O_APPEND),
+    so its next line goes after what is kept."""
+    forms = {form for word in words if word for form in (word, _string(word)[1:-1])}
+    handler = next((h for h in logging.getLogger().handlers if isinstance(h, RotatingFile)), None)
+    removed = 0
+    if handler is not None:
+        handler.acquire()
+    try:
+        for path in sorted((data_dir / "logs").glob("*")):
+            if not path.is_file():
+                continue
+            with path.open("r+b") as f:
+                lines = f.read().splitlines(keepends=True)
+                kept = [
+                    line
+                    for line in lines
+                    if not any(form in line.decode("utf-8", "replace") for form in forms)
+                ]
+                if len(kept) != len(lines):
+                    f.seek(0)
+                    f.write(b"".join(kept))
+                    f.truncate()
+                    removed += len(lines) - len(kept)
+    finally:
+        if handler is not None:
+            handler.release()
+    return removed
 
 
 def setup(data_dir: Path, level: str) -> Path:

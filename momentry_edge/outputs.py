@@ -13,8 +13,9 @@
 #   cancelled, kept beside a complete result so that it never replaces it; removed
 #   when the processor next completes. At most one of the two is there at a time.
 #
-# Files are written 0640 and folders 0750 whatever the process umask, so the group the
-# service runs with (a web server, the studio's tools) can read results.
+# Files are written 0600 and folders 0700 whatever the process umask: results hold
+# transcripts and what was seen. With service.share_group set (share_with), 0640 and 0750
+# with that group, so the studio's tools in it can read them.
 
 from __future__ import annotations
 
@@ -39,8 +40,9 @@ from . import durable, store, trees
 from .clock import iso
 from .store import Job, MediaFile, ProcessorRun
 
-FILE_MODE = 0o640
-DIR_MODE = 0o750
+FILE_MODE = 0o600  # share_with changes these (the service's start, backup, restore)
+DIR_MODE = 0o700
+_GROUP = -1  # the group results are shared with (a gid), -1: none
 THUMBNAILS = "cut.thumbnails"  # beside cut.json; linked with it for duplicate content
 
 COMPLETED, FAILED, PARTIAL = "completed", "failed", "partial"
@@ -76,6 +78,26 @@ def aside_path(folder: Path, processor: str, status: str) -> Path:
 # -- writing -----------------------------------------------------------------------------------
 
 
+def share_with(gid: int | None) -> None:
+    """Results private to the service's account (None), or readable by the group ``gid``."""
+    global FILE_MODE, DIR_MODE, _GROUP
+    FILE_MODE, DIR_MODE = (0o600, 0o700) if gid is None else (0o640, 0o750)
+    _GROUP = -1 if gid is None else gid
+
+
+def give_mode(target: int | str | Path, folder: bool = False) -> None:
+    """Give a result file (an open descriptor or a path) or folder its mode and group."""
+    mode = DIR_MODE if folder else FILE_MODE
+    if isinstance(target, int):
+        os.fchmod(target, mode)
+        if _GROUP != -1:
+            os.fchown(target, -1, _GROUP)
+    else:
+        os.chmod(target, mode)
+        if _GROUP != -1:
+            os.chown(target, -1, _GROUP)
+
+
 def make_dir(folder: Path) -> Path:
     """Create ``folder`` and any missing parents, each DIR_MODE."""
     try:
@@ -88,7 +110,7 @@ def make_dir(folder: Path) -> Path:
             os.mkdir(folder, DIR_MODE)
         except FileExistsError:  # made meanwhile by another writer
             return folder
-    os.chmod(folder, DIR_MODE)  # mkdir's mode would be narrowed by the umask
+    give_mode(folder, folder=True)  # mkdir's mode would be narrowed by the umask
     durable.flush_folder(folder.parent)  # the new entry, before anything is placed in it
     return folder
 
@@ -147,7 +169,7 @@ def stage(path: Path, text: str, after: Callable[[], None] | None = None) -> Sta
     fd, tmp, fresh = _temp_file(path)
     try:
         try:
-            os.fchmod(fd, FILE_MODE)  # os.open's mode would be narrowed by the umask
+            give_mode(fd)  # os.open's mode would be narrowed by the umask
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]

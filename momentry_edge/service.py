@@ -24,6 +24,8 @@ from . import (
     jobs,
     logs,
     outputs,
+    privacy,
+    redact,
     registry,
     runfile,
     settings,
@@ -141,6 +143,10 @@ class Service:
             self.workers.kick()
         return running
 
+    def jobs_in_hand(self) -> set[int]:
+        """Ids of the jobs this node's workers run now."""
+        return self.workers.in_hand()
+
     def submit(
         self,
         record: MediaFile,
@@ -227,6 +233,8 @@ class Service:
 
     def start(self) -> None:
         """Open the database, recover what a crash left, then start serving and working."""
+        # Before anything is written: the database, logs, backups are private.
+        gid = privacy.apply(self.config)
         _prepare_data_dir(self.config)
         try:
             logs.setup(self.config.data_dir, self.config.service.log_level)
@@ -234,6 +242,10 @@ class Service:
             raise self.config.error(
                 "service.data_dir", f"cannot write logs to {exc.filename}: {exc.strerror}"
             ) from None
+        # Before the database opens: SQLite gives its -wal and -shm the database's mode.
+        privacy.secure_data_dir(
+            self.config.data_dir, outputs.results_root(self.config.data_dir), gid
+        )
         self._hold_data_dir()
         q = self.config.queue
         # The database's own errors at start (a file that cannot be opened or written, a
@@ -566,7 +578,7 @@ def database_error(config: Config, exc: Exception) -> Exception:
     StartFailed (exit 1) for what may pass (a full disk, a server that is down)."""
     url = config.service.database_url
     key = "service.database_url" if url else "service.data_dir"
-    text = _one_line(exc)
+    text = redact.scrub(_one_line(exc), url)
     if url.startswith(("postgres://", "postgresql://")):
         where = store.safe_url(url)
         text = text.split("; ")[0]  # libpq's hint lines ("Is the server running ...") aside

@@ -6,12 +6,13 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
+from . import redact
 from .config import SECTIONS, Config
 
 SECRET = {"service.token"}  # shown as set or not, never printed
-URLS = {"service.database_url", "service.redis_url", "alerts.url"}  # a password is masked
+# Their passwords, keys and secret-looking parameters are masked (redact.py).
+URLS = {"service.database_url", "service.redis_url", "alerts.url"}
 # Changed through the API (the TUI's + and -, `momentry-edge concurrency`) and kept in the
 # queue database: a restart keeps them until the config file's value changes.
 RUN_TIME = {
@@ -32,7 +33,7 @@ def effective(cfg: Config) -> list[dict[str, Any]]:
             if key in SECRET:
                 value = "(set)" if value else "(not set)"
             elif key in URLS and value:
-                value = _without_password(value)
+                value = redact.url(value)
             rows.append({"key": key, "value": value, "origin": cfg.origin(key)})
     for name, table in sorted(cfg.processors.items()):
         for option, value in sorted(table.items()):
@@ -60,18 +61,6 @@ def with_run_time(rows: list[dict[str, Any]], status: dict[str, Any]) -> list[di
             }
         changed.append(row)
     return changed
-
-
-def _without_password(url: str) -> str:
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        return urlunsplit(
-            parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@"))
-        )
-    except ValueError:
-        return "(set, not shown: not a URL)"
 
 
 def _plain(value: Any) -> Any:

@@ -44,8 +44,8 @@ def test_a_failed_processor_writes_its_document_and_a_successful_retry_replaces_
     assert failed["result"] is None and failed["last_checkpoint"] is None
     assert svc.get(url) == failed, "the API returns the failure, not 404"
     assert job["processors"]["flaky"]["output_path"] == str(folder / "flaky.json")
-    # Readable by the service's group (a web server, the studio's tools), by no one else.
-    assert (mode(folder / "flaky.json"), mode(folder)) == (0o640, 0o750)
+    # Readable by the service's account alone (service.share_group: see test_privacy.py).
+    assert (mode(folder / "flaky.json"), mode(folder)) == (0o600, 0o700)
 
     svc.marker.unlink()  # the cause is fixed; the job is retried
     svc.call("POST", f"/api/v1/jobs/{task['task_id']}/retry")
@@ -112,7 +112,7 @@ def test_a_cut_setting_no_run_can_use_stops_the_start_and_once_fixed_cut_runs(
     assert done["status"] == "completed" and done["error"] is None and done["result"]["scenes"]
     folder = svc.data_dir / "results" / task["file_uuid"]
     thumbnail = folder / done["result"]["scenes"][0]["thumbnail"]
-    assert (mode(thumbnail), mode(thumbnail.parent)) == (0o640, 0o750)
+    assert (mode(thumbnail), mode(thumbnail.parent)) == (0o600, 0o700)
     thumbnail_url = f"/api/v1/files/{task['file_uuid']}/thumbnails/0"
     assert svc.client.get(thumbnail_url).content == thumbnail.read_bytes()
 
@@ -137,7 +137,7 @@ def test_a_document_is_indented_json_in_a_folder_made_for_it(tmp_path):
     document = json.loads(text)
     assert text == json.dumps(document, ensure_ascii=False, indent=2) + "\n"
     assert document["result"]["text"] == result["text"] and document["task_id"] == job.task_id
-    assert (mode(path), mode(folder), mode(folder.parent)) == (0o640, 0o750, 0o750)
+    assert (mode(path), mode(folder), mode(folder.parent)) == (0o600, 0o700, 0o700)
     assert [p.name for p in folder.iterdir()] == ["cut.json"]  # no temp file left
     # Strict JSON: NaN is refused, and nothing is written.
     with pytest.raises(store.NotJSON, match="NaN or Infinity"):

@@ -9,6 +9,7 @@ operator's user (a LaunchDaemon with UserName, a system unit with User=)."""
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import plistlib
 import pwd
@@ -21,7 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..config import ENV_FILE_VAR, setting_variables
+
 LABEL = "com.momentry.edge"
+ENV_FILE = "service-env.json"  # in the data dir
 UNIT = "momentry-edge.service"
 # Shipped inside the package so that a wheel install can still render it.
 TEMPLATE = Path(__file__).resolve().parent.parent / "launchd" / f"{LABEL}.plist.template"
@@ -51,6 +55,13 @@ class Spec:
     environment: dict[str, str] = field(default_factory=dict)  # PATH first
     label: str = LABEL
     user: str = ""  # set: start at boot, running as this user; empty: start at login
+    # Settings given through this shell's environment (DATABASE_URL, ...): written to
+    # env_file (0600, the service's user's), never into the world-readable unit or plist.
+    carried: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def env_file(self) -> Path:
+        return self.data_dir / ENV_FILE
 
     @property
     def logs(self) -> Path:
@@ -84,19 +95,38 @@ def spec(
         program += ["--config", config]
         environment["MOMENTRY_CONFIG"] = config
     if env.get("MOMENTRY_DATA_DIR"):
-        # Given at install time, so the service must see it too. No token is copied:
-        # service files are world-readable; the token belongs in momentry.toml.
+        # Given at install time, so the service must see it too.
         environment["MOMENTRY_DATA_DIR"] = os.path.abspath(data_dir)
+    # The other settings given through the environment (a database URL with its password,
+    # the token, the host): to the service through a file only its user reads, as the
+    # unit and plist are world-readable.
+    paths = ("MOMENTRY_DATA_DIR", "MOMENTRY_SERVICE_DATA_DIR")
+    carried = {k: v for k, v in setting_variables(env).items() if k not in paths}
+    data_dir = Path(os.path.abspath(data_dir))
+    if carried:
+        environment[ENV_FILE_VAR] = str(data_dir / ENV_FILE)
     if user:
         # A daemon starts with no login session: say whose home ~ and the models are in.
         environment["HOME"] = _home(user)
-    return Spec(tuple(program), Path(os.path.abspath(data_dir)), environment, user=user)
+    return Spec(tuple(program), data_dir, environment, user=user, carried=carried)
 
 
-def boot_user(env: Mapping[str, str] | None = None) -> str:
-    """Who a start at boot runs as: the user who typed `sudo`, else the one running this."""
+def boot_user(given: str = "", env: Mapping[str, str] | None = None) -> str:
+    """Who a start at boot runs as: ``given`` (--user), else the user who typed `sudo`,
+    else the one running this; never root, as the service decodes uploaded media."""
     env = os.environ if env is None else env
-    return env.get("SUDO_USER") or _user()
+    user = given or env.get("SUDO_USER") or _user()
+    try:
+        uid = pwd.getpwnam(user).pw_uid
+    except KeyError:
+        raise AutostartError(f"no user {user!r} on this machine") from None
+    if uid == 0:
+        raise AutostartError(
+            "a service started at boot runs as a normal account, not as root (it decodes "
+            "uploaded media): name the account with --user NAME, e.g. "
+            "`sudo momentry-edge service install --at-boot --user studio`"
+        )
+    return user
 
 
 def _home(user: str) -> str:
@@ -274,6 +304,7 @@ def install(spec: Spec, platform: str | None = None) -> Report:
     spec.logs.mkdir(parents=True, exist_ok=True)  # launchd does not create log folders
     if at_boot and os.geteuid() == 0:
         _give(spec.data_dir, spec.user)  # made by root: the service's user must write there
+    _write_env_file(spec)
     path.write_text(render(platform, spec), encoding="utf-8")
     if platform == "macos":
         return _launchd_install(path, at_boot)
@@ -383,6 +414,23 @@ def manager_problem(platform: str, at_boot: bool = False) -> str | None:
 def _may_write(path: Path) -> bool:
     folder = next((p for p in (path.parent, *path.parents) if p.exists()), path.anchor)
     return os.access(folder, os.W_OK) and (not path.exists() or os.access(path, os.W_OK))
+
+
+def _write_env_file(spec: Spec) -> None:
+    """The settings given through the environment, for the service alone (0600, its user's);
+    an earlier install's file goes when there are none now."""
+    if not spec.carried:
+        spec.env_file.unlink(missing_ok=True)
+        return
+    staged = spec.env_file.with_name(f".{ENV_FILE}.{os.getpid()}")
+    fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        os.fchmod(f.fileno(), 0o600)
+        if spec.user and os.geteuid() == 0:
+            entry = pwd.getpwnam(spec.user)
+            os.fchown(f.fileno(), entry.pw_uid, entry.pw_gid)
+        json.dump(spec.carried, f, indent=2)
+    os.replace(staged, spec.env_file)
 
 
 def _give(folder: Path, user: str) -> None:

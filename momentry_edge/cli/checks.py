@@ -10,10 +10,11 @@ import os
 import shutil
 import socket
 import sqlite3
+import stat
 from pathlib import Path
 from typing import Any
 
-from .. import store, watch_folders
+from .. import privacy, store, watch_folders
 from ..config import Config
 from .client import ApiClient, ApiError, ServiceUnreachable, UnexpectedReply, find_service
 
@@ -52,7 +53,34 @@ def _folders(cfg: Config) -> list[dict[str, str]]:
         level = OK if makeable else PROBLEM
         detail = f"{data} (made at the first start)" if makeable else f"cannot create {data}"
     found.append(_check("data dir", level, detail))
+    if level == OK and data.is_dir():
+        found += _privacy(data)
     return found
+
+
+def _privacy(data: Path) -> list[dict[str, str]]:
+    """Whether other accounts could read what the data dir holds (transcripts, file names)."""
+    if privacy.ignores_modes(data):
+        return [
+            _check(
+                "data dir privacy",
+                WARNING,
+                f"{data} is on a volume that keeps no file modes (FAT, exFAT or a network "
+                "share): any account on this machine can read the queue and the results; "
+                "put service.data_dir on a disk of the machine's own format",
+            )
+        ]
+    mode = stat.S_IMODE(data.stat().st_mode)
+    if mode & 0o077 and mode != privacy.SHARED_DATA_DIR:
+        return [
+            _check(
+                "data dir privacy",
+                WARNING,
+                f"{data} is mode {mode:04o}: other accounts may reach it; the service makes it "
+                "0700 at its next start",
+            )
+        ]
+    return [_check("data dir privacy", OK, f"{data} is mode {mode:04o}")]
 
 
 def _port(cfg: Config, running: dict[str, str]) -> dict[str, str]:

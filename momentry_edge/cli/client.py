@@ -117,6 +117,14 @@ DEAD: Shape = {
     "total": int,
 }
 CANCELLED: Shape = {"success": bool, "message": str, "status": str}
+FORGOTTEN: Shape = {
+    "success": bool,
+    "file_uuid": str,
+    "jobs": ListOf(str),
+    "results_removed": ListOf(str),
+    "source_removed": bool,
+    "backups": ListOf(str),
+}
 REGISTERED: Shape = {
     "success": bool,
     "file_uuid": str,
@@ -269,6 +277,13 @@ class ApiClient:
 
     def file(self, file_uuid: str) -> dict[str, Any]:
         return self._call("GET", f"/api/v1/files/{_seg(file_uuid)}", FILE)
+
+    def forget(self, file_uuid: str, delete_source: bool = False) -> dict[str, Any]:
+        body = {"delete_source": True} if delete_source else {}
+        # It waits for a running job of the file to stop (up to 30 s).
+        return self._call(
+            "POST", f"/api/v1/files/{_seg(file_uuid)}/forget", FORGOTTEN, json=body, timeout=120
+        )
 
     def files(self, limit: int = 1000, offset: int = 0) -> dict[str, Any]:
         params = {"limit": limit, "offset": offset}

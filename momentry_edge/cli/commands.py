@@ -75,6 +75,42 @@ def cmd_results(api: ApiClient, args: argparse.Namespace) -> int:
     return results.command(api, args)
 
 
+def cmd_forget(api: ApiClient, args: argparse.Namespace) -> int:
+    from . import results
+
+    try:
+        record = results.find_file(api, args.file)
+    except results.NotFound as exc:
+        print(printable(f"error: {exc}"), file=sys.stderr)
+        return EXIT_REFUSED
+    if not args.yes and sys.stdin.isatty():  # a person at a terminal: say what goes first
+        answer = input(
+            printable(
+                f"forget {record['path']} ({record['file_uuid']}): cancel its jobs, remove its "
+                f"results and every record of it{' and the file itself' * args.delete_source}?"
+                " [y/N] "
+            )
+        )
+        if answer.strip().lower() not in ("y", "yes"):
+            print("nothing forgotten")
+            return EXIT_REFUSED
+    return _show(args, api.forget(record["file_uuid"], args.delete_source), _forgotten)
+
+
+def _forgotten(r: dict[str, Any]) -> None:
+    print(
+        f"forgot {r['file_uuid']}: {len(r['jobs'])} job(s), "
+        f"{len(r['results_removed'])} results folder(s) removed"
+        + (", the file deleted from the watched folder" if r["source_removed"] else "")
+    )
+    if r["backups"]:
+        print("these backups still hold it (remove them if they must not):")
+        for path in r["backups"]:
+            print(printable(f"  {path}"))
+    else:
+        print("no backup in the data dir holds it (backups written elsewhere are not checked)")
+
+
 def cmd_pause(api: ApiClient, args: argparse.Namespace) -> int:
     return _show(args, api.pause(), _paused)
 
@@ -197,12 +233,20 @@ def cmd_service(cfg: config_module.Config, args: argparse.Namespace) -> int:
     from . import autostart
 
     at_boot = getattr(args, "at_boot", False)
+    given = getattr(args, "user", None)
     try:
+        if given and not at_boot:
+            raise autostart.AutostartError("--user is for a start at boot (--at-boot)")
         spec = autostart.spec(
-            cfg.data_dir, args.config, user=autostart.boot_user() if at_boot else ""
+            cfg.data_dir, args.config, user=autostart.boot_user(given or "") if at_boot else ""
         )
         if args.action == "render":
             print(autostart.render(args.platform or autostart.current_platform(), spec), end="")
+            if spec.carried:
+                print_error(
+                    f"note: {', '.join(spec.carried)} (set in this shell) would be saved in "
+                    f"{spec.env_file}, readable by the service's user alone, not in this file"
+                )
             return EXIT_OK
         if args.action in autostart.ACTIONS:
             report = autostart.control(args.action)
@@ -233,8 +277,10 @@ def cmd_logs(cfg: config_module.Config, args: argparse.Namespace) -> int:
 
 
 def cmd_backup(cfg: config_module.Config, args: argparse.Namespace) -> int:
+    from .. import privacy
     from ..upkeep import backup
 
+    privacy.apply(cfg)  # the copies are as private as what they copy
     try:
         made = backup.take(cfg, Path(args.dest) if args.dest else None, results=args.results)
     except backup.BackupError as exc:
@@ -261,8 +307,10 @@ def _skipped(links: tuple[str, ...]) -> None:
 
 
 def cmd_restore(cfg: config_module.Config, args: argparse.Namespace) -> int:
+    from .. import privacy
     from ..upkeep import backup, restore
 
+    privacy.apply(cfg)  # the restored database and results as the service makes them
     try:
         done = restore.restore(cfg, Path(args.src))
     except backup.BackupError as exc:

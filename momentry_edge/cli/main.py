@@ -32,6 +32,7 @@ from .commands import (
     cmd_concurrency,
     cmd_config,
     cmd_drain,
+    cmd_forget,
     cmd_jobs,
     cmd_logs,
     cmd_pause,
@@ -182,6 +183,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = add("results", cmd_results, "where a file's results are; --text prints its transcript")
     sub.add_argument("file", metavar="NAME|UUID", help="the file's name, path or uuid")
     sub.add_argument("--text", action="store_true", help="print the transcript (asr)")
+    sub = add(
+        "forget",
+        cmd_forget,
+        "forget a file: cancel its jobs, remove its results and records (asks on a terminal)",
+    )
+    sub.add_argument("file", metavar="NAME|UUID", help="the file's name, path or uuid")
+    sub.add_argument("--yes", action="store_true", help="do not ask")
+    sub.add_argument(
+        "--delete-source",
+        action="store_true",
+        help="delete the file from the watched folder too (else it must be moved away first)",
+    )
     add("pause", cmd_pause, "pause the queue: running jobs finish, nothing new starts")
     add("resume", cmd_resume, "resume a paused queue")
     sub = add(
@@ -288,6 +301,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="start at boot, before anyone logs in, as your user (LaunchDaemon, system "
         "unit; install with sudo)",
+    )
+    at_boot.add_argument(
+        "--user",
+        metavar="NAME",
+        help="with --at-boot: the account the service runs as (default: the one that ran "
+        "sudo; never root)",
     )
     service_actions.add_parser(
         "install", parents=[common, at_boot], help="install and start it (at login)"
@@ -425,7 +444,7 @@ def _under_launchd() -> bool:
 
 def _main(args: argparse.Namespace) -> int:
     if getattr(args, "at_boot", False):
-        _home_of_sudo_user()
+        _home_of_service_user(getattr(args, "user", None))
     try:
         cfg = config_module.load(args.config)
         if getattr(args, "local", None):
@@ -482,9 +501,10 @@ def _main(args: argparse.Namespace) -> int:
         return EXIT_REFUSED
 
 
-def _home_of_sudo_user() -> None:
-    """Under sudo, ~ in the config is the operator's, whose service a start at boot runs."""
-    user = os.environ.get("SUDO_USER")
+def _home_of_service_user(given: str | None) -> None:
+    """Under sudo, ~ in the config is that of the account a start at boot runs as (--user,
+    else the operator's)."""
+    user = given or os.environ.get("SUDO_USER")
     if user and os.geteuid() == 0:
         import pwd
 

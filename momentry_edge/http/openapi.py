@@ -316,6 +316,7 @@ SCHEMAS: dict[str, Schema] = {
         }
     )
     | {"additionalProperties": False},
+    "ForgetRequest": _obj({"delete_source": BOOL}) | {"additionalProperties": False},
     "ConcurrencyRequest": _obj(  # either key, or both
         {"max_concurrent": {"type": "integer", "minimum": 1}, "dynamic_concurrency": BOOL}
     )
@@ -624,6 +625,23 @@ OPERATIONS: dict[str, Schema] = {  # "method path": operation, one per route in 
             "content": {"application/x-subrip": {"schema": STR}, "text/vtt": {"schema": STR}},
         },
         "404",
+    ),
+    "post /api/v1/files/{file_uuid}/forget": _op(
+        "forget",
+        "Forget a file: cancel its jobs, remove its results, rows and log lines; name the "
+        "backups that still hold it",
+        _ok(
+            file_uuid=FILE_UUID,
+            jobs=_arr(TASK_ID),
+            results_removed=_arr(STR),
+            source_removed=BOOL,
+            log_lines_removed=INT,
+            backups=_arr(STR),
+        ),
+        # 409: the file is still in the watched folder (without delete_source), or one of
+        # its jobs has not stopped yet
+        _CHANGED,
+        body="ForgetRequest",
     ),
     "get /api/v1/files/{file_uuid}/thumbnails/{index}": _op(
         "thumbnail",

@@ -1,4 +1,5 @@
-"""Routes of files: register (and the SFTPGo hook), rescan, list, detail, results, thumbnails."""
+"""Routes of files: register (and the SFTPGo hook), rescan, list, detail, results, thumbnails,
+forget."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from ..errors import Invalid, NotFound
 from ..ingest import upload_hooks
 from ..jobs import views
 from ..store import FileState
+from ..upkeep import forget
 from .core import Core
 from .parsing import (
     csv_query,
@@ -97,6 +99,24 @@ def add(app: bottle.Bottle, service: Core) -> None:
             raise NotFound(f"{processor} has no output for file {file_uuid} yet")
         response.content_type = "application/json"
         return document
+
+    @app.post("/api/v1/files/<file_uuid>/forget")
+    def forget_file(file_uuid: str) -> dict:
+        record = media_file(file_uuid)
+        body = json_body()
+        if set(body) - {"delete_source"}:
+            raise Invalid(f"unknown field {sorted(set(body) - {'delete_source'})[0]!r}")
+        delete_source = body.get("delete_source", False)
+        if not isinstance(delete_source, bool):
+            raise Invalid("delete_source must be true or false")
+        done = forget.forget(
+            service.config.data_dir,
+            record,
+            delete_source=delete_source,
+            stopping=service.stopping.is_set,
+            in_hand=service.jobs_in_hand,
+        )
+        return done.as_dict()
 
     @app.get("/api/v1/files/<file_uuid>/thumbnails/<index>")
     def thumbnail(file_uuid: str, index: str) -> Any:

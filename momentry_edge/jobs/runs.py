@@ -13,6 +13,9 @@ from ..store import Job, JobStatus, MediaFile, ProcessorRun, RunStatus
 from . import estimates
 from .common import LeaseLost, _now
 
+# What is shown of a checkpoint (the API, result documents), and all a done run keeps.
+POSITION_KEYS = ("frame", "timestamp")
+
 
 @dataclass(frozen=True)
 class Started:
@@ -239,10 +242,12 @@ def _complete(done: Completion, claim: Claim | None) -> None:
         "UPDATE processor_run SET status = ?, output_path = ?, completed_at = ?, error = NULL,"
         " progress_current = CASE WHEN progress_total > 0 THEN progress_total ELSE 1 END,"
         " progress_total = CASE WHEN progress_total > 0 THEN progress_total ELSE 1 END,"
+        " last_checkpoint = ?,"
         f" updated_at = ?{_START_SET if done.started else ''} WHERE id = ?",
         RunStatus.COMPLETED,
         done.output_path,
         now,
+        _position_only(done.run_id),
         now,
         *_start_params(done.started),
         done.run_id,
@@ -256,14 +261,28 @@ def skip_run(claim: Claim, run: ProcessorRun, reason: str, output_path: str | No
     _write_run(
         claim,
         "UPDATE processor_run SET status = ?, reason = ?, output_path = ?, completed_at = ?,"
-        " updated_at = ? WHERE id = ?",
+        " last_checkpoint = ?, updated_at = ? WHERE id = ?",
         RunStatus.SKIPPED,
         reason,
         output_path,
         now,
+        _position_only(run.id),
         now,
         run.id,
     )
+
+
+def _position_only(run_id: int) -> str | None:
+    """The run's checkpoint cut to where it reached (frame, timestamp), for a run that is
+    done: what it kept to resume from (an asr run's ``partial`` transcript, a pass's
+    detections) is result content, which lives in the results folder alone once written.
+    No other writer touches a run's checkpoint while its claim holds the job."""
+    row = store.execute("SELECT last_checkpoint FROM processor_run WHERE id = ?", run_id).fetchone()
+    checkpoint = ProcessorRun.last_checkpoint.python_value(row[0]) if row else None
+    if not isinstance(checkpoint, dict):
+        return None
+    kept = {k: checkpoint[k] for k in POSITION_KEYS if k in checkpoint}
+    return ProcessorRun.last_checkpoint.db_value(kept) if kept else None
 
 
 @store.retried

@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image
 
 from .. import durable, trees
-from ..outputs import FILE_MODE, THUMBNAILS, make_dir
+from ..outputs import THUMBNAILS, give_mode, make_dir
 
 KEEP = 64
 
@@ -84,7 +84,7 @@ class Keyframes:
         name = thumbnail_name(self.start)
         tmp = self.work / f".{name}.tmp"
         picture.save(tmp, "JPEG", quality=85)
-        os.chmod(tmp, FILE_MODE)
+        give_mode(tmp)
         os.replace(tmp, self.work / name)
 
     def publish(self, scene_starts: list[int]) -> list[str | None]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from .. import jobs, outbound, store
+from .. import jobs, outbound, redact, store
 from ..events import Event
 from ..store import JobStatus
 from .background import Background
@@ -142,7 +142,7 @@ class AlertSender(Background):
                 return
             problem = f"HTTP {status}"
         except Exception as exc:  # whatever it is (even a URL httpx cannot use), a failed try
-            problem = f"{type(exc).__name__}: {exc}"[:500]
+            problem = redact.scrub(f"{type(exc).__name__}: {exc}", self._url)[:500]
         if alert.attempt >= self._attempts:
             log.error(
                 "alert %r gave up after %d attempts (%s)", alert.title, alert.attempt, problem

@@ -11,11 +11,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
-from urllib.parse import unquote, urlparse, urlunparse
+from urllib.parse import unquote, urlparse
 
 import peewee as pw
 from playhouse.pool import PooledPostgresqlDatabase
 
+from .. import redact
 from ..config import ConfigError
 from .migrations import SchemaVersion, migrate
 from .schema import (
@@ -104,7 +105,9 @@ def postgres(database_url: str) -> PooledPostgresqlDatabase:
         params = CONNECTION_DEFAULTS | named | conninfo_to_dict(database_url)
     except psycopg.Error as exc:
         # libpq ends its messages with a newline.
-        raise ConfigError(f"service.database_url: {str(exc).strip()}") from None
+        # Its message may quote a part of the URL (a bad %-escape in the password).
+        problem = redact.scrub(str(exc).strip(), database_url)
+        raise ConfigError(f"service.database_url: {problem}") from None
     # libpq parses the port only when it connects, and then says "connection is bad".
     for port in str(params.get("port") or "").split(","):
         if port and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
@@ -313,8 +316,6 @@ def retried(action: Callable[P, R]) -> Callable[P, R]:
 
 
 def safe_url(url: str) -> str:
-    """The database URL as it may be shown: its password masked."""
-    parts = urlparse(url)
-    if parts.password:
-        return urlunparse(parts._replace(netloc=parts.netloc.replace(parts.password, "***", 1)))
-    return url
+    """The database URL as it may be shown: its password (in the userinfo or the query)
+    masked."""
+    return redact.url(url)

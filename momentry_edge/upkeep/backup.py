@@ -37,11 +37,10 @@ from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse, urlunparse
 
 import peewee as pw
 
-from .. import __version__, durable, store, trees
+from .. import __version__, durable, redact, store, trees
 from ..clock import iso
 from ..config import Config
 from ..events import bus
@@ -153,6 +152,7 @@ def _take(
             jobs = _copy_sqlite(sqlite_file, copy, stop)
         if cfg.source is not None:
             shutil.copy2(cfg.source, work / SETTINGS_NAME)
+            os.chmod(work / SETTINGS_NAME, 0o600)  # it may hold a database's password
         skipped: list[str] = []
         if results and (cfg.data_dir / "results").is_dir():
             # Result files are written to a temp name and renamed, so each copy is whole.
@@ -428,6 +428,11 @@ def last_backup(data_dir: Path) -> dict[str, Any] | None:
     }
 
 
+def taken(data_dir: Path) -> list[Path]:
+    """The backups in <data_dir>/backups, oldest first."""
+    return sorted(path for path, _ in _complete(backups_dir(data_dir)))
+
+
 def _complete(folder: Path) -> list[tuple[Path, dict[str, Any]]]:
     """The backups in ``folder`` with their manifests; a .partial folder is none, even with
     its manifest written (a crash before its rename, or while it was being removed)."""
@@ -701,7 +706,8 @@ def _copy_sqlite(source: Path, target: Path, stop: threading.Event | None = None
 
 
 def _pg_command(tool: str, url: str) -> tuple[list[str], dict[str, str]]:
-    """The tool's path and a URL without its password (passed in the environment instead)."""
+    """The tool's command line and environment: the URL without its password, which goes
+    in the environment (PGPASSWORD), readable by this account alone, not by ps."""
     path = shutil.which(tool)
     if path is None:
         raise BackupError(
@@ -709,12 +715,10 @@ def _pg_command(tool: str, url: str) -> tuple[list[str], dict[str, str]]:
             "(Debian: apt install postgresql-client; macOS: brew install libpq) "
             "matching the server's major version"
         )
-    parts = urlparse(url)
+    url, password = redact.pg_password(url)
     env = dict(os.environ)
-    if parts.password:
-        env["PGPASSWORD"] = unquote(parts.password)
-        netloc = parts.netloc.replace(f":{parts.password}@", "@", 1)
-        url = urlunparse(parts._replace(netloc=netloc))
+    if password is not None:
+        env["PGPASSWORD"] = password
     return [path, "--dbname", url], env
 
 

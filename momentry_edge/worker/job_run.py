@@ -107,6 +107,9 @@ class JobRun:
         if other := jobs.same_content_under_way(job, [run.processor for run in runs]):
             return self._wait_for_same_content(other)
         batches, parts = self._plan(runs)
+        # Made here with the results' mode and group: a processor that makes it itself
+        # (a plugin's mkdir) would give it the process's private umask.
+        outputs.make_dir(self.out_dir)
         self.runs_left = RunsLeft(runs)
         error = side_by_side([functools.partial(self._run_part, b) for b in batches], parts)
         try:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import plistlib
 import shlex
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -243,10 +245,13 @@ def test_a_control_character_in_the_plist_is_an_error_not_a_traceback(tmp_path: 
 def test_service_render_at_boot_is_a_launch_daemon_running_as_the_operator(
     tmp_path: Path,
 ) -> None:
-    proc = cli(tmp_path, "service", "render", "--platform", "macos", "--at-boot")
+    operator = os.environ.get("SUDO_USER") or autostart._user()
+    # From a root shell without sudo the account is named (test_..._never_as_root).
+    named = ("--user", "nobody") if operator == "root" else ()
+    operator = "nobody" if named else operator
+    proc = cli(tmp_path, "service", "render", "--platform", "macos", "--at-boot", *named)
     assert proc.returncode == 0, proc.stderr
     plist = plistlib.loads(proc.stdout.encode())
-    operator = os.environ.get("SUDO_USER") or autostart._user()
     assert plist["UserName"] == operator  # started by launchd at boot, run as the operator
     environment = plist["EnvironmentVariables"]
     assert environment["HOME"] == os.path.expanduser(f"~{operator}")
@@ -290,6 +295,74 @@ def test_service_render_at_boot_is_a_system_unit_with_user(tmp_path: Path) -> No
         ["systemd-analyze", "verify", str(unit_file)], capture_output=True, text=True
     )
     assert "Unknown key" not in checked.stderr and "Invalid" not in checked.stderr, checked
+
+
+@pytest.mark.parametrize("platform", ["macos", "linux"])
+def test_a_start_at_boot_never_runs_as_root(tmp_path: Path, platform: str) -> None:
+    render = ("service", "render", "--platform", platform, "--at-boot")
+    as_root = [cli(tmp_path, *render, "--user", "root")]
+    if os.geteuid() == 0:  # a root shell, not sudo: root was the default
+        as_root.append(cli(tmp_path, *render, env={"SUDO_USER": ""}))
+    for proc in as_root:
+        assert proc.returncode != 0 and proc.stdout == ""
+        assert "not as root" in proc.stderr and "--user NAME" in proc.stderr, proc.stderr
+    named = cli(tmp_path, *render, "--user", "nobody", env={"SUDO_USER": ""})
+    assert named.returncode == 0, named.stderr
+    if platform == "macos":
+        assert plistlib.loads(named.stdout.encode())["UserName"] == "nobody"
+    else:
+        assert [row for row in named.stdout.splitlines() if row.startswith("User=")] == [
+            "User=nobody"
+        ]
+    unknown = cli(tmp_path, *render, "--user", "no-such-account")
+    assert unknown.returncode != 0 and "no user 'no-such-account'" in unknown.stderr
+
+
+SECRET_URL = "postgresql://edge@db.example/queue?password=s3cret-pw"
+
+
+@pytest.mark.parametrize("platform", ["macos", "linux"])
+def test_settings_from_the_environment_stay_out_of_the_rendered_service(
+    tmp_path: Path, platform: str
+) -> None:
+    env = {"DATABASE_URL": SECRET_URL, "MOMENTRY_SERVICE_HOST": "127.0.0.9"}
+    proc = cli(tmp_path, "service", "render", "--platform", platform, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "s3cret-pw" not in proc.stdout and "127.0.0.9" not in proc.stdout
+    env_file = str(tmp_path / "data" / "service-env.json")
+    if platform == "macos":
+        given = plistlib.loads(proc.stdout.encode())["EnvironmentVariables"]
+    else:
+        rows = [row for row in proc.stdout.splitlines() if row.startswith("Environment=")]
+        given = dict(row.removeprefix("Environment=").split("=", 1) for row in rows)
+    assert given["MOMENTRY_ENV_FILE"] == env_file
+    assert "DATABASE_URL, MOMENTRY_SERVICE_HOST" in proc.stderr and env_file in proc.stderr
+    assert "s3cret-pw" not in proc.stderr
+
+
+def test_an_installed_service_gets_the_environment_s_settings_from_a_private_file(
+    tmp_path: Path,
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_in(bin_dir, "systemctl", {})
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "DATABASE_URL": SECRET_URL}
+    proc = cli(tmp_path, "service", "install", env=env)
+    assert proc.returncode == 0, proc.stderr
+    unit = (tmp_path / ".config/systemd/user/momentry-edge.service").read_text()
+    assert "s3cret-pw" not in unit
+    env_file = tmp_path / "data" / "service-env.json"
+    assert f"MOMENTRY_ENV_FILE={env_file}" in unit
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    assert json.loads(env_file.read_text()) == {"DATABASE_URL": SECRET_URL}
+    # What the service's start reads: the file's settings (masked when shown).
+    shown = cli(tmp_path, "config", "show", "--json", env={"MOMENTRY_ENV_FILE": str(env_file)})
+    assert shown.returncode == 0, shown.stderr
+    rows = {row["key"]: row for row in json.loads(shown.stdout)["settings"]}
+    assert rows["service.database_url"]["value"] == (
+        "postgresql://edge@db.example/queue?password=***"
+    )
+    assert rows["service.database_url"]["origin"] == "environment variable DATABASE_URL"
 
 
 def test_systemd_at_boot_install_start_stop_uninstall(

@@ -574,3 +574,27 @@ def test_a_full_rewrite_reads_the_job_table_a_page_at_a_time(private_redis, tmp_
             assert 0 < largest <= mirror.BATCH, largest
         finally:
             database.close()
+
+
+def test_a_forgotten_file_s_jobs_leave_the_mirror(start_service, private_redis):
+    r = private_redis.client()
+    svc = start_service(service={"redis_url": private_redis.url})
+    kept = svc.submit("kept.mp4", ["noop"])["task_id"]
+    reply = svc.submit("withdrawn.mp4", ["noop"])
+    task = reply["task_id"]
+    for each in (kept, task):
+        svc.wait_status(each, "completed")
+        wait_for(lambda each=each: mirrored(r, each, "completed", ["noop"]))
+    (svc.drop / "withdrawn.mp4").unlink()
+    svc.call("POST", f"/api/v1/files/{reply['file_uuid']}/forget")
+    wait_for(lambda: not r.exists(f"momentry:job:{task}"))
+    assert not r.exists(f"momentry:job:{task}:processor:noop")
+    assert not r.sismember("momentry:jobs:completed", task)
+    named = [key for key in r.scan_iter() if task in key]
+    named += [
+        key
+        for key in r.scan_iter()
+        if r.type(key) == "hash" and reply["file_uuid"] in json.dumps(r.hgetall(key))
+    ]
+    assert named == []
+    assert mirrored(r, kept, "completed", ["noop"])  # the other file's job stays

@@ -843,7 +843,7 @@ def test_a_restore_brings_in_no_links_and_gives_results_the_service_s_modes(
         assert tree(results) == expected
         for path in [results, *results.rglob("*")]:
             mode = path.stat().st_mode & 0o777
-            assert mode == (0o750 if path.is_dir() else 0o640), path
+            assert mode == (0o700 if path.is_dir() else 0o600), path
     assert restored_task_ids(svc) == submitted
 
 

@@ -286,7 +286,7 @@ SCHEMAS: dict[str, Schema] = {
                     _RUN_OF_RESULT
                     | {
                         "output_path": STR,
-                        "later_run": _null(_ref("LaterRun")),
+                        "later_run": _null(_obj(_RUN_OF_RESULT, "*")),  # as LaterRun
                     },
                     "*",
                 ),

@@ -371,8 +371,8 @@ def _probe_open(container: InputContainer, size: int) -> MediaInfo:
         height=height,
         fps=fps,
         frame_count=int(frame_count),
-        video_codec=ctx.name,
-        audio_codec=audio.codec_context.name if audio is not None else None,
+        video_codec=codec_name(ctx),
+        audio_codec=codec_name(audio.codec_context) if audio is not None else None,
         has_audio=audio is not None,
         size=size,
         container=container.format.name,
@@ -382,6 +382,12 @@ def _probe_open(container: InputContainer, size: int) -> MediaInfo:
         sample_aspect_ratio=f"{sar.numerator}:{sar.denominator}",
         hdr=hdr.transfer(first) or hdr.transfer(ctx),
     )
+
+
+def codec_name(ctx: Any) -> str:
+    """The codec, as ffprobe names it (``av1``, ``mp3``): not the decoder FFmpeg picked for
+    it (``libdav1d``, ``mp3float``)."""
+    return str(ctx.codec.canonical_name)
 
 
 def _probe_audio(container: InputContainer, audio: Any, size: int) -> MediaInfo:
@@ -401,7 +407,7 @@ def _probe_audio(container: InputContainer, audio: Any, size: int) -> MediaInfo:
         fps=None,
         frame_count=0,
         video_codec=None,
-        audio_codec=audio.codec_context.name,
+        audio_codec=codec_name(audio.codec_context),
         has_audio=True,
         size=size,
         container=container.format.name,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import errno
 import hashlib
 import json
@@ -329,22 +330,125 @@ def result_folders(data_dir: Path, record: MediaFile) -> list[Path]:
     return folders
 
 
-def read_result(folders: list[Path], processor: str) -> bytes | None:
-    """The newest document of ``processor`` in the first of ``folders`` that has one, as
-    stored; None when it has not run.
+# What a document says of its run (all but its result), and what a newer run set aside
+# beside a complete result says of itself (``later_run``).
+_RUN_FIELDS = ("status", "task_id", "completed_at", "error", "last_checkpoint", "fingerprint")
+LATER_FIELDS = ("status", "task_id", "completed_at", "error", "last_checkpoint")
 
-    A document set aside (failed or partial) is newer than the complete one beside it.
+
+@dataclasses.dataclass(frozen=True)
+class Shown:
+    """The document of a processor that stands as its result (``name`` in ``folder``), what
+    it says of its run, and what a newer failed or partial run beside it says (or None)."""
+
+    folder: Path
+    name: str
+    run: dict[str, Any]
+    later: dict[str, Any] | None
+
+
+def shown_result(folders: list[Path], processor: str, fingerprint: str | None) -> Shown | None:
+    """The result of ``processor`` every view shows, from the first of ``folders`` that has
+    a document of it; None when it has not run.
+
+    That is its last complete result for the file's content (``fingerprint``), with a newer
+    failed or partial run set aside beside it as ``later``. Without such a result, the
+    newest document there is (a failure, a cancelled run's partial output) stands alone.
     """
     for folder in folders:
-        for path in (
-            aside_path(folder, processor, FAILED),
-            aside_path(folder, processor, PARTIAL),
-            document_path(folder, processor),
+        main = document_path(folder, processor).name
+        found = _run_of(folder, main)
+        later_name, later = None, None
+        for status in (FAILED, PARTIAL):  # at most one of the two is there
+            later_name = aside_path(folder, processor, status).name
+            if (later := _run_of(folder, later_name)) is not None:
+                break
+        if found is None and later is None:
+            continue
+        # Of a file rewritten since, a complete result is of its earlier content: not shown.
+        if (
+            found is not None
+            and found["status"] == COMPLETED
+            and (fingerprint is None or found["fingerprint"] in (None, fingerprint))
         ):
-            document = _read_own(folder, path.name)
-            if document is not None:
-                return document
+            brief = {k: later[k] for k in LATER_FIELDS} if later is not None else None
+            return Shown(folder, main, found, brief)
+        if later is not None and later_name is not None:
+            return Shown(folder, later_name, later, None)  # set aside: newer than the main one
+        assert found is not None
+        return Shown(folder, main, found, None)
     return None
+
+
+def read_shown(shown: Shown) -> bytes | None:
+    """The document ``shown`` names as served: as stored, with ``later_run`` added when a
+    newer run failed or was cancelled beside it; None when it is gone meanwhile."""
+    document = _read_own(shown.folder, shown.name)
+    if document is None or shown.later is None:
+        return document
+    try:
+        parsed = json.loads(document)
+    except ValueError:
+        return document
+    return (_indented(parsed | {"later_run": shown.later}) + "\n").encode("utf-8")
+
+
+def read_result(folders: list[Path], processor: str, fingerprint: str | None) -> bytes | None:
+    """The document of ``processor`` every view shows (shown_result, read_shown) as served;
+    None when it has not run."""
+    shown = shown_result(folders, processor, fingerprint)
+    return None if shown is None else read_shown(shown)
+
+
+def results_summary(
+    folders: list[Path], processors: list[str], fingerprint: str | None
+) -> dict[str, dict[str, Any]]:
+    """For each of ``processors`` that has a document, what the shown one says of its run
+    (status, task_id, completed_at, error, last_checkpoint), where it is (output_path) and
+    its ``later_run``."""
+    summary = {}
+    for processor in processors:
+        shown = shown_result(folders, processor, fingerprint)
+        if shown is not None:
+            summary[processor] = {k: shown.run[k] for k in LATER_FIELDS} | {
+                "output_path": str(shown.folder / shown.name),
+                "later_run": shown.later,
+            }
+    return summary
+
+
+# What documents say of their runs, by (folder, name, the file's identity): the console asks
+# for a file's every processor each time it draws its page, and a document may be megabytes.
+_RUNS: collections.OrderedDict[tuple[Any, ...], dict[str, Any] | None] = collections.OrderedDict()
+_RUNS_KEPT = 256
+_runs_lock = threading.Lock()
+
+
+def _run_of(folder: Path, name: str) -> dict[str, Any] | None:
+    """What the document ``name`` in ``folder`` says of its run (_RUN_FIELDS); None when
+    there is none, or it is not a document."""
+    fd = _open_own(folder, name)
+    if fd is None:
+        return None
+    with open(fd, "rb") as file:
+        st = os.fstat(fd)
+        key = (str(folder), name, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        with _runs_lock:
+            if key in _RUNS:
+                _RUNS.move_to_end(key)
+                return _RUNS[key]
+        try:
+            document = json.loads(file.read())
+        except ValueError:
+            document = None
+    run = None
+    if isinstance(document, dict) and isinstance(document.get("status"), str):
+        run = {k: document.get(k) for k in _RUN_FIELDS}
+    with _runs_lock:
+        _RUNS[key] = run
+        while len(_RUNS) > _RUNS_KEPT:
+            _RUNS.popitem(last=False)
+    return run
 
 
 def read_sidecar(folders: list[Path], name: str) -> bytes | None:

@@ -37,6 +37,7 @@ def make_video(
     size: tuple[int, int] = (320, 240),
     codec: str = "libx264",
     audio: bool = True,
+    audio_codec: str | None = None,
     speech_wav: Path | str | None = None,
     speech_start: float = 0.0,
     faststart: bool = False,
@@ -46,7 +47,7 @@ def make_video(
     """Write a clip of ``segments * segment_seconds`` seconds and return its path.
 
     Audio is a quiet 440 Hz tone, or ``speech_wav`` placed at ``speech_start``
-    seconds over silence (AAC, or Opus for ``.webm``). ``faststart`` puts the mp4
+    seconds over silence (``audio_codec``: AAC, or Opus for ``.webm``). ``faststart`` puts the mp4
     index first, as web-optimised files have it. ``picture(i)``, if given, is frame
     ``i`` (HxWx3 RGB of ``size``) in place of the colours and bar. ``keyframe_every``
     frames at most (the encoder's default: 250 for libx264).
@@ -76,9 +77,8 @@ def make_video(
             video.gop_size = keyframe_every
         sound = None
         if audio:
-            sound = out.add_stream(
-                "libopus" if path.suffix == ".webm" else "aac", rate=AUDIO_RATE, layout="mono"
-            )
+            default = "libopus" if path.suffix == ".webm" else "aac"
+            sound = out.add_stream(audio_codec or default, rate=AUDIO_RATE, layout="mono")
         audio_frames = _audio_frames(pcm, sound)
 
         bar = max(4, width // 16)

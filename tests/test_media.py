@@ -181,3 +181,23 @@ def test_iter_frames_errors_are_media_errors(tmp_path):
         next(iter_frames(tmp_path / "gone.mp4"))
     with pytest.raises(MediaError, match="not a readable media file"):
         next(iter_frames(make_text_file(tmp_path / "notes.mp4")))
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_codecs_are_named_as_ffprobe_names_them_not_by_their_decoder(start_service, tmp_path):
+    # FFmpeg decodes AV1 with libdav1d and MP3 with mp3float: the file holds av1 and mp3.
+    svc = start_service()
+    clip = make_video(
+        tmp_path / "av1.mkv",
+        segments=1,
+        segment_seconds=0.4,
+        fps=10,
+        size=(64, 64),
+        codec="libsvtav1",
+        audio_codec="libmp3lame",
+    )
+    shutil.move(clip, svc.drop / clip.name)
+    task = svc.submit(clip.name, ["noop"])
+    svc.wait_status(task["task_id"], "completed")
+    detail = svc.get(f"/api/v1/files/{task['file_uuid']}")
+    assert (detail["video_codec"], detail["audio_codec"]) == ("av1", "mp3")

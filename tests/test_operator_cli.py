@@ -161,6 +161,32 @@ def test_results_finds_a_file_by_its_name_typed_loosely(start_service, home) -> 
 
 
 @SQLITE
+def test_results_lists_every_processors_last_complete_result(start_service, home) -> None:
+    svc = start_service(env={"HOME": str(home)})
+    svc.add_video("take 2.mp4")
+    first = svc.submit("take 2.mp4", ["noop", "flaky"])
+    svc.wait_status(first["task_id"], "completed")
+    svc.marker.write_text("storage is down")  # a later job of flaky alone fails
+    again = svc.call(
+        "POST",
+        f"/api/v1/file/{first['file_uuid']}/deep-scan",
+        expect=202,
+        json={"processors": ["flaky"], "force": True, "max_retries": 0},
+    )
+    svc.wait_status(again["task_id"], "failed")
+
+    shown = fresh_shell(home, "results", "take 2.mp4").stdout.splitlines()
+    assert shown[1] == f"job {again['task_id']}: failed"
+    folder = svc.data_dir / "results" / first["file_uuid"]
+    rows = {line.split()[0]: i for i, line in enumerate(shown) if line.startswith("  ")}
+    # noop's result is the first job's; flaky's too, the failure beside it said as such.
+    assert shown[rows["noop"]].split()[1:] == ["completed", str(folder / "noop.json")]
+    assert shown[rows["flaky"]].split()[1:] == ["completed", str(folder / "flaky.json")]
+    later = shown[rows["flaky"] + 1].strip()
+    assert later.startswith(f"a later run, {again['task_id']}, failed: upstream storage")
+
+
+@SQLITE
 def test_results_text_prints_the_transcript(start_service, home, talk, models_dir) -> None:
     whisper = {"model": "whisper-tiny.en", "models_dir": str(models_dir)}
     svc = start_service(env={"HOME": str(home)}, **{"processors.asr": whisper})

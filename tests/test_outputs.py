@@ -78,13 +78,21 @@ def test_a_failure_never_replaces_a_complete_result(start_service):
     failed = json.loads((folder / "flaky.failed.json").read_text())
     assert failed["status"] == "failed" and failed["task_id"] == again["task_id"]
     assert "storage unavailable" in failed["error"]
-    assert svc.get(url) == failed, "the API returns the newest job's document"
+    # The complete result is what the API shows; the failure beside it, said as such.
+    later = {k: failed[k] for k in ("status", "task_id", "completed_at", "error")}
+    assert svc.get(url) == complete | {"later_run": later | {"last_checkpoint": None}}
+    shown = svc.get(f"/api/v1/files/{first['file_uuid']}")["results"]["flaky"]
+    assert shown["status"] == "completed" and shown["task_id"] == first["task_id"]
+    assert shown["output_path"] == str(folder / "flaky.json")
+    assert shown["later_run"]["task_id"] == again["task_id"]
+    assert shown["later_run"]["status"] == "failed"
 
     svc.marker.unlink()
     svc.call("POST", f"/api/v1/jobs/{again['task_id']}/retry")
     svc.wait_status(again["task_id"], "completed")
     done = svc.get(url)
     assert done["status"] == "completed" and done["task_id"] == again["task_id"]
+    assert "later_run" not in done
     assert not (folder / "flaky.failed.json").exists()
 
 

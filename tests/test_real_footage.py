@@ -316,3 +316,46 @@ def test_ocr_reads_a_small_frame_as_rapidocr_does_by_default(start_service):
     assert len(theirs.txts) == 18  # as RapidOCR's own test expects of this picture
     ours = [line["text"] for line in results["ocr"]["result"]["frames"][0]["lines"]]
     assert ours == list(theirs.txts)
+
+
+# -- faces in a group, and a close-up -------------------------------------------------------
+
+# The six faces of InsightFace's t1.jpg (tests/data) shown whole in a 1280x720 frame: a
+# point inside each (x, y), as a person sees them.
+T1_FACES = [(212, 274), (375, 175), (541, 284), (756, 338), (881, 112), (1073, 279)]
+
+
+def shown_in_frame(picture: Image.Image, size: tuple[int, int] = (1280, 720)) -> np.ndarray:
+    """``picture`` as a player shows it in a ``size`` frame: whole, centred, black bars."""
+    scale = min(size[0] / picture.width, size[1] / picture.height)
+    fitted = picture.resize((round(picture.width * scale), round(picture.height * scale)))
+    frame = Image.new("RGB", size)
+    frame.paste(fitted, ((size[0] - fitted.width) // 2, (size[1] - fitted.height) // 2))
+    return np.asarray(frame)
+
+
+def test_every_face_of_a_group_is_found_and_a_close_up_once(start_service):
+    svc = start_service(**{"processors.face": {"sample_fps": 1.0}})
+    with Image.open(DATA / "t1.jpg") as picture:
+        still_video(svc.drop / "group.mp4", shown_in_frame(picture.convert("RGB")), seconds=2.0)
+    # The photo's face filling a third of the frame's height, larger than any tile.
+    close = Image.fromarray(photo_frame(size=(512, 512), at=(0, 0))).resize((1280, 1280))
+    still_video(svc.drop / "close-up.mp4", np.asarray(close)[:720], seconds=2.0)
+
+    _, group = run_job(svc, "group.mp4", ["face"])
+    _, close_up = run_job(svc, "close-up.mp4", ["face"])
+
+    frames = group["face"]["result"]["frames"]
+    assert len(frames) == 2
+    for frame in frames:
+        boxes = [face["box"] for face in frame["faces"]]
+        missed = [
+            (x, y)
+            for x, y in T1_FACES
+            if not any(x1 <= x <= x2 and y1 <= y <= y2 for x1, y1, x2, y2 in boxes)
+        ]
+        assert not missed and len(boxes) == len(T1_FACES), (missed, frame["faces"])
+    frames = close_up["face"]["result"]["frames"]
+    assert [len(frame["faces"]) for frame in frames] == [1, 1], frames
+    top, bottom = frames[0]["faces"][0]["box"][1::2]
+    assert bottom - top > 240  # the whole face, not a piece of it

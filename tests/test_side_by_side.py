@@ -313,9 +313,19 @@ def test_a_task_timeout_stops_both_parts_as_timed_out_with_their_checkpoints(
     assert "timed out after 6 s" in steps["error"] and steps["current"] < 400
     assert "the job's task_timeout" in job["error_message"]
     docs = results(svc, job, ["steps", *FRAMES])
+    folder = svc.data_dir / "results" / job["file_uuid"]
     for name in ["steps", *FRAMES]:
         run = job["processors"][name]
         assert run["status"] == "failed" and "timed out after 6 s" in run["error"], name
         assert run.get("last_checkpoint"), (name, run)
-        assert docs[name]["status"] == "failed" and docs[name]["result"] is not None, name
-        assert docs[name]["last_checkpoint"] == run["last_checkpoint"], name
+        # The frame processors' complete results (the first job's) stay shown; the
+        # timed-out run is named beside them, its document set aside with what it had.
+        failed = docs[name] if name == "steps" else docs[name]["later_run"]
+        assert failed["status"] == "failed" and failed["task_id"] == task, name
+        assert failed["last_checkpoint"] == run["last_checkpoint"], name
+        if name == "steps":
+            assert failed["result"] is not None
+        else:
+            assert docs[name]["status"] == "completed" and docs[name]["task_id"] == warm, name
+            aside = json.loads((folder / f"{name}.failed.json").read_text())
+            assert aside["result"] is not None and aside["task_id"] == task, name

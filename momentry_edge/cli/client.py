@@ -255,25 +255,18 @@ class ApiClient:
     # -- files ----------------------------------------------------------------------------------
 
     def register(
-        self, path: str, processors: list[str] | None = None, priority: str = "normal"
-    ) -> dict[str, Any]:
-        body: dict[str, Any] = {"path": path, "priority": priority}
-        if processors:
-            body["processors"] = processors
-        return self._call("POST", "/api/v1/files/register", REGISTERED, json=body)
-
-    def deep_scan(
         self,
-        file_uuid: str,
+        path: str,
         processors: list[str] | None = None,
         priority: str = "normal",
         force: bool = False,
     ) -> dict[str, Any]:
-        body: dict[str, Any] = {"priority": priority, "force": force}
+        body: dict[str, Any] = {"path": path, "priority": priority}
+        if force:
+            body["force"] = True
         if processors:
             body["processors"] = processors
-        path = f"/api/v1/file/{_seg(file_uuid)}/deep-scan"
-        return self._call("POST", path, PLACED | {"status": str}, json=body)
+        return self._call("POST", "/api/v1/files/register", REGISTERED, json=body)
 
     def file(self, file_uuid: str) -> dict[str, Any]:
         return self._call("GET", f"/api/v1/files/{_seg(file_uuid)}", FILE)

@@ -49,11 +49,9 @@ def cmd_submit(api: ApiClient, args: argparse.Namespace) -> int:
         # The service resolves relative paths against its watched folders, not our cwd.
         path = str(Path(raw).expanduser().resolve())
         try:
-            reply = api.register(path, args.processors, args.priority)
-            if args.force and reply.get("file_uuid") and reply.get("state") == "present":
-                # Results up to date are made again: a new job, or the waiting one forced.
-                forced = api.deep_scan(reply["file_uuid"], args.processors, args.priority, True)
-                reply |= {k: forced[k] for k in ("task_id", "position", "status")}
+            # One request: registered and, with --force, its scan forced at once (a job
+            # queued by a first request could start before a second one forced it).
+            reply = api.register(path, args.processors, args.priority, force=args.force)
         except ApiError as exc:
             print_error(f"error: {raw}: {exc.message}")
             code = EXIT_REFUSED

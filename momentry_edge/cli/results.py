@@ -109,16 +109,32 @@ def matching(files: list[dict[str, Any]], ref: str) -> list[dict[str, Any]]:
 
 
 def render(record: dict[str, Any], job: dict[str, Any] | None) -> None:
+    """The file, its newest job, and each processor's result: the last complete one (with a
+    newer run that failed or was cancelled beside it), else what there is."""
     print(printable(f"{record['path']} ({record['file_uuid']}), {record['state']}"))
-    if job is None:
+    results = record.get("results") or {}
+    if job is None and not results:
         print("no job yet: `momentry-edge submit PATH` queues one")
         return
-    print(printable(f"job {job['task_id']}: {job['status']}"))
-    for name, run in sorted(job["processors"].items()):
-        where = run.get("output_path") or ""
-        why = run.get("reason") or run.get("error") or ""
-        line = f"  {name:<6} {run.get('status', '?'):<10} {where}"
+    if job is not None:
+        print(printable(f"job {job['task_id']}: {job['status']}"))
+    runs = job["processors"] if job is not None else {}
+    for name in sorted(set(runs) | set(results)):
+        run, shown = runs.get(name) or {}, results.get(name)
+        if shown is not None:
+            status, where = shown.get("status", "?"), shown.get("output_path") or ""
+            skipped = run.get("status") == "skipped"  # by the newest job: it says why
+            why = shown.get("error") or (run.get("reason") if skipped else "")
+        else:
+            status, where = run.get("status", "?"), run.get("output_path") or ""
+            why = run.get("reason") or run.get("error") or ""
+        line = f"  {name:<6} {status:<10} {where}"
         print(printable((line + (f"  ({why})" if why else "")).rstrip()))
+        later = (shown or {}).get("later_run")
+        if later:
+            error = f": {later['error']}" if later.get("error") else ""
+            note = f"{'':9}a later run, {later.get('task_id')}, {later.get('status')}{error}"
+            print(printable(note))
 
 
 def _print_transcript(api: ApiClient, record: dict[str, Any]) -> int:
@@ -131,6 +147,9 @@ def _print_transcript(api: ApiClient, record: dict[str, Any]) -> int:
             raise
         if document.get("status") not in (None, "completed"):
             print(printable(f"({processor}: {document['status']})"), file=sys.stderr)
+        if isinstance(later := document.get("later_run"), dict):
+            note = f"({processor}: a later run, {later.get('task_id')}, {later.get('status')})"
+            print(printable(note), file=sys.stderr)
         document = document.get("result") or {}  # the processor's own part of the document
         segments = document.get("segments")
         if isinstance(segments, list):

@@ -67,6 +67,13 @@ _FILE = {
 }
 
 _ENTRY_KEYS = " ".join(_ENTRY)
+_RUN_OF_RESULT = {  # what a result document says of the run that wrote it
+    "status": _enum("completed", "failed", "partial"),
+    "task_id": _null(TASK_ID),
+    "completed_at": TIME,
+    "error": _null(STR),
+    "last_checkpoint": _null({"type": "object", "additionalProperties": True}),
+}
 _SCAN = {  # the deep-scan options a request body may carry
     "processors": NAMES | {"minItems": 1},
     "priority": _ref("Priority"),
@@ -281,9 +288,22 @@ SCHEMAS: dict[str, Schema] = {
             "jobs": _arr(
                 _obj({"task_id": TASK_ID, "status": _ref("JobStatus"), "created_at": TIME}, "*")
             ),
+            "results": {  # by processor: what its results route serves, of its run
+                "type": "object",
+                "additionalProperties": _obj(
+                    _RUN_OF_RESULT
+                    | {
+                        "output_path": STR,
+                        "later_run": _null(_obj(_RUN_OF_RESULT, "*")),  # as LaterRun
+                    },
+                    "*",
+                ),
+            },
         },
         "*",
     ),
+    # A newer run of a processor that failed or was cancelled beside its complete result.
+    "LaterRun": _obj(_RUN_OF_RESULT, "*"),
     "ProcessorInfo": _obj(
         {
             "backend": {"type": "string", "example": "faster-whisper"},
@@ -613,8 +633,13 @@ OPERATIONS: dict[str, Schema] = {  # "method path": operation, one per route in 
     ),
     "get /api/v1/files/{file_uuid}/results/{processor}": _op(
         "results",
-        "A processor's JSON output for a file",
-        {"type": "object", "additionalProperties": True},
+        "A processor's last complete JSON output for a file (a newer failed or cancelled"
+        " run as later_run)",
+        {
+            "type": "object",
+            "properties": {"later_run": _ref("LaterRun")},
+            "additionalProperties": True,
+        },
         "404",
     ),
     "get /api/v1/files/{file_uuid}/results/{processor}.{format}": _op(

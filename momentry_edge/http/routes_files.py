@@ -86,7 +86,12 @@ def add(app: bottle.Bottle, service: Core) -> None:
 
     @app.get("/api/v1/files/<file_uuid>")
     def file_detail(file_uuid: str) -> dict:
-        return views.file_detail(media_file(file_uuid))
+        record = media_file(file_uuid)
+        folders = outputs.result_folders(service.config.data_dir, record)
+        names = sorted(service.processor_names)
+        return views.file_detail(record) | {
+            "results": outputs.results_summary(folders, names, record.fingerprint)
+        }
 
     @app.get("/api/v1/files/<file_uuid>/results/<processor>")
     def results(file_uuid: str, processor: str) -> Any:
@@ -94,7 +99,7 @@ def add(app: bottle.Bottle, service: Core) -> None:
         if processor not in service.processor_names:
             raise NotFound(f"unknown processor {processor!r}")
         folders = outputs.result_folders(service.config.data_dir, record)
-        document = outputs.read_result(folders, processor)
+        document = outputs.read_result(folders, processor, record.fingerprint)
         if document is None:
             raise NotFound(f"{processor} has no output for file {file_uuid} yet")
         response.content_type = "application/json"

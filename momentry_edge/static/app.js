@@ -805,12 +805,11 @@ async function drawFile(uuid) {
     ["Sound", file.audio_codec || "none"], ["Registered", when(file.registered_at)],
   ];
   $("file-facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: v })]));
-  const jobs = await drawJobs(file);
-  // Only what has written a document is asked for: a 404 would be logged by the browser.
-  const written = new Set(jobs.flatMap((j) => Object.entries(j ? j.processors : {})
-    .filter(([, run]) => run.output_path).map(([name]) => name)));
+  await drawJobs(file);
+  // Only what has a document is asked for: a 404 would be logged by the browser.
+  const shown = file.results || {};
   const [cut, asr, asrx, yolo, ocr, face, pose] = await Promise.all(
-    ["cut", "asr", "asrx", "yolo", "ocr", "face", "pose"].map((p) => (written.has(p) ? results(uuid, p) : null)));
+    ["cut", "asr", "asrx", "yolo", "ocr", "face", "pose"].map((p) => (shown[p] ? results(uuid, p) : null)));
   if (state.fileUuid !== uuid) return;
   drawScenes(uuid, cut);
   drawTranscript(uuid, file, asrx && asrx.result ? ["asrx", asrx] : ["asr", asr]);
@@ -859,6 +858,21 @@ function jobLog(task) {
   } }, el("summary", { text: "Log" }), lines);
 }
 
+// What is shown is the last complete result; a newer run that failed or was stopped is
+// named above it, and a result that is not complete (none is) says so.
+function runNote(doc, what, tag) {
+  if (!doc) return null;
+  const ended = (run) => (run.status === "partial" ? "was stopped" : run.status)
+    + (run.last_checkpoint && run.last_checkpoint.timestamp != null ? " at " + clockTime(run.last_checkpoint.timestamp) : "")
+    + (run.error ? ": " + run.error : "");
+  const later = doc.later_run;
+  const text = later ? `A later ${what} run (${later.task_id}) ${ended(later)}. Shown: the last complete result (${doc.task_id}).`
+    : doc.status !== "completed" ? `Not complete: this ${what} run ${ended(doc)}.` : null;
+  return text ? el(tag, { class: "note later", role: "note", text }) : null;
+}
+
+const noted = (note, items) => (note ? [note, ...items] : items);
+
 function notRun(doc, what) {
   if (!doc) return `${what} has not run on this file.`;
   if (doc.status !== "completed" && !doc.result) return `${what} ${doc.status}: ${doc.error || ""}`;
@@ -869,12 +883,12 @@ async function drawScenes(uuid, cut) {
   const why = notRun(cut, "cut");
   if (why) { $("scenes").replaceChildren(el("li", { class: "muted", text: why })); return; }
   const scenes = cut.result.scenes.slice(0, 300);
-  $("scenes").replaceChildren(...scenes.map((s) => {
+  $("scenes").replaceChildren(...noted(runNote(cut, "cut", "li"), scenes.map((s) => {
     const caption = `Scene ${s.index + 1}: ${clockTime(s.start)}–${clockTime(s.end)}`;
     const img = el("img", { alt: caption, width: 160, height: 90 });
     if (s.thumbnail) blobUrl(`${base(uuid)}/thumbnails/${s.index}`).then((u) => { img.src = u; }, () => { img.alt = caption + " (no picture)"; });
     return el("li", {}, el("figure", {}, img, el("figcaption", { text: caption })));
-  }));
+  })));
 }
 
 function drawTranscript(uuid, file, [name, doc]) {
@@ -887,7 +901,7 @@ function drawTranscript(uuid, file, [name, doc]) {
     el("button", { type: "button", text: "Download VTT", onclick: () => download(`${base(uuid)}/results/${name}.vtt`, `${stem}.vtt`) }),
     el("button", { type: "button", text: "Download JSON", onclick: () => download(`${base(uuid)}/results/${name}`, `${stem}.${name}.json`) }));
   const segments = doc.result.segments || [];
-  $("transcript").replaceChildren(...(segments.length ? segments.map((s) => el("li", {},
+  $("transcript").replaceChildren(...noted(runNote(doc, name, "li"), segments.length ? segments.map((s) => el("li", {},
     el("time", { text: `${clockTime(s.start)} → ${clockTime(s.end)}` }), el("span", { text: s.text.trim() })))
     : [el("li", { class: "muted", text: "No speech found." })]));
 }
@@ -917,7 +931,7 @@ function drawFound(id, doc, namesOf, none, what) {
     }
   }
   const rows = [...seen.entries()].sort((a, b) => b[1].length - a[1].length).slice(0, 200);
-  $(id).replaceChildren(...(rows.length ? rows.map(([name, times]) => el("li", {},
+  $(id).replaceChildren(...noted(runNote(doc, what, "li"), rows.length ? rows.map(([name, times]) => el("li", {},
     el("strong", { text: name }), ` in ${times.length} frame${times.length === 1 ? "" : "s"}: `,
     el("time", { text: spans(times) }))) : [el("li", { class: "muted", text: none })]));
 }
@@ -927,6 +941,8 @@ function drawPeople(face, pose) {
   for (const [what, doc, key] of [["Faces", face, "faces"], ["People (poses)", pose, "people"]]) {
     const why = notRun(doc, what === "Faces" ? "face" : "pose");
     if (why) { parts.push(el("p", { class: "muted", text: why })); continue; }
+    const note = runNote(doc, what === "Faces" ? "face" : "pose", "p");
+    if (note) parts.push(note);
     const frames = doc.result.frames || [];
     const counts = frames.map((f) => (f[key] || []).length);
     const most = Math.max(0, ...counts);

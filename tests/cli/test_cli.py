@@ -16,6 +16,7 @@ import httpx
 import pytest
 from broken_server import BrokenServer
 from conftest import ServiceProcess, wait_for
+from relay import Relay
 
 TASK_ID = re.compile(r"task_[0-9a-f]{12}")
 
@@ -583,6 +584,36 @@ def test_submit_of_a_file_whose_job_ended_says_so_and_how_to_run_it_again(
     assert f"{bad} is failed: nothing queued" in out, out
     assert f"momentry-edge retry {bad}" in out, out
     assert svc.get("/api/v1/jobs")["total"] == 2  # as said: nothing was queued
+
+
+def test_submit_force_is_one_request_so_a_job_starting_meanwhile_changes_nothing(
+    start_service, cli
+) -> None:
+    svc = start_service(**{"processors.steps": {"steps": 40, "step_seconds": 0.05}})
+    first = svc.submit("again.mp4", ["noop"])["task_id"]
+    svc.wait_status(first, "completed")
+    relay = Relay(svc.url)
+
+    def running() -> bool:
+        return any(j["status"] == "processing" for j in svc.get("/api/v1/jobs")["jobs"])
+
+    # A request to force the scan waits until a job of the file is running: a job queued
+    # by registering it first would have started by then.
+    relay.holds["/deep-scan"] = lambda: wait_for(running)
+    path = str(svc.drop / "again.mp4")
+    with relay.running():
+        out = cli("submit", path, "--processors", "steps", "--force", "--url", relay.url)
+    assert "error" not in out.stderr
+    task = TASK_ID.search(out.stdout)[0]
+    job = svc.wait_status(task, "completed")
+    assert job["options"]["force"] is True and job["processors"]["steps"]["status"] == "completed"
+    assert svc.get("/api/v1/jobs")["total"] == 2  # the first job and this one
+
+    # Up to date now: forced, it runs again all the same.
+    again = cli("submit", path, "--processors", "steps", "--force", "--url", svc.url).stdout
+    task = TASK_ID.search(again)[0]
+    job = svc.wait_status(task, "completed")
+    assert job["processors"]["steps"]["status"] == "completed", job["processors"]["steps"]
 
 
 def test_status_shows_the_running_jobs_and_the_head_of_a_long_line(start_service, cli) -> None:

@@ -7,6 +7,7 @@ scripts/test installs; Playwright only drives it (no browser of its own is fetch
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -843,3 +844,58 @@ def test_a_rejected_files_failed_job_is_listed_once_with_the_rejected(start_serv
     wait_for(lambda: svc.get("/api/v1/jobs", params={"status": "failed"})["total"] == 1)
     assert svc.get("/api/v1/files", params={"state": "rejected"})["total"] == 1
     assert svc.get("/api/v1/queue/dead")["total"] == 0
+
+
+@SQLITE
+def test_a_stopped_rerun_leaves_the_complete_result_shown_and_says_so(
+    start_service, console, tmp_path
+):
+    marker = tmp_path / "hold"
+    svc = start_service(
+        service={"plugins": ["workloads:Hold"]},
+        **{
+            "processors.face": {"sample_fps": 1.0},
+            # The frame pass reports every 2 s of video (10 frames here): held at frame 30.
+            "processors.hold": {"hold_while_exists": str(marker), "at": 30},
+        },
+    )
+    scenes_video(svc.drop / "scenes.mp4", fps=5)  # four scenes of 5 s
+    scan = ["cut", "face", "hold"]
+    first = svc.submit("scenes.mp4", scan)
+    svc.wait_status(first["task_id"], "completed", timeout=120)
+    uuid = first["file_uuid"]
+    complete = {p: svc.get(f"/api/v1/files/{uuid}/results/{p}") for p in scan}
+    assert len(complete["cut"]["result"]["scenes"]) == 4
+
+    marker.touch()  # the re-run stops part way: cancelled while held at 0:06
+    rescan = {"processors": scan, "force": True}
+    again = svc.call("POST", f"/api/v1/file/{uuid}/deep-scan", expect=202, json=rescan)["task_id"]
+    wait_for(lambda: svc.job(again)["processors"]["hold"].get("last_checkpoint"), timeout=60)
+    svc.call("POST", f"/api/v1/jobs/{again}/cancel")
+    marker.unlink()
+    svc.wait_status(again, "cancelled", timeout=60)
+    folder = svc.data_dir / "results" / uuid
+    partial = json.loads((folder / "cut.partial.json").read_text())
+    assert len(partial["result"]["scenes"]) < 4  # what the stopped run saw
+
+    for name in scan:  # the API: the complete result, the stopped run beside it
+        shown = svc.get(f"/api/v1/files/{uuid}/results/{name}")
+        assert {k: v for k, v in shown.items() if k != "later_run"} == complete[name], name
+        assert shown["later_run"]["status"] == "partial" and shown["later_run"]["task_id"] == again
+    detail = svc.get(f"/api/v1/files/{uuid}")["results"]
+    assert {p: (detail[p]["task_id"], detail[p]["later_run"]["task_id"]) for p in scan} == {
+        p: (first["task_id"], again) for p in scan
+    }
+
+    view = console(svc)
+    page = view.open(f"#/file/{uuid}")
+    page_expect(page.locator("#scenes img")).to_have_count(4)
+    page.wait_for_function(
+        "[...document.querySelectorAll('#scenes img')].every(i => i.complete && i.naturalWidth > 0)"
+    )
+    note = page.locator("#scenes [role=note]")
+    page_expect(note).to_contain_text(f"A later cut run ({again}) was stopped at 0:0")
+    page_expect(note).to_contain_text(f"Shown: the last complete result ({first['task_id']})")
+    page_expect(page.locator("#people [role=note]")).to_contain_text(f"A later face run ({again})")
+    page_expect(page.locator("#people")).to_contain_text("Faces: at most 1 at once")
+    view.check_clean()

@@ -18,6 +18,8 @@ from .client import (
     ServiceUnreachable,
     UnexpectedReply,
     find_service,
+    find_token,
+    refused_hint,
 )
 from .commands import (
     EXIT_OK,
@@ -33,6 +35,7 @@ from .commands import (
     cmd_config,
     cmd_jobs,
     cmd_logs,
+    cmd_open,
     cmd_pause,
     cmd_prioritize,
     cmd_priority,

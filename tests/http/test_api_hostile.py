@@ -113,6 +113,31 @@ def test_slow_clients_and_open_event_streams_do_not_starve_the_api(start_service
     wait_for(stream_accepted, timeout=60, interval=1)
 
 
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # the server, not storage
+def test_a_reader_that_leaves_frees_its_stream_without_waiting_for_a_keep_alive(start_service):
+    svc = start_service()
+
+    def streams() -> int:
+        for line in svc.client.get("/metrics").text.splitlines():
+            if line.startswith("momentry_event_streams "):
+                return int(float(line.split()[1]))
+        raise AssertionError("no momentry_event_streams in /metrics")
+
+    stream = EventStream(svc)
+    try:
+        stream.read_until(b": connected")
+        assert streams() == 1
+        # The reader is gone (its side closed). Writes to it still went through, so the
+        # stream was found out only when one failed: it kept its slot, sending
+        # keep-alives, for as long as the socket took them. It ends now, and says so.
+        stream.sock.shutdown(socket.SHUT_WR)
+        stream.sock.settimeout(30)
+        wait_for(lambda: (got := stream.sock.recv(65536)) == b"" or got.endswith(b"0\r\n\r\n"), 30)
+    finally:
+        stream.close()
+    wait_for(lambda: streams() == 0)
+
+
 # Digits outside ASCII ("²".isdigit() is true), NUL bytes (PostgreSQL text cannot hold them).
 ODD_IDS = ("²", "١٢", "task_²", "task_" + "0" * 11 + "%00", "%00" * 32, "0" * 31 + "%00")
 

@@ -4,6 +4,7 @@ in-process service and a real `momentry-edge run` process."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -24,6 +25,9 @@ from momentry_edge.events import bus
 from momentry_edge.service import Service
 
 ROOT = Path(__file__).resolve().parent.parent  # this checkout
+# The services measured ask no API token: its check (one constant-time compare a request)
+# is not what these benchmarks measure, and their clients stay plain.
+NO_TOKEN = "auth = false\n"
 
 __all__ = ["PG_ADMIN_URL", "ROOT", "running_service", "scratch_postgres", "service_process"]
 
@@ -39,6 +43,8 @@ def running_service(cfg: config_module.Config) -> Iterator[Service]:
     """
     root = logging.getLogger()
     handlers, listeners = list(root.handlers), list(bus._listeners)
+    if not cfg.service.token:  # see NO_TOKEN
+        cfg = dataclasses.replace(cfg, service=dataclasses.replace(cfg.service, auth=False))
     with open(os.devnull, "w") as devnull:
         service = Service(cfg)
         with contextlib.redirect_stderr(devnull):
@@ -70,6 +76,7 @@ def service_process(root: Path, extra_config: str = "") -> Iterator[tuple[str, s
     config = root / "momentry.toml"
     config.write_text(
         f'[service]\ndata_dir = "{root / "data"}"\nwatch = ["{root / "drop"}"]\nport = 0\n'
+        + NO_TOKEN
         + extra_config,
         encoding="utf-8",
     )

@@ -146,7 +146,10 @@ class ServiceConfig:
     watch: tuple[Path, ...] = _setting([Path("~/momentry-drop")])
     host: str = _setting("127.0.0.1")
     port: int = _setting(8765, minimum=0, maximum=65535)  # 0: any free port
+    # Empty: the one made at first start into <data_dir>/api-token (apitoken.py).
     token: str = _setting("", env="MOMENTRY_API_TOKEN", check=_header_safe)
+    # false: no token asked for at all (loopback only; any local account may use the API).
+    auth: bool = _setting(True)
     database_url: str = _setting("", env="DATABASE_URL", check=_database_url)
     # Set: job state is mirrored into the Momentry system's momentry:* Redis keys (sidecars/).
     redis_url: str = _setting("", env="REDIS_URL", check=_redis_db_number)

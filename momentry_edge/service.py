@@ -1,6 +1,6 @@
 """`momentry-edge run`: database + workers + HTTP in one process, started and stopped in order."""
 
-# One piece (~670 lines): the Service that wires the parts, and the start-up's own
+# One piece (~710 lines): the Service that wires the parts, and the start-up's own
 # checks and messages.
 
 from __future__ import annotations
@@ -13,12 +13,14 @@ import secrets
 import signal
 import socket
 import sqlite3
+import sys
 import threading
 import time
 from typing import Any
 
 from . import (
     __version__,
+    apitoken,
     cluster,
     datalock,
     jobs,
@@ -64,7 +66,7 @@ DAY = 86400.0
 
 
 class Service:
-    # One piece (~410 lines): start, the main loop and stop wire the same parts.
+    # One piece (~440 lines): start, the main loop and stop wire the same parts.
     def __init__(self, config: Config) -> None:
         check_bind_address(config)
         self.config = config
@@ -113,6 +115,7 @@ class Service:
         self._backup: threading.Thread | None = None  # the scheduled backup under way
         self.url = ""
         self.port: int | None = None  # the API's, once it listens
+        self.token = ""  # what the API requires (apitoken.effective), set at start
         self._threads: list[threading.Thread] = []
         self.exit_code = 0  # what `run` returns once stopped
 
@@ -247,6 +250,7 @@ class Service:
             self.config.data_dir, outputs.results_root(self.config.data_dir), gid
         )
         self._hold_data_dir()
+        self.token = self._api_token()
         q = self.config.queue
         # The database's own errors at start (a file that cannot be opened or written, a
         # full disk, a server that is down) become one line here, not one try per step.
@@ -301,6 +305,23 @@ class Service:
         log.info("momentry-edge %s listening on %s (node %s)", __version__, self.url, self.node)
         self._announce()
 
+    def _api_token(self) -> str:
+        try:
+            token = apitoken.effective(self.config)
+        except OSError as exc:
+            raise self.config.error(
+                "service.data_dir",
+                f"cannot keep the API token in {apitoken.path(self.config.data_dir)}: "
+                f"{exc.strerror}",
+            ) from None
+        if not token:
+            log.warning(
+                "service.auth = false (%s): the API asks no token; any account on this "
+                "machine can read every result and steer the queue",
+                self.config.origin("service.auth"),
+            )
+        return token
+
     def _announce(self) -> None:
         """Where it listens and what it watches, on stdout even without a terminal (the
         log on stderr keeps to problems then): the first thing an operator looks for."""
@@ -314,7 +335,20 @@ class Service:
         ]
         if not self.config.queue.worker_enabled:
             lines.append("  runs no jobs (queue.worker_enabled = false)")
+        lines.append(f"  console:  {self._console_link()}")
         print("\n".join(lines), flush=True)
+
+    def _console_link(self) -> str:
+        """The console's address, signed in (the token in the fragment, which no server
+        log keeps) when a person reads it on a terminal; else how to get that link, as
+        stdout may go to a log file other accounts can read."""
+        if not self.token:
+            return f"{self.url}/ (no token: service.auth = false)"
+        if self.config.service.token:
+            return f"{self.url}/ (sign in with service.token)"
+        if sys.stdout.isatty():
+            return f"{self.url}/#token={self.token}"
+        return f"{self.url}/ (`momentry-edge open` opens it signed in)"
 
     def run_forever(self) -> None:
         """The main thread's loop: housekeeping until a signal sets ``stopping``."""
@@ -681,11 +715,24 @@ def _default_processors(registry: Registry, config: Config) -> list[str]:
 
 
 def check_bind_address(config: Config) -> None:
-    host = config.service.host
-    if not config.service.token and not _is_loopback(host):
+    host, token = config.service.host, config.service.token
+    if not config.service.auth and token:
+        raise config.error(
+            "service.auth", "false, but service.token is set: remove one or the other"
+        )
+    if _is_loopback(host):
+        return
+    if not token:
         raise ConfigError(
             f"service.host: refusing to listen on {host!r} without service.token "
             "(set MOMENTRY_API_TOKEN, or bind 127.0.0.1)"
+        )
+    if len(token) < apitoken.MIN_REMOTE_LENGTH:
+        # The token itself is not repeated: the message goes to logs and terminals.
+        raise config.error(
+            "service.token",
+            f"{len(token)} characters guard an API open to the network on {host!r}: at "
+            f"least {apitoken.MIN_REMOTE_LENGTH} are needed (e.g. `openssl rand -hex 16`)",
         )
 
 

@@ -68,6 +68,14 @@ def _toml(settings: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def read_token(data_dir: Path) -> str:
+    """The API token a service made in its data dir ("" with service.auth = false)."""
+    try:
+        return (data_dir / "api-token").read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
 class ServiceProcess:
     """`momentry-edge run` in a child process, as a user would start it."""
 
@@ -114,7 +122,7 @@ class ServiceProcess:
             base.setdefault(section, {}).update(values)
         self.config_path = root / "momentry.toml"
         self.config_path.write_text(_toml(base), encoding="utf-8")
-        self.token = base["service"].get("token", "")
+        self.token = base["service"].get("token", "")  # or the data dir's, once started
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.client: httpx.Client | None = None
@@ -157,6 +165,8 @@ class ServiceProcess:
         # Generous: scripts/test runs several workers on two cores, and a service whose
         # processors import their backends (mlx, numba) can take half a minute to start.
         self.url = wait_for(started, timeout=60)["url"]
+        if not self.token:  # the one made at first start, read as its account's CLI does
+            self.token = read_token(self.data_dir)
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         self.client = httpx.Client(base_url=self.url, timeout=15, headers=headers)
         return self

@@ -13,16 +13,19 @@ import httpx
 class EventReader(threading.Thread):
     """Reads /api/v1/events in the background, as a front end would, until ``until(event)``."""
 
-    def __init__(self, url: str, until: Callable[[dict[str, Any]], bool]) -> None:
+    def __init__(self, url: str, until: Callable[[dict[str, Any]], bool], token: str = "") -> None:
         super().__init__(daemon=True)
         self.url = url
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.until = until
         self.events: list[dict[str, Any]] = []
         self.content_type = ""
         self.connected = threading.Event()
 
     def run(self) -> None:
-        with httpx.stream("GET", f"{self.url}/api/v1/events", timeout=30) as reply:
+        with httpx.stream(
+            "GET", f"{self.url}/api/v1/events", headers=self.headers, timeout=30
+        ) as reply:
             self.content_type = reply.headers["content-type"]
             for line in reply.iter_lines():
                 if line.startswith(": connected"):

@@ -98,13 +98,13 @@ def test_config_file_is_found_in_the_data_dir(tmp_path):
             ["service.plugins: cannot load processor 'nosuch:X'", "(config file)"],
         ),
         (
-            'host = "no.such.host.invalid"\ntoken = "x"\n',
+            f'host = "no.such.host.invalid"\ntoken = "{"t" * 32}"\n',
             {},
             ["service.host: 'no.such.host.invalid' does not resolve", "(config file)"],
         ),
         (
             'host = "192.0.2.1"\n',  # TEST-NET-1: no interface of this machine has it
-            {"MOMENTRY_API_TOKEN": "x"},
+            {"MOMENTRY_API_TOKEN": "t" * 32},
             ["service.host: cannot listen on 192.0.2.1:0", "(config file)"],
         ),
         # The node table holds 120 characters; logs, keys and answers hold no controls.

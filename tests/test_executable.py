@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from conftest import wait_for
+from conftest import read_token, wait_for
 from media_factory import make_video
 from test_asr import MODEL, SENTENCE, SPEECH_AT, speak
 
@@ -79,7 +79,9 @@ def test_the_executable_runs_a_default_scan_of_a_dropped_video(executable, model
     try:
         run_file = data / "run.json"
         url = wait_for(lambda: _run_url(run_file, proc), timeout=600)
-        with httpx.Client(base_url=url, timeout=30) as api:
+        token = read_token(data)  # made at first start, read as its account's CLI does
+        headers = {"Authorization": f"Bearer {token}"}
+        with httpx.Client(base_url=url, timeout=30, headers=headers) as api:
             assert api.get("/healthz").json() == {"status": "ok", "version": __version__}
             # The web console's files are inside the one file.
             page = api.get("/")

@@ -112,7 +112,7 @@ def test_a_database_locked_longer_than_every_timeout_leaves_no_job_stuck(start_s
         reply: dict[str, Any] = {}
         cancel = threading.Thread(
             target=lambda: reply.update(
-                httpx.post(f"{svc.url}/api/v1/jobs/{second}/cancel", timeout=60).json()
+                svc.client.post(f"/api/v1/jobs/{second}/cancel", timeout=60).json()
             )
         )
         cancel.start()
@@ -463,7 +463,9 @@ def test_postgres_a_finish_whose_commit_answer_was_lost_is_announced(proxied):
     # than take it for a job another worker took.
     proxy, start = proxied
     svc = start()
-    reader = EventReader(svc.url, until=lambda event: event["type"] == "job.finished")
+    reader = EventReader(
+        svc.url, until=lambda event: event["type"] == "job.finished", token=svc.token
+    )
     reader.start()
     assert reader.connected.wait(10)
     proxy.lose_commit_answer(b"UPDATE job SET status = $1, completed_at = $2")

@@ -81,7 +81,9 @@ def test_metrics_match_the_api(start_service) -> None:
 def test_event_stream_follows_a_job_while_the_server_answers_others(start_service) -> None:
     svc = start_service(**{"processors.steps": {"steps": 10, "step_seconds": 0.15}})
     # One job in this test: its job.finished is the last event we need.
-    reader = EventReader(svc.url, until=lambda event: event["type"] == "job.finished")
+    reader = EventReader(
+        svc.url, until=lambda event: event["type"] == "job.finished", token=svc.token
+    )
     reader.start()
     assert reader.connected.wait(10), "the event stream never said it was connected"
 

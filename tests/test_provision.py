@@ -22,7 +22,6 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from conftest import wait_for
 from disks import small_filesystem
@@ -172,7 +171,7 @@ def models_events(svc, then, until) -> list[dict]:
     """``weights.pull`` events from the live stream: connect, call ``then()``, and read up to
     the first event ``until`` accepts."""
     seen = []
-    with httpx.stream("GET", f"{svc.url}/api/v1/events", timeout=60) as reply:
+    with svc.client.stream("GET", "/api/v1/events", timeout=60) as reply:
         for line in reply.iter_lines():
             if line.startswith(": connected"):
                 then()

@@ -1,6 +1,6 @@
 """`doctor`'s look at this machine besides the processors: the data dir, the watched folders
 that are fine (watch_folders.py warns of the others), the API's port, the disk, the queue
-database and the running service. Each check is ok, a warning, or a
+database, the API's token and the running service. Each check is ok, a warning, or a
 problem that stops the service from working (doctor then exits 1)."""
 
 from __future__ import annotations
@@ -14,9 +14,16 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from .. import privacy, store, watch_folders
+from .. import apitoken, privacy, store, watch_folders
 from ..config import Config
-from .client import ApiClient, ApiError, ServiceUnreachable, UnexpectedReply, find_service
+from .client import (
+    ApiClient,
+    ApiError,
+    ServiceUnreachable,
+    UnexpectedReply,
+    find_service,
+    find_token,
+)
 
 OK, WARNING, PROBLEM = "ok", "warning", "problem"
 
@@ -28,8 +35,23 @@ def machine(cfg: Config) -> list[dict[str, str]]:
         _port(cfg, running),
         _disk(cfg),
         _database(cfg),
+        _auth(cfg),
         running,
     ]
+
+
+def _auth(cfg: Config) -> dict[str, str]:
+    if not cfg.service.auth:
+        return _check(
+            "auth",
+            WARNING,
+            f"service.auth = false ({cfg.origin('service.auth')}): the API asks no token; "
+            "any account on this machine can read every result and steer the queue",
+        )
+    if cfg.service.token:
+        return _check("auth", OK, f"the API asks for service.token ({cfg.origin('service.token')})")
+    where = apitoken.path(cfg.data_dir)
+    return _check("auth", OK, f"the API asks for the token in {where} (made at the first start)")
 
 
 def _check(name: str, level: str, detail: str) -> dict[str, str]:
@@ -141,7 +163,7 @@ def _postgres(url: str) -> dict[str, str]:
 def _service(cfg: Config) -> dict[str, str]:
     found = find_service(cfg)
     try:
-        with ApiClient(found.url, cfg.service.token, timeout=5) as api:
+        with ApiClient(found.url, find_token(cfg, found).value, timeout=5) as api:
             api.queue_status()
     except ServiceUnreachable:
         return _check(

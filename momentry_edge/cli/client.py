@@ -9,13 +9,15 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import quote
 
 import httpx
 
-from .. import registry, runfile
+from .. import apitoken, registry, runfile
 from ..config import Config
 
 DEFAULT_TIMEOUT = 15.0
@@ -401,3 +403,67 @@ def find_service(cfg: Config) -> Found:
 def default_url(cfg: Config) -> str:
     """The local service's URL (find_service)."""
     return find_service(cfg).url
+
+
+class Token(NamedTuple):
+    value: str
+    source: str  # where it came from, for an error that names it
+    owner: str = ""  # set when the service's token file is another account's: whose
+
+
+TOKEN_VARIABLES = ("MOMENTRY_SERVICE_TOKEN", "MOMENTRY_API_TOKEN")  # the config's order
+
+
+def find_token(cfg: Config, found: Found, given: str | None = None) -> Token:
+    """The token to send to the service ``found``: ``given`` (--token); else the config's
+    (its file or environment); else the one in that service's token file, read from its
+    data dir as its URL was found (the run file, the registry). Only the service's own
+    account can read that file: for another, ``owner`` names the service's."""
+    if given is not None:
+        return Token(given, "--token")
+    if cfg.service.token:
+        var = next((v for v in TOKEN_VARIABLES if v in os.environ), None)
+        return Token(cfg.service.token, var or f"service.token in {cfg.source or 'the config'}")
+    data_dir = _data_dir_of(cfg, found)
+    mine = data_dir is not None
+    data_dir = data_dir or cfg.data_dir
+    try:
+        value = apitoken.read(data_dir)
+    except PermissionError:
+        return Token("", str(apitoken.path(data_dir)), apitoken.owner(data_dir))
+    except OSError:
+        value = ""
+    if not (value and mine):  # a token file of another service is never sent
+        return Token("", "no token set or found")
+    return Token(value, f"the token file {apitoken.path(data_dir)}")
+
+
+def _data_dir_of(cfg: Config, found: Found) -> Path | None:
+    """The data dir of the service ``found`` when it is one of this account's: the one
+    its registry entry or run file names (for --url, the entry or run file of that URL)."""
+    if found.entry is not None:
+        data_dir = found.entry.get("data_dir")
+        return Path(data_dir) if isinstance(data_dir, str) else None
+    if found.how != "--url":
+        return cfg.data_dir
+    url = found.url.rstrip("/")
+    for entry in registry.running():
+        if str(entry.get("url", "")).rstrip("/") == url:
+            return _data_dir_of(cfg, Found(url, "the registry", entry))
+    local = find_service(cfg)
+    if local.url.rstrip("/") == url:
+        return _data_dir_of(cfg, local)
+    return None
+
+
+def refused_hint(token: Token) -> str:
+    """What to do when the service refused ``token``."""
+    if token.owner:
+        import getpass
+
+        return (
+            f"this service belongs to account {token.owner}; its token ({token.source}) is "
+            f"readable by that account only, not by {getpass.getuser()}: run the command as "
+            f"{token.owner}, or pass --token"
+        )
+    return "pass --token or set MOMENTRY_API_TOKEN"

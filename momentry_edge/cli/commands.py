@@ -109,6 +109,21 @@ def _forgotten(r: dict[str, Any]) -> None:
         print("no backup in the data dir holds it (backups written elsewhere are not checked)")
 
 
+def cmd_open(api: ApiClient, args: argparse.Namespace) -> int:
+    """Print the console's link, signed in, and open it in a browser (not with --print)."""
+    api.queue_status(1)  # the token is taken: else the API's refusal, and why
+    token = args.found_token.value
+    # In the fragment: a browser never sends it, so no server or proxy log keeps it.
+    link = f"{api.base_url}/#token={token}" if token else f"{api.base_url}/"
+    print(link, flush=True)
+    if not args.print:
+        import webbrowser
+
+        if not webbrowser.open(link):
+            print_error("no browser to open here: open the link above in one")
+    return EXIT_OK
+
+
 def cmd_pause(api: ApiClient, args: argparse.Namespace) -> int:
     return _show(args, api.pause(), _paused)
 

@@ -11,14 +11,20 @@ from typing import Any
 from .. import registry, settings
 from ..config import Config
 from ..terminal import printable
-from .client import ApiClient, ApiError, Found, ServiceUnreachable, UnexpectedReply, find_service
+from .client import (
+    ApiClient,
+    ApiError,
+    Found,
+    ServiceUnreachable,
+    UnexpectedReply,
+    find_service,
+    find_token,
+)
 
 
 def show(cfg: Config, args: argparse.Namespace) -> int:
     found = Found(args.url, "--url") if args.url else find_service(cfg)
-    status, refused = _queue_status(
-        found.url, args.token if args.token is not None else cfg.service.token
-    )
+    status, refused = _queue_status(found.url, find_token(cfg, found, args.token).value)
     entry = found.entry or next((e for e in registry.running() if e.get("url") == found.url), None)
     if status is not None and entry and isinstance(entry.get("settings"), list):
         rows, whose = entry["settings"], f"the service at {found.url} (pid {entry.get('pid')})"

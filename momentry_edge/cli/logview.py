@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from collections import deque
@@ -16,7 +17,14 @@ from typing import Any, BinaryIO
 
 from ..config import Config
 from ..terminal import printable
-from .client import find_service
+from .client import (
+    ApiClient,
+    ApiError,
+    ServiceUnreachable,
+    UnexpectedReply,
+    find_service,
+    find_token,
+)
 
 NAME = "momentry-edge.log"
 FOLLOW_EVERY = 0.25  # seconds between looks at the live file
@@ -28,14 +36,19 @@ def command(cfg: Config, args: argparse.Namespace) -> int:
     if not live.exists():
         print(printable(f"error: no log at {live} (has the service run here?)"), file=sys.stderr)
         return 1
-    wanted = [line for line in _lines(_files(folder)) if _matches(line, args.job)]
+    try:
+        job = _task_id(cfg, args.job) if args.job else None
+    except LookupError as exc:
+        print(printable(f"error: --job {args.job}: {exc}"), file=sys.stderr)
+        return 1
+    wanted = [line for line in _lines(_files(folder)) if _matches(line, job)]
     for line in deque(wanted, maxlen=args.lines) if args.lines else ():
         print(line, flush=False)
     sys.stdout.flush()
     if args.follow:
         try:
             for line in follow(live):
-                if _matches(line, args.job):
+                if _matches(line, job):
                     print(line, flush=True)
         except KeyboardInterrupt:
             return 0
@@ -105,8 +118,31 @@ def _lines(files: Iterable[Path]) -> Iterator[str]:
             continue  # rotated away meanwhile
 
 
-def _matches(line: str, job: str | None) -> bool:
-    return job is None or job in line
+def _task_id(cfg: Config, ref: str) -> str:
+    """The task id of the job ``ref`` names: the lines name a job by it. A job id or file
+    uuid is looked up through the service."""
+    ref = ref.strip()
+    if TASK_ID.fullmatch(ref):
+        return ref
+    found = find_service(cfg)
+    try:
+        with ApiClient(found.url, find_token(cfg, found).value, timeout=5) as api:
+            return str(api.job(ref)["task_id"])
+    except ApiError as exc:
+        raise LookupError(exc.message) from None
+    except (ServiceUnreachable, UnexpectedReply, ValueError) as exc:
+        raise LookupError(
+            f"a job id or file uuid is looked up through the service: {exc}; "
+            "give the job's task id (task_...)"
+        ) from None
+
+
+TASK_ID = re.compile(r"task_[0-9a-f]{12}")
+
+
+def _matches(line: str, task_id: str | None) -> bool:
+    """Lines about that job: they name its task id whole (not a longer id holding it)."""
+    return task_id is None or re.search(rf"(?<![\w]){re.escape(task_id)}(?![\w])", line) is not None
 
 
 def _rotated(path: Path, stream: BinaryIO) -> bool:

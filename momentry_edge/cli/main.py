@@ -18,6 +18,8 @@ from .client import (
     ServiceUnreachable,
     UnexpectedReply,
     find_service,
+    find_token,
+    refused_hint,
 )
 from .commands import (
     EXIT_OK,
@@ -35,6 +37,7 @@ from .commands import (
     cmd_forget,
     cmd_jobs,
     cmd_logs,
+    cmd_open,
     cmd_pause,
     cmd_prioritize,
     cmd_priority,
@@ -283,6 +286,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub.set_defaults(local="doctor", takes=("json",))
 
+    sub = add("open", cmd_open, "open the web console in a browser, signed in", False)
+    sub.add_argument(
+        "--print", action="store_true", help="only print the link (it carries the token)"
+    )
     add(
         "tui",
         cmd_tui,
@@ -333,7 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub.set_defaults(local="logs", takes=())
     sub.add_argument("-f", "--follow", action="store_true", help="print new lines as they come")
-    sub.add_argument("--job", metavar="TASK", help="only the lines about this job (task id)")
+    sub.add_argument(
+        "--job", metavar="JOB", help="only the lines about this job (task id, job id or file uuid)"
+    )
     sub.add_argument(
         "-n", "--lines", type=_whole, default=50, metavar="N", help="the last N lines (default 50)"
     )
@@ -390,23 +399,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _client(cfg: config_module.Config, args: argparse.Namespace) -> ApiClient:
-    token, source = _token(cfg, args)
     args.found = Found(args.url, "--url") if args.url else find_service(cfg)
+    args.found_token = find_token(cfg, args.found, args.token)
     try:
-        return ApiClient(args.found.url, token)
+        return ApiClient(args.found.url, args.found_token.value)
     except BadToken as exc:
-        raise UsageError(f"the API token from {source} {exc}") from None
-
-
-def _token(cfg: config_module.Config, args: argparse.Namespace) -> tuple[str, str]:
-    """The token to send, and where it came from (for an error that names it)."""
-    if args.token is not None:
-        return args.token, "--token"
-    # The config's own order: MOMENTRY_SERVICE_TOKEN wins over MOMENTRY_API_TOKEN.
-    for var in ("MOMENTRY_SERVICE_TOKEN", "MOMENTRY_API_TOKEN"):
-        if var in os.environ:
-            return cfg.service.token, var
-    return cfg.service.token, f"service.token in {cfg.source or 'the config'}"
+        raise UsageError(f"the API token from {args.found_token.source} {exc}") from None
 
 
 # A reader that stopped reading (`status --json | head`) ends a command as it ends a Unix
@@ -490,7 +488,8 @@ def _main(args: argparse.Namespace) -> int:
         print_error(f"momentry-edge {args.command}: error: {exc}")
         return EXIT_USAGE
     except ApiError as exc:
-        hint = " (pass --token or set MOMENTRY_API_TOKEN)" if exc.code == "unauthorized" else ""
+        token = getattr(args, "found_token", None)
+        hint = f" ({refused_hint(token)})" if exc.code == "unauthorized" and token else ""
         print_error(f"error: {exc.message}{hint}")
         return EXIT_REFUSED
     except ServiceUnreachable as exc:

@@ -34,7 +34,7 @@ def make_app(service: Core) -> bottle.Bottle:
     app.uninstall("json")
     app.install(bottle.JSONPlugin(lambda value: json.dumps(value, allow_nan=False)))
 
-    guards.install(app, service.config)
+    guards.install(app, service.config, service.token)
 
     def json_api(callback: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:

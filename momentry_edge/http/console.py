@@ -51,7 +51,7 @@ def add_routes(app: bottle.Bottle, service: Any, find_file: Any) -> None:
     def page() -> bytes:
         _page_headers("text/html; charset=utf-8")
         html = _asset("index.html")
-        if service.config.service.token:  # the page asks for it before any request
+        if service.token:  # the page asks for it before any request
             html = html.replace(b'<html lang="en">', b'<html lang="en" data-token="required">', 1)
         return html
 

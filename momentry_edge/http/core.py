@@ -17,6 +17,7 @@ class Core(Protocol):
     config: Config
     stopping: threading.Event  # set at shutdown: event streams end
     url: str  # where the API listens, http://host:port ("" until it does)
+    token: str  # the token every request for data must carry; "" with service.auth = false
     node: str  # this node's id: its own concurrency settings
 
     @property

@@ -46,6 +46,8 @@ PCT = {"type": "integer", "minimum": 0, "maximum": 100}
 NAMES = _arr({"type": "string", "example": "asr"})  # processor names (plugins may add more)
 TASK_ID = {"type": "string", "pattern": "^task_[0-9a-f]{12}$"}
 FILE_UUID = {"type": "string", "pattern": "^[0-9a-f]{32}$"}
+HEX32 = "[0-9a-fA-F]{32}"
+DASHED_UUID = "[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}"
 
 _ENTRY = {  # the fields every job representation shares
     "id": INT,
@@ -410,7 +412,12 @@ def _param(name: str, where: str, schema: Schema, text: str) -> Schema:
 PARAMETERS = {
     name: _param(name, where, schema, text)
     for name, where, schema, text in (
-        ("file_uuid", "path", FILE_UUID, "a file's file_uuid"),
+        (
+            "file_uuid",
+            "path",
+            {"type": "string", "pattern": f"^{HEX32}$|^{DASHED_UUID}$"},
+            "a file's file_uuid (also taken in the dashed form 8-4-4-4-12)",
+        ),
         ("task_id", "path", TASK_ID, "a job's task_id"),
         ("job", "path", STR, "a job's task_id, integer id, or file_uuid (its newest job)"),
         ("processor", "path", STR, "a processor name, e.g. asr"),

@@ -19,7 +19,6 @@ from ..store import MediaFile
 
 MAX_BODY = 1 << 20
 MAX_OFFSET = (1 << 63) - 1  # the largest OFFSET the databases take (a signed 64-bit integer)
-FILE_UUID = re.compile(r"[0-9a-fA-F]{32}")
 
 
 def json_body(required: bool = False) -> dict[str, Any]:
@@ -184,10 +183,8 @@ def register_fields(body: dict[str, Any]) -> dict[str, Any]:
 
 def media_file(file_uuid: str) -> MediaFile:
     record = None
-    if FILE_UUID.fullmatch(file_uuid):
-        found = store.fetch(
-            MediaFile, "SELECT * FROM media_file WHERE file_uuid = ?", file_uuid.lower()
-        )
+    if canonical := jobs.file_uuid_of(file_uuid):
+        found = store.fetch(MediaFile, "SELECT * FROM media_file WHERE file_uuid = ?", canonical)
         record = found[0] if found else None
     if record is None:
         raise NotFound(f"no file {file_uuid!r}")

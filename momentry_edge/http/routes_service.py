@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import queue
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import bottle
-from bottle import response
+from bottle import request, response
 
 from .. import __version__
 from ..events import bus
@@ -18,7 +18,10 @@ from .parsing import (
     Busy,
 )
 
-SSE_KEEPALIVE = 5.0  # also how soon a vanished reader's thread is freed
+SSE_KEEPALIVE = 5.0  # seconds between two keep-alive comments on a quiet stream
+# How often a stream looks whether its reader has gone (waitress notices a closed
+# connection while the stream runs: server.py reads ahead), and frees its slot then.
+GONE_CHECK = 1.0
 # Each open event stream holds a server thread; past this many, new ones are refused
 # so that the API itself always has threads left.
 MAX_EVENT_STREAMS = 16
@@ -50,16 +53,22 @@ def add(app: bottle.Bottle, service: Core) -> None:
         response.content_type = "text/event-stream"
         response.set_header("Cache-Control", "no-cache")
         response.set_header("X-Accel-Buffering", "no")
-        return event_stream(service)
+        gone = request.environ.get("waitress.client_disconnected", lambda: False)
+        return event_stream(service, gone)
 
 
-def event_stream(service: Core) -> Iterator[str]:
+def event_stream(service: Core, gone: Callable[[], bool]) -> Iterator[str]:
     with bus.subscribe() as events:
         yield ": connected\n\n"
-        while not service.stopping.is_set():
+        quiet = 0.0
+        while not service.stopping.is_set() and not gone():
             try:
-                event = events.get(timeout=SSE_KEEPALIVE)
+                event = events.get(timeout=GONE_CHECK)
             except queue.Empty:
-                yield ": keep-alive\n\n"
+                quiet += GONE_CHECK
+                if quiet >= SSE_KEEPALIVE:
+                    quiet = 0.0
+                    yield ": keep-alive\n\n"
                 continue
+            quiet = 0.0
             yield f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"

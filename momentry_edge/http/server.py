@@ -80,6 +80,11 @@ class _Channel(HTTPChannel):
             return False
         return super().received(data)
 
+    def readable(self) -> bool:
+        # Once its client has closed its side (read ahead while a request runs), there is
+        # nothing more to read: polling it again would return at once, again and again.
+        return bool(self.connected) and super().readable()
+
 
 class _ThreadsOnDemand(ThreadedTaskDispatcher):
     """waitress's pool of request threads, each started when a request finds none waiting
@@ -254,6 +259,10 @@ def start_server(app: Any, host: str, port: int) -> tuple[BaseWSGIServer, int]:
         # The API answers 413 itself past MAX_BODY, in JSON. Waitress counts a chunked
         # body's framing too: room for it, so a body of MAX_BODY in small chunks is read.
         max_request_body_size=2 * MAX_BODY,
+        # Read a connection while its request runs: a reader that closes its event stream
+        # is noticed at once (the stream ends within GONE_CHECK), not only when a second
+        # keep-alive fails to be sent (~10 s). A request sent meanwhile waits its turn.
+        channel_request_lookahead=1,
         ident="momentry-edge",
     )
     server = _Server(

@@ -60,6 +60,9 @@ from .common import (
     RetryPolicy as RetryPolicy,
 )
 from .common import (
+    file_uuid_of as file_uuid_of,
+)
+from .common import (
     find_job as find_job,
 )
 from .common import (

@@ -36,6 +36,16 @@ def parse_priority(value: Any) -> int:
     return store.PRIORITIES[value]
 
 
+def file_uuid_of(text: str) -> str | None:
+    """A file_uuid as stored (32 lowercase hex digits), from that or the dashed form
+    (8-4-4-4-12) people copy from elsewhere; None for any other text."""
+    if re.fullmatch(r"[0-9a-fA-F]{32}", text):
+        return text.lower()
+    if re.fullmatch(r"[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}", text):
+        return text.replace("-", "").lower()
+    return None
+
+
 def find_job(ref: str | int) -> Job:
     """A job by task_id, integer id, or file_uuid (that file's newest job)."""
     text = str(ref)
@@ -45,11 +55,11 @@ def find_job(ref: str | int) -> Job:
         job = Job.get_or_none(Job.task_id == text)
     elif re.fullmatch(r"[0-9]{1,18}", text):
         job = Job.get_or_none(Job.id == int(text))
-    elif re.fullmatch(r"[0-9a-fA-F]{32}", text):
+    elif file_uuid := file_uuid_of(text):
         job = (
             Job.select()
             .join(MediaFile)
-            .where(MediaFile.file_uuid == text.lower())
+            .where(MediaFile.file_uuid == file_uuid)
             .order_by(Job.id.desc())
             .first()
         )

@@ -4,6 +4,19 @@
 
 const PAGE = 25;
 const $ = (id) => document.getElementById(id);
+
+// The link `momentry-edge open` prints carries the token in the fragment (#token=...),
+// which a browser never sends, so no server log keeps it. It is taken into this tab's
+// sessionStorage and out of the address bar (and so of the history) at once.
+(function takeTokenFromLink() {
+  const match = /^#token=([^&]*)/.exec(location.hash);
+  if (!match) return;
+  let token = "";
+  try { token = decodeURIComponent(match[1]); } catch (_) { /* a broken link: signed out */ }
+  if (token) sessionStorage.setItem("momentry-token", token);
+  history.replaceState(null, "", location.pathname + location.search + "#/");
+})();
+
 const state = {
   token: sessionStorage.getItem("momentry-token") || "",
   waitingOffset: 0, failedOffset: 0, cancelledOffset: 0, filesOffset: 0, rejectedOffset: 0,
@@ -92,9 +105,15 @@ function signOut() {
     $(id).replaceChildren();
   }
   $("login").hidden = false;
+  $("sign-out").hidden = true;
   $("live").textContent = "the token is needed";
   $("token").focus();
 }
+
+$("sign-out").addEventListener("click", () => {
+  signOut();
+  $("login-error").textContent = "Signed out: the token is forgotten in this tab.";
+});
 
 async function start() {
   if (document.documentElement.dataset.token === "required" && !state.token) {
@@ -109,6 +128,7 @@ async function start() {
   }
   $("login").hidden = true;
   $("app").hidden = false;
+  $("sign-out").hidden = !state.token;
   route();
   joinStream();
 }
@@ -945,14 +965,16 @@ function drawPeople(face, pose) {
     if (note) parts.push(note);
     const frames = doc.result.frames || [];
     const counts = frames.map((f) => (f[key] || []).length);
-    const most = Math.max(0, ...counts);
+    let most = 0;  // a loop: Math.max(...counts) throws past ~125,000 frames
+    for (const c of counts) if (c > most) most = c;
     const at = frames[counts.indexOf(most)];
     parts.push(el("p", { text: `${what}: at most ${most} at once` + (most && at ? ` (first at ${clockTime(at.timestamp)})` : "") + `, over ${frames.length} sampled frames.` }));
     if (most) {
       const step = Math.max(1, Math.ceil(frames.length / 120));
       const bars = [];
       for (let i = 0; i < frames.length; i += step) {
-        const c = Math.max(...counts.slice(i, i + step));
+        let c = 0;
+        for (let j = i; j < Math.min(i + step, counts.length); j++) if (counts[j] > c) c = counts[j];
         const bar = el("span", { title: `${clockTime(frames[i].timestamp)}: ${c}` });
         bar.style.height = (100 * c / most) + "%";
         bars.push(bar);

@@ -61,8 +61,9 @@ def slow_clients(svc, count: int) -> Iterator[None]:
 class EventStream:
     """A raw-socket reader of /api/v1/events."""
 
-    def __init__(self, svc, token: str = "") -> None:
+    def __init__(self, svc, token: str | None = None) -> None:
         self.sock = socket.create_connection(_address(svc), timeout=15)
+        token = svc.token if token is None else token
         auth = f"Authorization: Bearer {token}\r\n" if token else ""
         self.sock.sendall(f"GET /api/v1/events HTTP/1.1\r\nHost: localhost\r\n{auth}\r\n".encode())
         self.buffer = b""
@@ -81,7 +82,7 @@ class EventStream:
 
 def test_slow_clients_and_open_event_streams_do_not_starve_the_api(start_service):
     svc = start_service()
-    quick = httpx.Client(base_url=svc.url, timeout=10)
+    quick = httpx.Client(base_url=svc.url, timeout=10, headers=svc.client.headers)
     with ExitStack() as stack:
         streams = []
         for _ in range(MAX_EVENT_STREAMS):
@@ -110,6 +111,31 @@ def test_slow_clients_and_open_event_streams_do_not_starve_the_api(start_service
             return reply.status_code == 200
 
     wait_for(stream_accepted, timeout=60, interval=1)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # the server, not storage
+def test_a_reader_that_leaves_frees_its_stream_without_waiting_for_a_keep_alive(start_service):
+    svc = start_service()
+
+    def streams() -> int:
+        for line in svc.client.get("/metrics").text.splitlines():
+            if line.startswith("momentry_event_streams "):
+                return int(float(line.split()[1]))
+        raise AssertionError("no momentry_event_streams in /metrics")
+
+    stream = EventStream(svc)
+    try:
+        stream.read_until(b": connected")
+        assert streams() == 1
+        # The reader is gone (its side closed). Writes to it still went through, so the
+        # stream was found out only when one failed: it kept its slot, sending
+        # keep-alives, for as long as the socket took them. It ends now, and says so.
+        stream.sock.shutdown(socket.SHUT_WR)
+        stream.sock.settimeout(30)
+        wait_for(lambda: (got := stream.sock.recv(65536)) == b"" or got.endswith(b"0\r\n\r\n"), 30)
+    finally:
+        stream.close()
+    wait_for(lambda: streams() == 0)
 
 
 # Digits outside ASCII ("²".isdigit() is true), NUL bytes (PostgreSQL text cannot hold them).
@@ -247,16 +273,20 @@ def test_a_web_page_of_another_origin_cannot_change_the_queue(start_service):
             assert_error(reply, 403, "forbidden")
             assert origin in reply.json()["error"]["message"]
     assert svc.status()["paused"] is False
-    # Reading is not refused, nor a page served from the service's own origin.
-    assert svc.client.get("/api/v1/queue/status", headers={"Origin": "http://x"}).is_success
+    # Nor reading (a stream held open, say); a page served from the service's own origin is
+    # served.
+    reply = svc.client.get("/api/v1/queue/status", headers={"Origin": "http://x"})
+    assert_error(reply, 403, "forbidden")
+    assert svc.client.get("/api/v1/queue/status", headers={"Origin": svc.url}).is_success
     same = svc.client.post("/api/v1/queue/pause", headers={"Origin": svc.url})
     assert same.status_code == 200 and svc.status()["paused"] is True
 
 
 def test_a_page_rebound_to_the_service_by_its_dns_cannot_use_it(start_service):
     # The page's own name now resolves to 127.0.0.1: its requests come with that name as
-    # Host and as Origin, which agree.
-    svc = start_service()
+    # Host and as Origin, which agree. With a token that page has none: without one (the
+    # service's own made off), only names of this machine are served.
+    svc = start_service(service={"auth": False})
     port = httpx.URL(svc.url).port
     page = {"Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}"}
     for path in ("/api/v1/queue/pause", "/api/v1/queue/clear"):
@@ -303,7 +333,7 @@ def test_request_threads_start_as_clients_need_them_and_end_once_idle(start_serv
     # Their readers gone, the streams end at their next keep-alive, and their threads once
     # idle for IDLE_THREAD_SECONDS.
     wait_for(lambda: process.num_threads() <= idle, timeout=90, interval=0.5)
-    assert httpx.get(f"{svc.url}/api/v1/queue/status", timeout=10).status_code == 200
+    assert svc.client.get("/api/v1/queue/status", timeout=10).status_code == 200
 
 
 class _Request:
@@ -358,7 +388,9 @@ def test_healthz_and_event_streams_answer_while_many_requests_wait_on_the_databa
     answers: list[int] = []
 
     def pause() -> None:
-        with httpx.Client(base_url=svc.url, timeout=10 * HELD) as client:
+        with httpx.Client(
+            base_url=svc.url, timeout=10 * HELD, headers=svc.client.headers
+        ) as client:
             answers.append(client.post("/api/v1/queue/pause").status_code)
 
     clients = [threading.Thread(target=pause) for _ in range(waiting)]

@@ -62,6 +62,12 @@ def browser(playwright: Playwright) -> Iterator[Browser]:
     launched.close()
 
 
+def link(svc: ServiceProcess) -> str:
+    """The console's link signed in: the token in the fragment, as `momentry-edge open`
+    prints it."""
+    return f"{svc.url}/#token={svc.token}" if svc.token else f"{svc.url}/"
+
+
 class Console:
     """One browser page on the service's console, with what it asked for and logged."""
 
@@ -81,8 +87,12 @@ class Console:
         if message.type == "error":
             self.errors.append(message.text)
 
-    def open(self, hash_: str = "") -> Page:
-        self.page.goto(self.svc.url + "/" + hash_)
+    def open(self, hash_: str = "", signed_in: bool = True) -> Page:
+        """The console, opened as its user does: through the link that signs in (which
+        `momentry-edge open` prints), then at ``hash_`` (#/file/...)."""
+        self.page.goto(link(self.svc) if signed_in else self.svc.url + "/")
+        if hash_:
+            self.page.evaluate("(hash) => { location.hash = hash; }", hash_)
         return self.page
 
     def check_clean(self, *allowed: str) -> None:
@@ -312,7 +322,7 @@ def test_with_a_token_nothing_shows_before_it_is_entered(start_service, console)
     svc = start_service(service={"token": "s3cret-token"})
     svc.submit("private.mp4", ["noop"])
     view = console(svc)
-    page = view.open()
+    page = view.open(signed_in=False)
     page_expect(page.get_by_label("Service token")).to_be_visible()
     page_expect(page.locator("#app")).to_be_hidden()
     assert "private.mp4" not in page.content()
@@ -382,7 +392,7 @@ def test_the_tabs_of_one_browser_share_one_event_stream(start_service, browser):
             tab = context.new_page()
             tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             tab.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
-            tab.goto(svc.url + "/", timeout=15_000)  # bounded: it queued for ever before
+            tab.goto(link(svc), timeout=15_000)  # bounded: it queued for ever before
             page_expect(tab.locator("#live")).to_have_text("live")
             page_expect(tab.locator("#running")).to_contain_text("No job is running.")
             tabs.append(tab)
@@ -423,14 +433,13 @@ def test_tabs_without_web_locks_elect_one_to_read_the_stream(start_service, brow
     # no Web Locks: each tab read a stream of its own, and the 7th tab never loaded. The
     # tabs now choose the one that reads it over their BroadcastChannel.
     address = _own_address()
-    token = "election-token"
+    token = "election-token-of-32-characters-or-more"  # beyond loopback: 32 at least
     svc = start_service(
         service={"host": address or "127.0.0.1", "token": token},
         ingest={"processors": ["steps"]},
         **{"processors.steps": {"steps": 6, "step_seconds": 0.5}},
     )
     context = browser.new_context()
-    context.add_init_script(f"sessionStorage.setItem('momentry-token', '{token}');")
     if not address:  # no address beyond loopback on this machine: no Web Locks by hand
         context.add_init_script("Object.defineProperty(navigator, 'locks', {value: undefined});")
     most = 0  # the most streams open at once, read every 0.1 s throughout
@@ -450,7 +459,7 @@ def test_tabs_without_web_locks_elect_one_to_read_the_stream(start_service, brow
             tab = context.new_page()
             tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             tab.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
-            tab.goto(svc.url + "/", timeout=15_000)  # the 7th never loaded before
+            tab.goto(link(svc), timeout=15_000)  # the 7th never loaded before
             page_expect(tab.locator("#live")).to_have_text("live")
             tabs.append(tab)
         assert tabs[0].evaluate("navigator.locks") is None  # the path without Web Locks
@@ -513,7 +522,7 @@ def test_a_hidden_tab_does_not_redraw_and_shows_the_news_when_shown(start_servic
             tab = context.new_page()
             tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             tab.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
-            tab.goto(svc.url + "/")
+            tab.goto(link(svc))
             page_expect(tab.locator("#live")).to_have_text("live")
             page_expect(tab.locator("#files")).to_contain_text("No file yet.")
             tabs.append(tab)
@@ -558,7 +567,12 @@ def test_without_its_stream_the_page_reads_every_5_s_until_the_stream_is_back(
         **{"processors.steps": {"steps": 4, "step_seconds": 0.5}},
     )
     # Others hold the 16 streams the service allows: the page's is refused (503).
-    others = httpx.Client(base_url=svc.url, timeout=15, limits=httpx.Limits(max_connections=20))
+    others = httpx.Client(
+        base_url=svc.url,
+        timeout=15,
+        limits=httpx.Limits(max_connections=20),
+        headers=svc.client.headers,
+    )
     held = [
         others.send(others.build_request("GET", "/api/v1/events"), stream=True) for _ in range(16)
     ]
@@ -899,3 +913,79 @@ def test_a_stopped_rerun_leaves_the_complete_result_shown_and_says_so(
     page_expect(page.locator("#people [role=note]")).to_contain_text(f"A later face run ({again})")
     page_expect(page.locator("#people")).to_contain_text("Faces: at most 1 at once")
     view.check_clean()
+
+
+# -- signing in through the link, signing out, and the browser's cache ----------------------
+
+
+@SQLITE
+def test_the_link_signs_in_leaves_the_address_bar_and_sign_out_forgets_it(start_service, console):
+    svc = start_service()  # no token set: the one made at first start
+    svc.submit("signed in.mp4", ["noop"])
+    view = console(svc)
+    page = view.open()  # through the link `momentry-edge open` prints: #token=...
+    page_expect(page.locator("#files li", has_text="signed in.mp4")).to_contain_text("completed")
+    page_expect(page.locator("#live")).to_have_text("live")
+    assert page.url == svc.url + "/#/"  # out of the address bar, and so of the history
+    assert page.evaluate("sessionStorage.getItem('momentry-token')") == svc.token
+    assert page.evaluate("localStorage.length") == 0
+
+    page.get_by_role("button", name="Sign out").click()
+    page_expect(page.get_by_label("Service token")).to_be_visible()
+    page_expect(page.locator("#app")).to_be_hidden()
+    assert page.evaluate("sessionStorage.getItem('momentry-token')") is None
+    assert "signed in.mp4" not in page.content()
+    page.reload()  # forgotten: the page asks again, and reads nothing
+    page_expect(page.get_by_label("Service token")).to_be_visible()
+    page_expect(page.get_by_role("button", name="Sign out")).to_be_hidden()
+    view.check_clean()  # no request was refused: none was made without the token
+
+    # Opened without the link: where to get it, and no data.
+    bare = console(svc).open(signed_in=False)
+    login = bare.locator("#login")
+    page_expect(login).to_contain_text("momentry-edge open")
+    page_expect(login).to_contain_text("api-token")
+    page_expect(bare.locator("#app")).to_be_hidden()
+
+
+@SQLITE
+def test_nothing_the_token_opened_stays_in_the_browser_cache(start_service, playwright, tmp_path):
+    svc = start_service()
+    task = svc.submit("cached.mp4", ["noop"])
+    svc.wait_status(task["task_id"], "completed")
+    # A real profile on disk, with its HTTP cache, as a person's browser has.
+    context = playwright.chromium.launch_persistent_context(
+        str(tmp_path / "profile"), executable_path=_chromium(), headless=True, args=FLAGS
+    )
+    try:
+        page = context.new_page()
+        asked: list[str] = []
+        page.on("request", lambda r: asked.append(r.url) if "/api/" in r.url else None)
+        page.goto(link(svc))
+        page_expect(page.locator("#files li", has_text="cached.mp4")).to_contain_text("completed")
+        page.evaluate("(hash) => { location.hash = hash; }", f"#/file/{task['file_uuid']}")
+        page_expect(page.locator("#file-name")).to_have_text("cached.mp4")
+        page_expect(page.locator("#file-jobs")).to_contain_text("completed")
+        page.close()  # the tab, and the token with it, gone
+
+        # Another page of the same origin, without the token, asks the cache alone.
+        other = context.new_page()
+        other.goto(svc.url + "/")
+        urls = sorted({u for u in asked if "/api/v1/events" not in u})
+        assert any(task["file_uuid"] in u for u in urls), urls
+        found = other.evaluate(
+            """async (urls) => {
+                const kept = [];
+                for (const url of urls) {
+                    try {
+                        const r = await fetch(url, {cache: "only-if-cached", mode: "same-origin"});
+                        kept.push(url + " " + r.status);
+                    } catch (_) { /* not in the cache: a network error */ }
+                }
+                return kept;
+            }""",
+            urls,
+        )
+        assert found == []
+    finally:
+        context.close()

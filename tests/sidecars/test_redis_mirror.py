@@ -438,7 +438,7 @@ def test_a_retry_falling_due_while_the_queue_is_paused_reaches_redis_and_the_str
 ):
     r = private_redis.client()
     svc = start_service(service={"redis_url": private_redis.url}, queue={"retry_delay": 2})
-    reader = EventReader(svc.url, until=lambda e: e["type"] == "job.retry_due")
+    reader = EventReader(svc.url, until=lambda e: e["type"] == "job.retry_due", token=svc.token)
     reader.start()
     assert reader.connected.wait(10)
     svc.marker.touch()  # flaky fails, and is retried
@@ -466,7 +466,7 @@ def test_a_request_raising_a_waiting_jobs_priority_reaches_redis_and_the_stream(
     queued = svc.submit("waiting.mp4", ["noop"])
     task = queued["task_id"]
     wait_for(lambda: r.hget(f"momentry:job:{task}", "priority") == "normal")
-    reader = EventReader(svc.url, until=lambda e: e["type"] == "job.priority")
+    reader = EventReader(svc.url, until=lambda e: e["type"] == "job.priority", token=svc.token)
     reader.start()
     assert reader.connected.wait(10)
 

@@ -90,7 +90,8 @@ def assert_result_shape(result: dict, duration: float, with_words: bool) -> None
     """What the API promises of an asr/asrx result, whatever the words say (a random
     decoder's timestamps need not even come in order)."""
     assert result.keys() == {
-        "language", "language_probability", "duration", "tracks", "text", "segments"
+        "language", "language_probability", "languages", "duration", "tracks", "text",
+        "segments", "subtitles",
     }  # fmt: skip
     assert result["tracks"] == [0]
     assert result["language"] == "en"  # an English-only vocabulary

@@ -145,10 +145,10 @@ def test_a_stereo_interview_is_heard_channel_by_channel_and_dual_mono_once(
         drop(svc, path)
 
     jobs = finished_jobs(svc, [p.name for p in made])
+    from faster_whisper import decode_audio
+
     heard = library(models_dir, MODEL)
-    pair = audio.decode(STEREO, stereo=True)
-    assert pair is not None
-    left, right = heard(pair[0])[0], heard(pair[1])[0]
+    left, right = (heard(pcm)[0] for pcm in decode_audio(str(STEREO), split_stereo=True))
     for name in ("asr", "asrx"):
         found = result(svc, jobs["lavaliers.wav"], name)
         assert found["tracks"] == [0]

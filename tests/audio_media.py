@@ -53,11 +53,14 @@ def samples(path: Path | str, rate: int | None = RATE) -> np.ndarray:
     return np.concatenate(chunks)
 
 
-def spoken(text: str, folder: Path, rate: int | None = RATE) -> np.ndarray:
-    """``text`` read by espeak-ng, as mono samples at ``rate`` (None: espeak-ng's own,
-    22.05 kHz)."""
+def spoken(
+    text: str, folder: Path, rate: int | None = RATE, voice: str | None = None
+) -> np.ndarray:
+    """``text`` read by espeak-ng (in ``voice``, a language, or its default English), as
+    mono samples at ``rate`` (None: espeak-ng's own, 22.05 kHz)."""
     wav = folder / "spoken.wav"
-    subprocess.run(["espeak-ng", "-w", str(wav), text], check=True, capture_output=True)
+    command = ["espeak-ng", *(["-v", voice] if voice else []), "-w", str(wav), text]
+    subprocess.run(command, check=True, capture_output=True)
     return samples(wav, rate)
 
 

@@ -78,6 +78,11 @@ def words(text: str) -> list[str]:
     return re.sub(r"[^a-z0-9' ]", " ", text.lower()).split()
 
 
+def cue_words(path: Path) -> list[str]:
+    """The words of a subtitle file's cues, in order."""
+    return words(" ".join(c.content for c in srt.parse(path.read_text(encoding="utf-8"))))
+
+
 def word_error_rate(reference: str, hypothesis: str) -> float:
     ref, hyp = words(reference), words(hypothesis)
     row = list(range(len(hyp) + 1))  # Levenshtein distance over words, one row at a time
@@ -232,18 +237,20 @@ def test_asr_writes_valid_srt_and_vtt_beside_the_json(asr_run):
     segments = result["segments"]
 
     subtitles = list(srt.parse((out / "asr.srt").read_text(encoding="utf-8")))
-    assert [s.index for s in subtitles] == list(range(1, len(segments) + 1))
-    for sub, seg in zip(subtitles, segments, strict=True):
-        assert sub.start.total_seconds() == pytest.approx(seg["start"], abs=1e-3)
-        assert sub.end.total_seconds() == pytest.approx(seg["end"], abs=1e-3)
-        assert sub.content == seg["text"]
-
     captions = webvtt.from_string((out / "asr.vtt").read_text(encoding="utf-8"))
-    assert len(captions) == len(segments)
-    for cap, seg in zip(captions, segments, strict=True):
-        assert cap.text == seg["text"]
-        assert clock_seconds(cap.start) == pytest.approx(seg["start"], abs=1e-3)
-        assert clock_seconds(cap.end) == pytest.approx(seg["end"], abs=1e-3)
+    assert [s.index for s in subtitles] == list(range(1, len(subtitles) + 1))
+    # The segments' words, cut into cues of at most two lines of 42 characters.
+    assert words(" ".join(s.content for s in subtitles)) == words(result["text"])
+    assert all(len(line) <= 42 for s in subtitles for line in s.content.split("\n"))
+    assert all(s.content.count("\n") <= 1 for s in subtitles)
+    assert subtitles[0].start.total_seconds() == pytest.approx(segments[0]["start"], abs=1e-3)
+    assert subtitles[-1].end.total_seconds() >= segments[-1]["end"] - 1e-3
+    assert len(captions) == len(subtitles)
+    for cap, sub in zip(captions, subtitles, strict=True):
+        assert cap.text == sub.content
+        assert clock_seconds(cap.start) == pytest.approx(sub.start.total_seconds(), abs=1e-3)
+        assert clock_seconds(cap.end) == pytest.approx(sub.end.total_seconds(), abs=1e-3)
+    assert result["subtitles"] == [{"track": 0, "srt": "asr.srt", "vtt": "asr.vtt"}]
 
 
 def clock_seconds(stamp: str) -> float:
@@ -396,8 +403,13 @@ def test_checkpoint_from_other_settings_is_not_reused(long_clip, models_dir, tmp
 
 
 def without_words(result: dict) -> dict:
+    """An asrx result as asr's: without words, naming asr's subtitle files."""
     segments = [{k: v for k, v in s.items() if k != "words"} for s in result["segments"]]
-    return {**result, "segments": segments}
+    files = [
+        {k: v.replace("asrx", "asr", 1) if k in ("srt", "vtt") else v for k, v in e.items()}
+        for e in result.get("subtitles", [])
+    ]
+    return {**result, "segments": segments, "subtitles": files}
 
 
 def shared_run(models_dir, path, out, asr_reports, asrx_reports, checkpoints=(None, None), **kw):
@@ -423,9 +435,7 @@ def test_asr_and_asrx_share_one_model_run_and_stay_two_results(
     assert asr_result == without_words(expected)
     assert all("words" not in s for s in asr_result["segments"])
     for name, result in (("asr", asr_result), ("asrx", asrx_result)):
-        assert len(list(srt.parse((tmp_path / f"{name}.srt").read_text()))) == len(
-            result["segments"]
-        )
+        assert cue_words(tmp_path / f"{name}.srt") == words(result["text"])
         assert (tmp_path / f"{name}.vtt").is_file()
     # Each has its own progress and checkpoints, holding its own kind of result.
     assert asr_reports.calls == asrx_reports.calls and asr_reports.calls[-1] == (20, 20)
@@ -729,7 +739,7 @@ def test_kill_9_during_asr_resumes_from_the_checkpoint(start_service, longer_cli
     assert word_error_rate(" ".join(SENTENCES * 2), output["result"]["text"]) <= 0.2
     assert segments[-1]["end"] > 152 and segments[0]["start"] < 1
     results = svc.data_dir / "results" / job["file_uuid"]
-    assert len(list(srt.parse((results / "asr.srt").read_text()))) == len(segments)
+    assert cue_words(results / "asr.srt") == words(output["result"]["text"])
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)

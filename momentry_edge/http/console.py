@@ -5,6 +5,7 @@ and acts through the same /api/ routes as any client, with the same token and ru
 from __future__ import annotations
 
 import logging
+import re
 from importlib import resources
 from typing import Any
 
@@ -23,6 +24,8 @@ ASSETS = {
     "app.css": "text/css; charset=utf-8",
 }
 SUBTITLES = {"srt": "application/x-subrip; charset=utf-8", "vtt": "text/vtt; charset=utf-8"}
+# asr's or asrx's subtitles: all of them, or one source's (a track, or a channel of one).
+SUBTITLE_NAME = re.compile(r"asrx?((?:\.track\d{1,3})(?:\.left|\.right)?)?")
 # The page loads only its own files and talks only to this service; images of its own
 # come as blob: URLs (fetched with the token, when one is set). Never framed.
 POLICY = (
@@ -64,15 +67,20 @@ def add_routes(app: bottle.Bottle, service: Any, find_file: Any) -> None:
 
     @app.get("/api/v1/files/<file_uuid>/results/<processor>.<format>")
     def subtitles(file_uuid: str, processor: str, format: str) -> bytes:
+        # ``processor`` may name one source's file: asr.track1, asr.track0.left
         record = find_file(file_uuid)
-        if format not in SUBTITLES or processor not in ("asr", "asrx"):
-            raise NotFound(f"no {processor}.{format}: subtitles are asr or asrx, srt or vtt")
+        found = SUBTITLE_NAME.fullmatch(processor)
+        if format not in SUBTITLES or found is None:
+            raise NotFound(
+                f"no {processor[:100]}.{format[:20]}: subtitles are asr or asrx "
+                "(or one track's: asr.track1, asr.track0.left), srt or vtt"
+            )
         folders = outputs.result_folders(service.config.data_dir, record)
         content = outputs.read_sidecar(folders, f"{processor}.{format}")
         if content is None:
             raise NotFound(f"{processor} has no {format} subtitles for file {file_uuid}")
         response.content_type = SUBTITLES[format]
-        name = _safe_name(record.name.rsplit(".", 1)[0])
+        name = _safe_name(record.name.rsplit(".", 1)[0]) + (found.group(1) or "")
         response.set_header("Content-Disposition", f'attachment; filename="{name}.{format}"')
         return content
 

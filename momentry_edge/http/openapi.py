@@ -420,7 +420,13 @@ PARAMETERS = {
         ),
         ("task_id", "path", TASK_ID, "a job's task_id"),
         ("job", "path", STR, "a job's task_id, integer id, or file_uuid (its newest job)"),
-        ("processor", "path", STR, "a processor name, e.g. asr"),
+        (
+            "processor",
+            "path",
+            STR,
+            "a processor name, e.g. asr; for subtitles also one source's: asr.track1, "
+            "asr.track0.left",
+        ),
         ("index", "path", INT | {"minimum": 0}, "a scene's index in cut's result"),
         ("limit", "query", INT | {"minimum": 1, "maximum": 1000, "default": 50}, ""),
         ("offset", "query", INT | {"minimum": 0, "default": 0}, ""),
@@ -651,7 +657,7 @@ OPERATIONS: dict[str, Schema] = {  # "method path": operation, one per route in 
     ),
     "get /api/v1/files/{file_uuid}/results/{processor}.{format}": _op(
         "subtitles",
-        "asr's or asrx's subtitles, SRT or WebVTT",
+        "asr's or asrx's subtitles, SRT or WebVTT: all, or one track's (or channel's)",
         {
             "description": "the subtitle file (Content-Disposition: attachment)",
             "content": {"application/x-subrip": {"schema": STR}, "text/vtt": {"schema": STR}},

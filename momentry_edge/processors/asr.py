@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from momentry_edge import weights
+from momentry_edge.processors import subtitles
 from momentry_edge.processors.backends import Platform, choose, importable, this_platform
 from momentry_edge.processors.base import (
     PermanentError,
@@ -109,9 +110,35 @@ class AsrProcessor(Processor):
             raise outcome
         return outcome
 
-    def write_subtitles(self, ctx: RunContext, segments: list[dict[str, Any]]) -> None:
-        ctx.write_text(f"{self.name}.srt", to_srt(segments))
-        ctx.write_text(f"{self.name}.vtt", to_vtt(segments))
+    def write_subtitles(
+        self,
+        ctx: RunContext,
+        result: dict[str, Any],
+        speech: Mapping[tuple[int, str | None], subtitles.Spans] | None = None,
+    ) -> None:
+        """``<name>.srt`` and ``.vtt`` of all the speech, cues in time order; with several
+        sources (tracks, or the channels of a stereo track apart) also each source's
+        own, as ``result["subtitles"]`` names them. ``speech``: where the VAD heard
+        speech, by source (track, channel)."""
+        norms = self.opts.norms()
+        made = {
+            _place(source): subtitles.cues(
+                [s for s in result["segments"] if _place(s) == _place(source)],
+                source["language"],
+                norms,
+                (speech or {}).get(_place(source), ()),
+            )
+            for source in result["languages"]
+        }
+        every = [c for found in made.values() for c in found]
+        if len(made) > 1:  # the sources' cues in time order
+            every.sort(key=lambda c: c.start)
+        ctx.write_text(f"{self.name}.srt", subtitles.to_srt(every))
+        ctx.write_text(f"{self.name}.vtt", subtitles.to_vtt(every))
+        for files in result["subtitles"]:
+            if files["srt"] != f"{self.name}.srt":  # a pair of its own
+                ctx.write_text(files["srt"], subtitles.to_srt(made.get(_place(files), [])))
+                ctx.write_text(files["vtt"], subtitles.to_vtt(made.get(_place(files), [])))
 
 
 class AsrxProcessor(AsrProcessor):
@@ -132,27 +159,6 @@ def can_share(first: Processor, second: Processor) -> bool:
     )
 
 
-# -- subtitles ------------------------------------------------------------------------------------
-
-
-def to_srt(segments: list[dict[str, Any]]) -> str:
-    blocks = [
-        f"{i}\n{_clock(s['start'], ',')} --> {_clock(s['end'], ',')}\n{s['text']}\n"
-        for i, s in enumerate(segments, 1)
-    ]
-    return "\n".join(blocks)
-
-
-def to_vtt(segments: list[dict[str, Any]]) -> str:
-    blocks = [
-        f"{_clock(s['start'], '.')} --> {_clock(s['end'], '.')}\n{s['text']}\n" for s in segments
-    ]
-    return "\n".join(["WEBVTT\n", *blocks])
-
-
-def _clock(seconds: float, decimal: str) -> str:
-    ms = max(0, round(seconds * 1000))
-    hours, ms = divmod(ms, 3_600_000)
-    minutes, ms = divmod(ms, 60_000)
-    secs, ms = divmod(ms, 1000)
-    return f"{hours:02d}:{minutes:02d}:{secs:02d}{decimal}{ms:03d}"
+def _place(item: dict[str, Any]) -> tuple[int, str | None]:
+    """A segment's or a source's track and channel (None: the channels mixed)."""
+    return item.get("track", 0), item.get("channel")

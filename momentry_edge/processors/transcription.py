@@ -3,13 +3,15 @@ pack it into chunks, transcribe them on an engine (whisper.py) with checkpoints 
 resume from, and map segments and word timings back to the file's timeline."""
 
 # One pipeline, two backends. The run decodes the audio once (PyAV, 16 kHz mono,
-# sample for sample as faster-whisper decodes it), each audio track, and transcribes
-# the tracks where Silero VAD hears speech (the only one when there is one), each on
-# its own; segments say their track. With ``vad`` it cuts the silences out as
-# faster-whisper's own VAD filter does, and packs the speech into chunks of at most
-# ``chunk_seconds`` that begin and end at silences. faster-whisper (CTranslate2
-# int8, the CPU backend) transcribes a track in one call, window after window as
-# Whisper does; with
+# sample for sample as faster-whisper decodes it), each audio track (a stereo track
+# whose channels carry different speech as its two channels apart: a source each), and
+# transcribes the sources where Silero VAD hears speech (the only one when there is
+# one), each on its own and in its own language; segments say their track (and
+# channel). A segment where the VAD hears no one is not kept. With ``vad`` it cuts the
+# silences out as faster-whisper's own VAD filter does, and packs the speech into
+# chunks of at most ``chunk_seconds`` that begin and end at silences. faster-whisper
+# (CTranslate2 int8, the CPU backend) transcribes a source in one call, window after
+# window as Whisper does; with
 # ``chunk_seconds`` below Whisper's 30 s window no window reaches past its chunk
 # (more checkpoints, at a cost in speed);
 # mlx-whisper (Apple silicon; also on MLX's CPU backend on Linux x86_64 when
@@ -58,13 +60,35 @@ Outcome = dict[str, Any] | BaseException
 # -- chunks ---------------------------------------------------------------------------------------
 
 
+CHANNELS = ("left", "right")
+
+
+@dataclass(frozen=True)
+class Source:
+    """What one transcription hears: an audio track with its channels mixed, or one
+    channel of a stereo track whose channels carry different speech (a microphone on
+    each, ``audio.channels_apart``)."""
+
+    track: int  # among the file's audio tracks, from 0
+    channel: int | None = None  # 0 left, 1 right; None: every channel mixed
+
+    def describe(self) -> dict[str, Any]:
+        """How segments and the result name it: its track, and its channel if apart."""
+        if self.channel is None:
+            return {"track": self.track}
+        return {"track": self.track, "channel": CHANNELS[self.channel]}
+
+    def __str__(self) -> str:
+        return " ".join(f"{k} {v}" for k, v in self.describe().items())
+
+
 @dataclass(frozen=True)
 class Chunk:
-    """Stretches of one audio track (sample ranges) that are transcribed together,
+    """Stretches of one source's samples (sample ranges) that are transcribed together,
     concatenated."""
 
     spans: tuple[tuple[int, int], ...]
-    track: int = 0  # among the file's audio tracks, from 0
+    source: int = 0  # the index of its Source in the run's list
 
     @property
     def start(self) -> float:
@@ -109,7 +133,7 @@ def speech_spans(pcm: np.ndarray, opts: Options) -> list[tuple[int, int]]:
     return [(int(s["start"]), int(s["end"])) for s in found if s["end"] > s["start"]]
 
 
-def plan_chunks(spans: list[tuple[int, int]], chunk_seconds: float, track: int = 0) -> list[Chunk]:
+def plan_chunks(spans: list[tuple[int, int]], chunk_seconds: float, source: int = 0) -> list[Chunk]:
     """Pack speech spans, in order, into chunks of at most ``chunk_seconds`` of audio."""
     limit = int(chunk_seconds * SAMPLE_RATE)
     chunks: list[Chunk] = []
@@ -117,12 +141,12 @@ def plan_chunks(spans: list[tuple[int, int]], chunk_seconds: float, track: int =
     length = 0
     for a, b in spans:
         if current and length + (b - a) > limit:
-            chunks.append(Chunk(tuple(current), track))
+            chunks.append(Chunk(tuple(current), source))
             current, length = [], 0
         current.append((a, b))
         length += b - a
     if current:
-        chunks.append(Chunk(tuple(current), track))
+        chunks.append(Chunk(tuple(current), source))
     return chunks
 
 
@@ -156,8 +180,9 @@ class _State:
     prompt: list[int] = field(default_factory=list)
     saved: int = 0
     segments: list[dict[str, Any]] = field(default_factory=list)
-    language: str | None = None
-    probability: float | None = None
+    # Each source's language and its probability, by source index: the first call on
+    # a source detects it from that source's own speech (unless one is configured).
+    languages: dict[int, tuple[str, float | None]] = field(default_factory=dict)
 
 
 class _Transcription:
@@ -177,8 +202,10 @@ class _Transcription:
         self.duration = 0.0
         self.total = 1  # progress in whole seconds of audio
         self.units: list[Chunk] = []
-        self.tracks: list[int] = []  # the audio tracks transcribed
-        self.heard: dict[int, list[tuple[int, int]]] = {}  # speech by track, for _snap
+        self.sources: list[Source] = []  # every source of the file
+        self.pairs: dict[int, np.ndarray] = {}  # a channel source's stereo pair, by source
+        self.chosen: list[int] = []  # the sources transcribed (indices)
+        self.heard: dict[int, list[tuple[int, int]]] = {}  # speech by source (VAD)
         self.key: dict[str, Any] = {}
 
     def run(self) -> list[Outcome]:
@@ -198,32 +225,33 @@ class _Transcription:
         lead.load()
         assert lead.engine is not None and lead.spec is not None
         engine = lead.engine
-        tracks = _decode(self.media_path)
-        if not any(len(pcm) for pcm in tracks):  # no audio track, or empty ones
+        self.sources, samples, self.pairs = _decode(self.media_path)
+        if not any(len(pcm) for pcm in samples):  # no audio track, or empty ones
             self._report(1, 1, lambda partial: {"timestamp": 0.0, "partial": partial})
             self._finish()
             return
 
-        self.duration = max(len(pcm) for pcm in tracks) / SAMPLE_RATE
-        # Where the VAD hears speech, track by track: which tracks to transcribe, and
-        # where segments without word timings start and end (Whisper's own segment
-        # times run from the start of its window, often seconds before the speech).
-        listen = opts.vad or not self.words or sum(1 for pcm in tracks if len(pcm)) > 1
+        self.duration = max(len(pcm) for pcm in samples) / SAMPLE_RATE
+        # Where the VAD hears speech, source by source: which sources to transcribe,
+        # where segments start and end (Whisper's own segment times run from the start
+        # of its window, often seconds before the speech), and where nobody speaks (no
+        # segment is kept there: a window of silence heard as a loop and sampled again
+        # at random can come out as a sentence).
         heard = {
-            t: speech_spans(pcm, opts) if opts.vad else _hears(pcm) if listen else []
-            for t, pcm in enumerate(tracks)
+            t: speech_spans(pcm, opts) if opts.vad else _hears(pcm)
+            for t, pcm in enumerate(samples)
             if len(pcm)
         }
         speech = {
-            t: heard[t] if opts.vad else speech_spans(tracks[t], opts)
+            t: heard[t] if opts.vad else speech_spans(samples[t], opts)
             for t in _speaking_tracks(heard)
         }
-        self.heard = {} if self.words else heard
-        self.tracks = sorted(speech)
+        self.heard = heard
+        self.chosen = sorted(speech)
         self.total = max(1, round(self.duration)) * len(speech)
         clips: list[list[tuple[float, float]]] = []  # a streaming engine's, unit by unit
-        for track, spans in speech.items():
-            chunks = plan_chunks(spans, opts.chunk_seconds, track)
+        for source, spans in speech.items():
+            chunks = plan_chunks(spans, opts.chunk_seconds, source)
             if getattr(engine, "streams", False):
                 # A track's speech in one unit. By default in Whisper's own windows, as
                 # faster-whisper's VAD filter has them. Shorter chunks become the call's
@@ -231,7 +259,7 @@ class _Transcription:
                 # checkpoints gained: Whisper seldom closes a short window's last segment,
                 # which is then decoded again (twice the windows with 30 s clips).
                 if spans:
-                    unit = Chunk(tuple(spans), track)
+                    unit = Chunk(tuple(spans), source)
                     self.units.append(unit)
                     short = opts.chunk_seconds < WINDOW_SECONDS
                     clips.append(_clips(chunks if short else [unit]))
@@ -239,8 +267,8 @@ class _Transcription:
                 self.units += chunks
         units = self.units
         self.key = opts.checkpoint_key(lead.spec.name, lead.backend, self.words)
-        self.key["tracks"] = self.tracks
-        self.state = state = _resume(self.lead_ctx.checkpoint, self.key, units)
+        self.key["sources"] = [self.sources[i].describe() for i in self.chosen]
+        self.state = state = _resume(self.lead_ctx.checkpoint, self.key, units, self.sources)
         reached = _file_time(units, state.unit, state.at)
         if state.saved:
             for processor, _ in self.members:
@@ -251,17 +279,18 @@ class _Transcription:
         for index in range(first, len(units)):
             unit = units[index]
             start = state.at  # 0 but where a run resumes inside a unit
+            known = state.languages.get(unit.source)
             log.info(
-                "%s: %s transcribes %.1f s of speech from %.1f s of audio track %d",
+                "%s: %s transcribes %.1f s of speech from %.1f s of audio %s",
                 self.names,
                 lead.backend,
                 sum(b - a for a, b in unit.spans) / SAMPLE_RATE - start,
                 unit.to_file_time(start),
-                unit.track,
+                self.sources[unit.source],
             )
             transcript = engine.transcribe(
-                unit.samples(tracks[unit.track]),
-                language=state.language or opts.language,
+                unit.samples(samples[unit.source]),
+                language=known[0] if known else opts.language,
                 word_timestamps=self.words,
                 # The clips from where this run starts (only a streaming engine has
                 # clips, and only there can a run start inside a unit).
@@ -275,16 +304,18 @@ class _Transcription:
                     else {}
                 ),
             )
-            if state.language is None:  # the first call decides for the whole file
-                state.language = transcript.language
-                state.probability = transcript.language_probability
+            if known is None:  # a source's first call decides for the source
+                state.languages[unit.source] = (
+                    transcript.language,
+                    transcript.language_probability,
+                )
             window = start
             for piece in transcript.pieces:
                 if piece.window > window:  # every window before this piece's is decoded
                     window = piece.window
                     self._checkpoint(index, window, piece.last_speech, piece.prompt)
-                segment = _segment(piece, unit, self.heard.get(unit.track))
-                if segment is not None:
+                segment = _segment(piece, unit, self.sources[unit.source], self.heard)
+                if segment is not None and self._spoken(unit.source, segment):
                     state.segments.append(segment)
                     self._report(self._progress(index, segment["end"]), self.total)
             self._checkpoint(index + 1, 0.0)
@@ -320,24 +351,25 @@ class _Transcription:
         )
 
     def _progress(self, unit: int, seconds: float) -> int:
-        """Whole seconds of audio done, ``seconds`` into unit ``unit``'s track (the
-        tracks are transcribed one after the other)."""
+        """Whole seconds of audio done, ``seconds`` into unit ``unit``'s source (the
+        sources are transcribed one after the other)."""
         if unit >= len(self.units):
             return self.total
-        done = self.tracks.index(self.units[unit].track) * max(1, round(self.duration))
+        done = self.chosen.index(self.units[unit].source) * max(1, round(self.duration))
         return min(self.total, done + math.floor(seconds))
 
     def _finish(self) -> None:
         """Each member's subtitles and result."""
-        state = self.state
+        speech = {
+            _where(self.sources[i]): [(a / SAMPLE_RATE, b / SAMPLE_RATE) for a, b in spans]
+            for i, spans in self.heard.items()
+        }
         for slot in list(self.active):
             processor, ctx = self.members[slot]
             try:
-                segments = _view(state.segments, processor.word_timestamps)
-                processor.write_subtitles(ctx, segments)
-                self.outcomes[slot] = _result(
-                    state.language, state.probability, self.duration, segments, self.tracks
-                )
+                result = self._partial(processor)
+                processor.write_subtitles(ctx, result, speech)
+                self.outcomes[slot] = result
             except BaseException as exc:
                 self.outcomes[slot] = exc
 
@@ -370,12 +402,47 @@ class _Transcription:
     def _partial(self, processor: AsrProcessor) -> dict[str, Any]:
         state = self.state
         segments = _view(state.segments, processor.word_timestamps)
-        return _result(state.language, state.probability, self.duration, segments, self.tracks)
+        languages = {self.sources[i]: found for i, found in state.languages.items()}
+        chosen = [self.sources[i] for i in self.chosen]
+        return _result(languages, self.duration, segments, chosen, processor.name)
+
+    def _spoken(self, source: int, segment: dict[str, Any]) -> bool:
+        """Whether someone speaks where ``segment`` is: the VAD hears speech within it,
+        and, on one channel of a pair, that channel is not 10 dB quieter there than the
+        other (what it has is the other microphone's speech bleeding in)."""
+        start, end = segment["start"], segment["end"]
+        heard = self.heard.get(source, [])
+        if not any(a / SAMPLE_RATE < end and b / SAMPLE_RATE > start for a, b in heard):
+            return False
+        channel = self.sources[source].channel
+        pair = self.pairs.get(source)
+        return (
+            pair is None or channel is None or not audio.louder_elsewhere(pair, channel, start, end)
+        )
 
 
-def _decode(path: Path) -> list[np.ndarray]:
+def _decode(path: Path) -> tuple[list[Source], list[np.ndarray], dict[int, np.ndarray]]:
+    """The file's sources and their samples, and each channel source's stereo pair: a
+    track as one, its channels mixed; a stereo track whose channels carry different
+    speech as two, left and right. 5.1 and other layouts are mixed into one (as
+    FFmpeg mixes them, the centre's dialogue foremost)."""
     try:
-        return audio.decode_tracks(path)
+        tracks = audio.decode_tracks(path)
+        channels = audio.channel_counts(path)
+        sources: list[Source] = []
+        samples: list[np.ndarray] = []
+        pairs: dict[int, np.ndarray] = {}
+        for track, pcm in enumerate(tracks):
+            pair = audio.decode(path, track, stereo=True) if channels[track] == 2 else None
+            if pair is not None and pair.shape[1] and audio.channels_apart(pair):
+                for channel in (0, 1):
+                    pairs[len(sources)] = pair
+                    sources.append(Source(track, channel))
+                    samples.append(np.ascontiguousarray(pair[channel]))
+            else:
+                sources.append(Source(track))
+                samples.append(pcm)
+        return sources, samples, pairs
     except media.MediaNotFoundError as e:
         raise ProcessorError(e.reason, transient=True) from None
     except media.MediaError as e:
@@ -383,9 +450,9 @@ def _decode(path: Path) -> list[np.ndarray]:
 
 
 def _speaking_tracks(heard: dict[int, list[tuple[int, int]]]) -> list[int]:
-    """The tracks to transcribe: the one there is, or every track where the VAD hears
+    """The sources to transcribe: the one there is, or every source where the VAD hears
     speech (a camera's silent or noise-only track is left out); the first when it hears
-    none, so Whisper has the last word, as on a file with one track."""
+    none, as on a file with one track."""
     if len(heard) == 1:
         return list(heard)
     return [t for t, spans in heard.items() if spans] or [min(heard)]
@@ -430,7 +497,12 @@ def _view(segments: list[dict[str, Any]], words: bool) -> list[dict[str, Any]]:
     return [{k: v for k, v in s.items() if k != "words"} for s in segments]
 
 
-def _resume(checkpoint: dict[str, Any] | None, key: dict[str, Any], units: list[Chunk]) -> _State:
+def _resume(
+    checkpoint: dict[str, Any] | None,
+    key: dict[str, Any],
+    units: list[Chunk],
+    sources: list[Source],
+) -> _State:
     """Where to go on from, from a usable checkpoint.
 
     One made with other settings, or whose position is not where this run's plan
@@ -456,6 +528,12 @@ def _resume(checkpoint: dict[str, Any] | None, key: dict[str, Any], units: list[
     if not (isinstance(prompt, list) and all(type(t) is int for t in prompt)):
         return _State()
     partial = checkpoint.get("partial") or {}
+    index = {tuple(s.describe().items()): i for i, s in enumerate(sources)}
+    languages: dict[int, tuple[str, float | None]] = {}
+    for found in partial.get("languages") or []:
+        where = tuple((k, found.get(k)) for k in ("track", "channel") if k in found)
+        if where in index and isinstance(found.get("language"), str):
+            languages[index[where]] = (found["language"], found.get("language_probability"))
     return _State(
         unit=unit,
         at=float(at),
@@ -463,21 +541,27 @@ def _resume(checkpoint: dict[str, Any] | None, key: dict[str, Any], units: list[
         prompt=prompt,
         saved=saved,
         segments=list(partial.get("segments", [])),
-        language=partial.get("language"),
-        probability=partial.get("language_probability"),
+        languages=languages,
     )
 
 
 def _segment(
-    piece: Piece, chunk: Chunk, heard: list[tuple[int, int]] | None = None
+    piece: Piece,
+    chunk: Chunk,
+    source: Source | None = None,
+    heard: dict[int, list[tuple[int, int]]] | None = None,
 ) -> dict[str, Any] | None:
+    """A piece as a segment of the result; without word timings, its span narrowed to
+    the speech heard within it."""
     text = piece.text.strip()
     if not text:
         return None
     start, end = _span(chunk, piece.start, piece.end)
-    if heard and piece.words is None:
-        start, end = _snap(start, end, heard)
-    segment: dict[str, Any] = {"start": start, "end": end, "text": text, "track": chunk.track}
+    spans = (heard or {}).get(chunk.source)
+    if spans and piece.words is None:
+        start, end = _snap(start, end, spans)
+    place = (source or Source(0)).describe()
+    segment: dict[str, Any] = {"start": start, "end": end, "text": text, **place}
     if piece.words is not None:
         segment["words"] = []
         for w in piece.words:
@@ -507,21 +591,55 @@ def _span(chunk: Chunk, start: float, end: float) -> tuple[float, float]:
 
 
 def _result(
-    language: str | None,
-    probability: float | None,
+    languages: dict[Source, tuple[str, float | None]],
     duration: float,
     segments: list[dict[str, Any]],
-    tracks: list[int],
+    chosen: list[Source],
+    name: str,
 ) -> dict[str, Any]:
-    """The API.md ``asr``/``asrx`` result; with several tracks, their segments in time
-    order (each says its track)."""
-    if len(tracks) > 1:
-        segments = sorted(segments, key=lambda s: (s["start"], s.get("track", 0)))
+    """The API.md ``asr``/``asrx`` result of processor ``name``; with several sources,
+    their segments in time order (each says its track, and channel). ``language``: the
+    first source's; ``subtitles``: the files each source's cues are in."""
+    if len(chosen) > 1:
+        segments = sorted(
+            segments, key=lambda s: (s["start"], s.get("track", 0), s.get("channel", ""))
+        )
+    each = [
+        {
+            **source.describe(),
+            "language": languages[source][0],
+            "language_probability": _rounded(languages[source][1]),
+        }
+        for source in chosen
+        if source in languages
+    ]
+    first = each[0] if each else {"language": None, "language_probability": None}
     return {
-        "language": language,
-        "language_probability": None if probability is None else round(float(probability), 4),
+        "language": first["language"],
+        "language_probability": first["language_probability"],
+        "languages": each,
         "duration": round(duration, 3),
-        "tracks": tracks,
+        "tracks": sorted({source.track for source in chosen}),
         "text": " ".join(s["text"] for s in segments),
         "segments": segments,
+        "subtitles": [{**s.describe(), **_subtitle_files(name, s, chosen)} for s in chosen],
     }
+
+
+def _subtitle_files(name: str, source: Source, chosen: list[Source]) -> dict[str, str]:
+    """Where ``source``'s cues are: ``<name>.srt`` (and .vtt) when it is the only source,
+    else a pair of its own, ``<name>.track<N>[.left|.right].srt``."""
+    stem = name
+    if len(chosen) > 1:
+        stem += "".join(
+            f".{k}{v}" if k == "track" else f".{v}" for k, v in source.describe().items()
+        )
+    return {"srt": f"{stem}.srt", "vtt": f"{stem}.vtt"}
+
+
+def _rounded(probability: float | None) -> float | None:
+    return None if probability is None else round(float(probability), 4)
+
+
+def _where(source: Source) -> tuple[int, str | None]:
+    return source.track, None if source.channel is None else CHANNELS[source.channel]

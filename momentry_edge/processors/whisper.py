@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from momentry_edge.processors.backends import MLX_HINT, Backend
+from momentry_edge.processors.subtitles import Norms
 
 # CTranslate2's OpenMP threads otherwise spin between the model's many small steps. Alone
 # that costs nothing measurable; beside the frame pass it took about twice the CPU the
@@ -62,6 +63,13 @@ class Options:
     # the same text each time.
     temperature_fallback: bool = True
     models_dir: str | None = None  # default <data_dir>/models
+    # Subtitle cues (subtitles.Norms): broadcast norms by default.
+    subtitle_lines: int = 2
+    subtitle_line_chars: int = 42
+    subtitle_line_chars_cjk: int = 16
+    subtitle_min_seconds: float = 1.0
+    subtitle_max_seconds: float = 7.0
+    subtitle_chars_per_second: float = 20.0
 
     @classmethod
     def parse(cls, settings: Mapping[str, Any]) -> Options:
@@ -83,7 +91,29 @@ class Options:
             raise ValueError("beam_size must be >= 1 and cpu_threads >= 0")
         if not isinstance(opts.vad, bool) or not isinstance(opts.temperature_fallback, bool):
             raise ValueError("vad and temperature_fallback must be true or false")
+        counts = (opts.subtitle_lines, opts.subtitle_line_chars, opts.subtitle_line_chars_cjk)
+        if not all(type(n) is int and n >= 1 for n in counts):
+            raise ValueError(
+                "subtitle_lines and subtitle_line_chars(_cjk) must be whole numbers >= 1"
+            )
+        spans = (opts.subtitle_min_seconds, opts.subtitle_max_seconds)
+        rate = opts.subtitle_chars_per_second
+        if not all(type(n) in (int, float) and n > 0 for n in (*spans, rate)):
+            raise ValueError("subtitle seconds and chars_per_second must be numbers above 0")
+        if opts.subtitle_min_seconds > opts.subtitle_max_seconds:
+            raise ValueError("subtitle_min_seconds must not be above subtitle_max_seconds")
         return opts
+
+    def norms(self) -> Norms:
+        """What a subtitle cue may hold."""
+        return Norms(
+            line_chars=self.subtitle_line_chars,
+            cjk_line_chars=self.subtitle_line_chars_cjk,
+            lines=self.subtitle_lines,
+            min_seconds=float(self.subtitle_min_seconds),
+            max_seconds=float(self.subtitle_max_seconds),
+            chars_per_second=float(self.subtitle_chars_per_second),
+        )
 
     def temperature(self) -> dict[str, float]:
         """The temperature argument of either library's call: its own fallback by default."""

@@ -20,11 +20,19 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
-import srt
 from media_factory import make_video
 from mlx_models import convert_ct2, install, random_model
 from reports import Reports
-from test_asr import MODEL, SENTENCE, run, speak, speech_interval, word_error_rate, words
+from test_asr import (
+    MODEL,
+    SENTENCE,
+    cue_words,
+    run,
+    speak,
+    speech_interval,
+    word_error_rate,
+    words,
+)
 
 from momentry_edge import audio
 from momentry_edge.processors import transcription, whisper
@@ -82,7 +90,8 @@ def assert_result_shape(result: dict, duration: float, with_words: bool) -> None
     """What the API promises of an asr/asrx result, whatever the words say (a random
     decoder's timestamps need not even come in order)."""
     assert result.keys() == {
-        "language", "language_probability", "duration", "tracks", "text", "segments"
+        "language", "language_probability", "languages", "duration", "tracks", "text",
+        "segments", "subtitles",
     }  # fmt: skip
     assert result["tracks"] == [0]
     assert result["language"] == "en"  # an English-only vocabulary
@@ -153,7 +162,7 @@ def test_asr_and_asrx_run_on_mlx_through_the_service(start_service, random_model
         assert output["backend"] == "mlx" and output["model"] == MODEL
         assert_result_shape(output["result"], 12.0, with_words=name == "asrx")
         subtitles = svc.data_dir / "results" / task["file_uuid"] / f"{name}.srt"
-        assert len(list(srt.parse(subtitles.read_text()))) == len(output["result"]["segments"])
+        assert cue_words(subtitles) == words(output["result"]["text"])
 
 
 def test_mlx_checkpoints_every_chunk_offline(random_models, talk, tmp_path, monkeypatch):

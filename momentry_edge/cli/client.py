@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import quote
-
-import httpx
 
 from .. import registry, runfile
 from ..config import Config
+
+if TYPE_CHECKING:
+    import httpx
 
 DEFAULT_TIMEOUT = 15.0
 
@@ -147,6 +148,8 @@ class ApiClient:
         check_token(token)
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        import httpx  # here: `run` imports this module but makes no client
+
         self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
 
     def __enter__(self) -> ApiClient:
@@ -264,6 +267,8 @@ class ApiClient:
     # -- plumbing -------------------------------------------------------------------------------
 
     def _call(self, method: str, path: str, shape: Shape, **kwargs: Any) -> dict[str, Any]:
+        import httpx  # loaded by __init__ already
+
         try:
             reply = self._http.request(method, path, **kwargs)
         except httpx.TimeoutException:

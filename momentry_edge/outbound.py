@@ -17,9 +17,10 @@ import ipaddress
 import socket
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
+if TYPE_CHECKING:
+    import httpx
 
 MAX_URL = 2048  # characters of a URL posted to: more is a mistake, and fills logs
 
@@ -32,6 +33,8 @@ def url_problem(url: str) -> str | None:
         return f"is longer than {MAX_URL} characters"
     if any(c.isspace() or not c.isprintable() for c in url):
         return "must not contain spaces or control characters"
+    import httpx  # here: loading the config need not load an HTTP client
+
     try:
         parsed = httpx.URL(url)
         port = parsed.port
@@ -79,6 +82,8 @@ def own_address(host: str) -> bool:
 def client(timeout: float) -> httpx.Client:
     """A client whose connections are never kept: each POST's socket is its own, so the
     deadline of one cuts no other."""
+    import httpx  # here: a service that never posts never loads it
+
     return httpx.Client(
         timeout=timeout,
         follow_redirects=False,

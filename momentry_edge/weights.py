@@ -26,11 +26,12 @@ import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
-
-import httpx
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import durable, trees
+
+if TYPE_CHECKING:
+    import httpx
 
 # models/catalog.toml, through a link inside the package so that wheels carry it too.
 CATALOG = Path(__file__).parent / "catalog.toml"
@@ -724,6 +725,8 @@ def _http_opener(
 
     @contextlib.contextmanager
     def open_file(f: ModelFile, offset: int) -> Iterator[Opened]:
+        import httpx  # here: only a pull needs it, not a service that loads models
+
         url = url_of(f)
         http = client or httpx.Client(
             follow_redirects=True, timeout=httpx.Timeout(30.0, connect=10.0)
@@ -750,6 +753,8 @@ def _http_opener(
 
 
 def _body(reply: httpx.Response, url: str) -> Iterator[bytes]:
+    import httpx
+
     try:
         yield from reply.iter_bytes()  # as received: an interruption loses nothing kept
     except httpx.HTTPError as e:

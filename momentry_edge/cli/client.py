@@ -12,13 +12,14 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import quote
-
-import httpx
 
 from .. import apitoken, registry, runfile
 from ..config import Config
+
+if TYPE_CHECKING:
+    import httpx
 
 DEFAULT_TIMEOUT = 15.0
 
@@ -160,6 +161,8 @@ class ApiClient:
         headers = {"X-Momentry-Via": "cli"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
+        import httpx  # here: `run` imports this module but makes no client
+
         self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
 
     def __enter__(self) -> ApiClient:
@@ -294,6 +297,8 @@ class ApiClient:
     # -- plumbing -------------------------------------------------------------------------------
 
     def _call(self, method: str, path: str, shape: Shape, **kwargs: Any) -> dict[str, Any]:
+        import httpx  # loaded by __init__ already
+
         try:
             reply = self._http.request(method, path, **kwargs)
         except httpx.TimeoutException:

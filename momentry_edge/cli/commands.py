@@ -10,11 +10,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
-
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any
 
 from .. import config as config_module
 from ..terminal import printable, scrub
@@ -22,6 +18,11 @@ from .client import (
     ApiClient,
     ApiError,
 )
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
 
 # Exit codes: scripts (and the SFTPGo hook) branch on these.
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
@@ -350,6 +351,8 @@ def cmd_restore(cfg: config_module.Config, args: argparse.Namespace) -> int:
 def _console() -> Console:
     # No highlighting: names and ids print as they are. Piped output is not squeezed to
     # 80 columns, so one job stays on one line for grep and awk.
+    from rich.console import Console  # here: `run` imports this module but prints no table
+
     return Console(highlight=False, width=None if sys.stdout.isatty() else 500)
 
 
@@ -407,6 +410,8 @@ def render_concurrency(reply: dict[str, Any]) -> None:
 
 
 def render_status(status: dict[str, Any]) -> None:
+    from rich.text import Text
+
     console = _console()
     state = "paused" if status["paused"] else "running"
     header = (
@@ -511,6 +516,8 @@ def render_jobs(reply: dict[str, Any]) -> None:
 
 
 def _table(*columns: str) -> Table:
+    from rich.table import Table
+
     table = Table(box=None, pad_edge=False, header_style="bold")
     for name in columns:
         numeric = name in ("#", "%")
@@ -524,6 +531,8 @@ def _table(*columns: str) -> Table:
 
 def _cells(*values: Any) -> list[Text]:
     # Text, not str: rich would read "[...]" in a file name as markup.
+    from rich.text import Text
+
     return [Text(str(v)) for v in values]
 
 

@@ -10,7 +10,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import bottle
-import httpx
 from bottle import request, response
 
 from .. import jobs, outbound, store
@@ -125,6 +124,8 @@ def not_at(own: str, options: dict[str, Any]) -> dict[str, Any]:
     url = options.get("callback_url")
     if not url or not own:
         return options
+    import httpx  # here: only a callback URL needs it
+
     target, me = httpx.URL(url), httpx.URL(own)
     port = target.port or (443 if target.scheme == "https" else 80)
     host = target.host.lower().rstrip(".")

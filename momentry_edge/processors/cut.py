@@ -8,16 +8,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scenedetect.detectors import ContentDetector
 
 from momentry_edge import media
 from momentry_edge.outputs import THUMBNAILS
 from momentry_edge.processors.base import PermanentError
 from momentry_edge.processors.frames import FramePlan, FrameProcessor, video_geometry
 from momentry_edge.processors.keyframes import Keyframes, work_folder
+
+if TYPE_CHECKING:
+    from scenedetect.detectors import ContentDetector
 
 # scenedetect 0.6.7 keeps its min_scene_len bookkeeping (the last frame above the
 # threshold, a pending merge of rapid cuts) in the detector's FlashFilter. A
@@ -37,6 +39,9 @@ class CutProcessor(FrameProcessor):
         settings = self._settings()
         width, height, self._fps = video_geometry(info)
         self._run_settings = settings
+        # Here: scenedetect brings OpenCV, which an idle service need not hold.
+        from scenedetect.detectors import ContentDetector
+
         self._detector = ContentDetector(
             threshold=settings["threshold"], min_scene_len=settings["min_scene_len"]
         )

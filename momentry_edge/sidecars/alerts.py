@@ -14,14 +14,15 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from .. import jobs, outbound, redact, store
 from ..events import Event
 from ..store import JobStatus
 from .background import Background
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger(__name__)
 

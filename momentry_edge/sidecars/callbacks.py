@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from .. import clock, jobs, outbound, store
 from ..events import Event
 from .background import Background
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +67,16 @@ class CallbackSender(Background):
     def _loop(self) -> None:
         """One sender: claims a due callback, delivers it, and so on. Whatever goes wrong
         is logged and the loop goes on; what is owed stays in the job table meanwhile."""
-        with outbound.client(self._timeout) as client:
+        # Made when the first callback is due: a service that never posts never loads httpx.
+        client: httpx.Client | None = None
+        try:
             while not self._stopping.is_set():
                 try:
                     due, next_due = self._claim()
                     if due is not None:
                         self._poke()  # more may be due: an idle sender looks meanwhile
+                        if client is None:
+                            client = outbound.client(self._timeout)
                         self._deliver(client, *due)
                         continue
                 except Exception:  # the database away for a moment: try again shortly
@@ -80,6 +85,9 @@ class CallbackSender(Background):
                 finally:
                     store.release_connection()
                 self._sleep(next_due)
+        finally:
+            if client is not None:
+                client.close()
 
     def _claim(self) -> tuple[tuple[str, int] | None, float | None]:
         """(a callback claimed, or None; when the next one is due)."""

@@ -117,6 +117,8 @@ class Staged:
         self._after = None if fresh else after
         self._placed = False
         self.companions: list[Staged] = []  # placed just before it (a run's extra files)
+        # (processor, status) of a run's document (stage_result): stored with the run.
+        self.result: tuple[str, str] | None = None
 
     def place(self) -> Path:
         """Put the file at ``path``; again, when already placed, does nothing."""
@@ -258,8 +260,13 @@ def stage_result(
         "last_checkpoint": {k: checkpoint[k] for k in ("frame", "timestamp") if k in checkpoint}
         or None,
     }
+    staged = _stage_document(folder, processor, status, _indented(document) + "\n")
+    staged.result = (processor, status)
+    return staged
+
+
+def _stage_document(folder: Path, processor: str, status: str, text: str) -> Staged:
     path = document_path(folder, processor)
-    text = _indented(document) + "\n"
     if status != COMPLETED and _holds_complete_result(path):
         other = aside_path(folder, processor, PARTIAL if status == FAILED else FAILED)
         # The newer of the two set aside tells.

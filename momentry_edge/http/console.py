@@ -10,7 +10,7 @@ from typing import Any
 import bottle
 from bottle import response
 
-from .. import jobs, outputs
+from .. import jobs, outputs, stored_results
 from ..errors import NotFound
 
 # The page's own files: name -> content type. Nothing else is served from the folder.
@@ -63,8 +63,10 @@ def add_routes(app: bottle.Bottle, service: Any, find_file: Any) -> None:
         record = find_file(file_uuid)
         if format not in SUBTITLES or processor not in ("asr", "asrx"):
             raise NotFound(f"no {processor}.{format}: subtitles are asr or asrx, srt or vtt")
-        folders = outputs.result_folders(service.config.data_dir, record)
-        content = outputs.read_sidecar(folders, f"{processor}.{format}")
+        content = stored_results.read_sidecar(record, f"{processor}.{format}")
+        if content is None:  # written before the database kept them
+            folders = outputs.result_folders(service.config.data_dir, record)
+            content = outputs.read_sidecar(folders, f"{processor}.{format}")
         if content is None:
             raise NotFound(f"{processor} has no {format} subtitles for file {file_uuid}")
         response.content_type = SUBTITLES[format]

@@ -7,7 +7,7 @@ from typing import Any
 import bottle
 from bottle import request, response
 
-from .. import jobs, outputs
+from .. import jobs, outputs, stored_results
 from ..errors import Invalid, NotFound
 from ..ingest import upload_hooks
 from ..jobs import views
@@ -91,8 +91,10 @@ def add(app: bottle.Bottle, service: Core) -> None:
         record = media_file(file_uuid)
         if processor not in service.processor_names:
             raise NotFound(f"unknown processor {processor!r}")
-        folders = outputs.result_folders(service.config.data_dir, record)
-        document = outputs.read_result(folders, processor)
+        document = stored_results.read_document(record, processor)
+        if document is None:  # a result written before the database kept them
+            folders = outputs.result_folders(service.config.data_dir, record)
+            document = outputs.read_result(folders, processor)
         if document is None:
             raise NotFound(f"{processor} has no output for file {file_uuid} yet")
         response.content_type = "application/json"
@@ -101,8 +103,10 @@ def add(app: bottle.Bottle, service: Core) -> None:
     @app.get("/api/v1/files/<file_uuid>/thumbnails/<index>")
     def thumbnail(file_uuid: str, index: str) -> Any:
         record = media_file(file_uuid)
-        folders = outputs.result_folders(service.config.data_dir, record)
-        picture = outputs.scene_thumbnail(folders, index)
+        picture = stored_results.scene_thumbnail(record, index)
+        if picture is None:  # a result written before the database kept them
+            folders = outputs.result_folders(service.config.data_dir, record)
+            picture = outputs.scene_thumbnail(folders, index)
         if picture is None:
             raise NotFound(f"file {file_uuid} has no thumbnail for scene {index!r}")
         response.content_type = "image/jpeg"

@@ -111,6 +111,9 @@ from .schema import (
     QueueState as QueueState,
 )
 from .schema import (
+    ResultPart as ResultPart,
+)
+from .schema import (
     RunStatus as RunStatus,
 )
 from .schema import (

@@ -16,6 +16,7 @@ from .schema import (
     Node,
     ProcessorRun,
     QueueState,
+    ResultPart,
 )
 from .sql import is_postgres
 
@@ -157,6 +158,12 @@ def _v12_file_picture(db: pw.Database) -> None:
             run_migrations(migrator.add_column("media_file", name, getattr(MediaFile, name)))
 
 
+def _v13_result_parts(db: pw.Database) -> None:
+    # Results kept in the database too, served by every node (ResultPart); those written
+    # before are read from the results folder until their processor runs again.
+    db.create_tables([ResultPart])
+
+
 # Append-only: each entry moves the schema one version forward.
 
 MIGRATIONS: list[Callable[[pw.Database], None]] = [
@@ -172,6 +179,7 @@ MIGRATIONS: list[Callable[[pw.Database], None]] = [
     _v10_node_concurrency,
     _v11_file_hdr,
     _v12_file_picture,
+    _v13_result_parts,
 ]
 
 

@@ -298,4 +298,24 @@ class Node(BaseModel):
     last_seen = pw.DoubleField(default=time.time, index=True)
 
 
-MODELS = (QueueState, MediaFile, Job, ProcessorRun, Node)
+class ResultPart(BaseModel):
+    """A file a processor run wrote to the results folder, kept in the queue database so
+    that every node sharing it serves it (nodes share no disk): the run's document
+    (``<processor>.json``, whatever its status), its subtitles (``asr.srt``) and its
+    thumbnails (``cut.thumbnails/<name>.jpg``). As on disk, each file and processor keeps
+    its newest completed run's parts and the newest failed or partial one's beside them."""
+
+    file = pw.ForeignKeyField(MediaFile, on_delete="CASCADE")
+    file_id: Any  # the foreign key's column, as peewee adds it
+    run_id = pw.BigIntegerField(null=True)  # the ProcessorRun (kept when its job is pruned)
+    processor = pw.CharField(max_length=32)
+    status = pw.CharField(max_length=16)  # the run's document's: completed, failed, partial
+    name = pw.TextField()  # as in the results folder
+    content = pw.BlobField()
+    stored_at = pw.DoubleField(default=time.time, index=True)
+
+    class Meta:
+        indexes = ((("file", "name", "id"), False),)
+
+
+MODELS = (QueueState, MediaFile, Job, ProcessorRun, Node, ResultPart)

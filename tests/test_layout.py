@@ -12,6 +12,7 @@ LAYERS = {
     "outputs": 2,
     "cluster": 2,
     "stored_results": 3,
+    "search": 3,
     "jobs": 4,
     "processors": 4,
     "upkeep": 4,

@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 import srt
+from conftest import wait_for
 from media_factory import make_video
 
 from momentry_edge import store
@@ -59,9 +60,15 @@ def test_node_a_serves_what_node_b_made_while_b_is_off(start_service, models_dir
     assert picture.content == made["thumbnail"] and picture.content[:2] == b"\xff\xd8"
     assert a.client.get(f"{base}/thumbnails/3").status_code == 404  # three scenes: 0 to 2
 
+    # Node A finds node B's moment by what was said, with its scene's picture.
+    found = a.get("/api/v1/search", params={"q": "budgets"})
+    said = [h for h in found["hits"] if h["processor"] == "asr"]
+    assert said and said[0]["file"]["file_uuid"] == job["file_uuid"], found
+    assert a.client.get(said[0]["thumbnail_url"]).content[:2] == b"\xff\xd8"
+
 
 @SQLITE
-def test_results_made_before_the_upgrade_come_from_the_results_folder(
+def test_results_made_before_the_upgrade_are_served_and_indexed_in_the_background(
     start_service, models_dir, tmp_path, database_url
 ):
     svc = start_service(
@@ -72,10 +79,22 @@ def test_results_made_before_the_upgrade_come_from_the_results_folder(
     uuid = svc.wait_status(task, "completed", timeout=120)["file_uuid"]
     base = f"/api/v1/files/{uuid}"
     made = (svc.get(f"{base}/results/asr"), svc.client.get(f"{base}/thumbnails/0").content)
-    # As a database from before the table held results: none stored.
+    # As a database from before the tables held results and moments: none stored.
     database = store.connect(database_url, svc.data_dir)
-    database.execute_sql("DELETE FROM result_part")
+    for table in ("result_part", "search_entry", "search_indexed"):
+        database.execute_sql(f"DELETE FROM {table}")
     database.close()
     assert svc.get(f"{base}/results/asr") == made[0]
     assert svc.client.get(f"{base}/thumbnails/0").content == made[1]
     assert "budget" in svc.client.get(f"{base}/results/asr.srt").text.lower()
+
+    def found() -> dict:
+        return svc.get("/api/v1/search", params={"q": "budget"})
+
+    # Not indexed: the answer says so; the next start indexes the results folder's.
+    waiting = wait_for(lambda: (f := found())["index"]["complete"] is False and f)
+    assert waiting["index"]["waiting"] == 1 and waiting["hits"] == []
+    svc.restart()
+    done = wait_for(lambda: (f := found())["index"]["complete"] and f["hits"] and f)
+    assert done["hits"][0]["file"]["file_uuid"] == uuid
+    assert done["hits"][0]["processor"] == "asr"

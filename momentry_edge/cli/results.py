@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..terminal import printable, scrub
+from ..words import fold
 from .client import ApiClient, ApiError
 
 UUID = re.compile(
@@ -49,11 +50,12 @@ def find_file(api: ApiClient, ref: str) -> dict[str, Any]:
         except ApiError as exc:
             if exc.status != 404:
                 raise
-    wanted = {ref, Path(ref).name}
+    # Names compared as searches compare them: "eclair" is "Éclair", typed composed or not.
+    wanted = {fold(ref), fold(Path(ref).name)}
     matches, offset = [], 0
     while True:  # the service lists at most PAGE a request
-        page = api.files(PAGE, offset)
-        matches += [f for f in page["files"] if f["path"] == ref or f["file_name"] in wanted]
+        page = api.files(PAGE, offset, name=Path(ref).name)
+        matches += [f for f in page["files"] if f["path"] == ref or fold(f["file_name"]) in wanted]
         offset += len(page["files"])
         if not page["files"] or offset >= page["total"]:
             break

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import bottle
-from bottle import request, response
+from bottle import response
 
 from .. import jobs, outputs, stored_results
 from ..errors import Invalid, NotFound
@@ -20,6 +20,7 @@ from .parsing import (
     not_at,
     paging,
     register_fields,
+    text_query,
 )
 
 
@@ -80,7 +81,7 @@ def add(app: bottle.Bottle, service: Core) -> None:
     def list_files() -> dict:
         states = csv_query("state", set(FileState))
         limit, offset = paging()
-        return views.list_files(states, limit, offset, request.query.get("name"))
+        return views.list_files(states, limit, offset, text_query("name"))
 
     @app.get("/api/v1/files/<file_uuid>")
     def file_detail(file_uuid: str) -> dict:

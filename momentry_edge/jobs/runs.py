@@ -10,6 +10,7 @@ from typing import Any
 
 from .. import clock, outputs, store, stored_results
 from ..events import bus
+from ..search import index as search_index
 from ..store import Job, JobStatus, MediaFile, ProcessorRun, RunStatus
 from . import estimates
 from .common import LeaseLost, _now
@@ -93,7 +94,14 @@ def _write_run(
 def _keep(run_id: int, document: outputs.Staged) -> None:
     """Store the run's document in the database with the run's record, so every node
     serves it."""
-    stored_results.keep_staged(run_id, document)
+    _index(stored_results.keep_staged(run_id, document))
+
+
+def _index(kept: stored_results.Kept | None) -> None:
+    """A completed document's moments into the search index, with the run's record:
+    searchable once the run shows done."""
+    if kept is not None and kept.status == outputs.COMPLETED:
+        search_index.put(kept.file_id, kept.processor, kept.document)
 
 
 @store.retried
@@ -280,7 +288,7 @@ def skip_run(claim: Claim, run: ProcessorRun, reason: str, output_path: str | No
         )
         if linked:
             folder = Path(str(output_path)).parent
-            stored_results.keep_folder(run.id, run.processor, folder)
+            _index(stored_results.keep_folder(run.id, run.processor, folder))
 
 
 @store.retried

@@ -117,6 +117,12 @@ from .schema import (
     RunStatus as RunStatus,
 )
 from .schema import (
+    SearchEntry as SearchEntry,
+)
+from .schema import (
+    SearchIndexed as SearchIndexed,
+)
+from .schema import (
     fingerprint as fingerprint,
 )
 from .schema import (

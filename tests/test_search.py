@@ -143,6 +143,15 @@ def test_names_are_found_without_case_or_accents_however_written(start_service):
     assert [(h["processor"], h["start"]) for h in hits] == [("name", None)]
     assert marked(hits[0]) == [unicodedata.normalize("NFD", "Éclair")]
 
+    searched = subprocess.run(
+        [sys.executable, "-m", "momentry_edge.cli", "--config", str(svc.config_path),
+         "search", "ÉCLAIR"],
+        capture_output=True, text=True, env=svc.env,
+    )  # fmt: skip
+    assert searched.returncode == 0, searched.stderr
+    first, count = searched.stdout.splitlines()
+    assert unicodedata.normalize("NFC", first).startswith("Éclair.mp4  -  [name]  **Éclair**")
+    assert count == "1 of 1 found"
     shown = subprocess.run(
         [
             sys.executable,

@@ -73,6 +73,12 @@ def cmd_results(api: ApiClient, args: argparse.Namespace) -> int:
     return results.command(api, args)
 
 
+def cmd_search(api: ApiClient, args: argparse.Namespace) -> int:
+    from . import search
+
+    return search.command(api, args)
+
+
 def cmd_pause(api: ApiClient, args: argparse.Namespace) -> int:
     return _show(args, api.pause(), _paused)
 

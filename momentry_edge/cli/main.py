@@ -41,6 +41,7 @@ from .commands import (
     cmd_results,
     cmd_resume,
     cmd_retry,
+    cmd_search,
     cmd_service,
     cmd_status,
     cmd_submit,
@@ -181,6 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = add("results", cmd_results, "where a file's results are; --text prints its transcript")
     sub.add_argument("file", metavar="NAME|UUID", help="the file's name, path or uuid")
     sub.add_argument("--text", action="store_true", help="print the transcript (asr)")
+    sub = add("search", cmd_search, "find moments by what was said, shown or written")
+    sub.add_argument("query", metavar="WORDS", help='words, "a phrase", a prefix*')
+    sub.add_argument("--limit", type=_positive_int, default=20, help="hits shown")
+    sub.add_argument("--source", choices=("asr", "asrx", "ocr", "yolo", "name"))
+    sub.add_argument("--folder", help="only files in this folder of the drop folder")
     add("pause", cmd_pause, "pause the queue: running jobs finish, nothing new starts")
     add("resume", cmd_resume, "resume a paused queue")
     sub = add("clear", cmd_clear, "cancel every pending and retrying job (asks on a terminal)")

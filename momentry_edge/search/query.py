@@ -225,11 +225,14 @@ def _moment_hits(
     # The candidates: the newest matches (the index read newest first, stopped at the
     # bound), each scored as it is read; then ordered by score.
     if store.is_postgres(database):
+        # Scored after the bound: a score in the candidates' list would be computed for
+        # every match before the newest are kept.
         candidates = (
             "WITH q AS (SELECT to_tsquery('simple', ?) AS q),"
-            " c AS (SELECT e.id, ts_rank(e.tsv, q.q) AS score FROM search_entry e, q"
+            " c AS (SELECT e.id FROM search_entry e, q"
             f" WHERE e.tsv @@ q.q{extra} ORDER BY e.id DESC LIMIT ?)"
         )
+        score = "ts_rank(e.tsv, q.q)"
         expression = tsquery(query)
     else:
         # CROSS JOIN: SQLite joins in the order written, the full-text index first.
@@ -238,11 +241,14 @@ def _moment_hits(
             " FROM search_fts CROSS JOIN search_entry e ON e.id = search_fts.rowid"
             f" WHERE search_fts MATCH ?{extra} ORDER BY search_fts.rowid DESC LIMIT ?)"
         )
+        score = "c.score"
         expression = fts5(query)
-    join = "JOIN" if store.is_postgres(database) else "CROSS JOIN"  # SQLite: in this order
+    postgres = store.is_postgres(database)
+    join = "JOIN" if postgres else "CROSS JOIN"  # SQLite: in this order
     ranked = (
-        f" SELECT {columns}, c.score FROM c {join} search_entry e ON e.id = c.id"
-        f" {join} media_file m ON m.id = e.file_id ORDER BY c.score DESC, e.id DESC LIMIT ?"
+        f" SELECT {columns}, {score} AS score FROM c {join} search_entry e ON e.id = c.id"
+        f" {join} media_file m ON m.id = e.file_id{', q' if postgres else ''}"
+        " ORDER BY score DESC, e.id DESC LIMIT ?"
     )
     args = [expression, *params, CANDIDATES]
     rows = store.execute(candidates + ranked, *args, limit).fetchall()

@@ -140,6 +140,8 @@ class Staged:
         self._after = None if fresh else after
         self._placed = False
         self.companions: list[Staged] = []  # placed just before it (a run's extra files)
+        # (processor, status) of a run's document (stage_result): stored with the run.
+        self.result: tuple[str, str] | None = None
 
     def place(self) -> Path:
         """Put the file at ``path``; again, when already placed, does nothing."""
@@ -205,10 +207,10 @@ def _temp_file(path: Path) -> tuple[int, str, bool]:
 
 
 def write_json_atomic(path: Path, data: Any) -> Path:
-    return write_atomic(path, _indented(data) + "\n")
+    return write_atomic(path, indented(data) + "\n")
 
 
-def _indented(data: Any) -> str:
+def indented(data: Any) -> str:
     """``json.dumps(data, ensure_ascii=False, indent=2)``, the same text, but strict JSON
     (store.NotJSON for NaN or Infinity: strict parsers refuse them). For a document
     (a dict of mostly plain values) its top level is written here and each plain value
@@ -281,8 +283,13 @@ def stage_result(
         "last_checkpoint": {k: checkpoint[k] for k in ("frame", "timestamp") if k in checkpoint}
         or None,
     }
+    staged = _stage_document(folder, processor, status, indented(document) + "\n")
+    staged.result = (processor, status)
+    return staged
+
+
+def _stage_document(folder: Path, processor: str, status: str, text: str) -> Staged:
     path = document_path(folder, processor)
-    text = _indented(document) + "\n"
     if status != COMPLETED and _holds_complete_result(path):
         other = aside_path(folder, processor, PARTIAL if status == FAILED else FAILED)
         # The newer of the two set aside tells.
@@ -390,7 +397,7 @@ def read_shown(shown: Shown) -> bytes | None:
         parsed = json.loads(document)
     except ValueError:
         return document
-    return (_indented(parsed | {"later_run": shown.later}) + "\n").encode("utf-8")
+    return (indented(parsed | {"later_run": shown.later}) + "\n").encode("utf-8")
 
 
 def read_result(folders: list[Path], processor: str, fingerprint: str | None) -> bytes | None:

@@ -47,6 +47,7 @@ from .jobs import views
 from .jobs.stalls import StallWatch
 from .processors import Registry
 from .provision import Provisioner
+from .search import index as search_index
 from .sidecars.alerts import AlertSender
 from .sidecars.callbacks import CallbackSender
 from .sidecars.mirror import RedisMirror
@@ -113,6 +114,8 @@ class Service:
         # Leases and last_seen on a thread of their own: no housekeeping step holds them up.
         self.heartbeat = cluster.Heartbeat(self._beat, config.queue.lease_seconds / 3)
         self._backup: threading.Thread | None = None  # the scheduled backup under way
+        # Results made before the search index existed, indexed in the background.
+        self.search_backfill = search_index.Backfill(config.data_dir)
         self.url = ""
         self.port: int | None = None  # the API's, once it listens
         self.token = ""  # what the API requires (apitoken.effective), set at start
@@ -301,6 +304,7 @@ class Service:
             self.workers.start()
             self.notifier.start()
         self.watcher.start()  # its first act is the start-up rescan
+        self.search_backfill.start()
         self._write_run_file()
         log.info("momentry-edge %s listening on %s (node %s)", __version__, self.url, self.node)
         self._announce()
@@ -469,6 +473,7 @@ class Service:
         if self.server is not None:
             stop_server(self.server, self._http)
         self.provision.stop()  # a pull in progress stops; the next start resumes it
+        self.search_backfill.stop()
         # 2. Running processors stop at their next report and go back to the line.
         if self.workers.started:
             self.workers.stop()

@@ -77,3 +77,11 @@ def test_asr_bench_shares_one_model_call_between_asr_and_asrx() -> None:
     out = run_benchmark("asr_bench.py", "--seconds", "10", "--repeat", "1")
     assert "overhead ratio (edge RTF / direct RTF):" in out
     assert "(1 model call) vs asr then asrx" in out and "(2 model calls)" in out
+
+
+def test_search_bench_times_queries_on_both_databases() -> None:
+    out = run_benchmark("search_bench.py", "--segments", "1000", "--queries", "40", "--like", "2")
+    for database in ("sqlite", "postgres"):
+        assert f"{database}: indexing 1,000 segments" in out
+    assert out.count("\nall ") == 2 and out.count("LIKE %word% (+count)") == 2
+    assert out.count("indexing one hour of footage's results") == 2

@@ -113,6 +113,7 @@ RESCAN: Shape = {
 JOBS: Shape = {"jobs": ListOf(LISTED), "total": int}
 FILE_SUMMARY: Shape = {"file_uuid": str, "file_name": str, "path": str, "state": str}
 FILES: Shape = {"files": ListOf(FILE_SUMMARY), "total": int}
+SEARCH: Shape = {"hits": ListOf({"file": dict, "snippet": list}), "total": int}
 FILE: Shape = FILE_SUMMARY | {"jobs": ListOf({"task_id": str, "status": str})}
 # An entry of the dead list: each failed processor's error by name.
 DEAD: Shape = {
@@ -283,9 +284,15 @@ class ApiClient:
             "POST", f"/api/v1/files/{_seg(file_uuid)}/forget", FORGOTTEN, json=body, timeout=120
         )
 
-    def files(self, limit: int = 1000, offset: int = 0) -> dict[str, Any]:
-        params = {"limit": limit, "offset": offset}
+    def files(self, limit: int = 1000, offset: int = 0, name: str | None = None) -> dict[str, Any]:
+        params: dict[str, Any] = {"limit": limit, "offset": offset}
+        if name:  # a part of the name (any case or accents)
+            params["name"] = name
         return self._call("GET", "/api/v1/files", FILES, params=params)
+
+    def search(self, q: str, limit: int = 20, **filters: str | None) -> dict[str, Any]:
+        params = {"q": q, "limit": limit} | {k: v for k, v in filters.items() if v}
+        return self._call("GET", "/api/v1/search", SEARCH, params=params)
 
     def result(self, file_uuid: str, processor: str) -> dict[str, Any]:
         path = f"/api/v1/files/{_seg(file_uuid)}/results/{_seg(processor)}"

@@ -125,6 +125,12 @@ def cmd_open(api: ApiClient, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_search(api: ApiClient, args: argparse.Namespace) -> int:
+    from . import search
+
+    return search.command(api, args)
+
+
 def cmd_pause(api: ApiClient, args: argparse.Namespace) -> int:
     return _show(args, api.pause(), _paused)
 

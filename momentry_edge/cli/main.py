@@ -46,6 +46,7 @@ from .commands import (
     cmd_results,
     cmd_resume,
     cmd_retry,
+    cmd_search,
     cmd_service,
     cmd_status,
     cmd_submit,
@@ -198,6 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="delete the file from the watched folder too (else it must be moved away first)",
     )
+    sub = add("search", cmd_search, "find moments by what was said, shown or written")
+    sub.add_argument("query", metavar="WORDS", help='words, "a phrase", a prefix*')
+    sub.add_argument("--limit", type=_positive_int, default=20, help="hits shown")
+    sub.add_argument("--source", choices=("asr", "asrx", "ocr", "yolo", "name"))
+    sub.add_argument("--folder", help="only files in this folder of the drop folder")
     add("pause", cmd_pause, "pause the queue: running jobs finish, nothing new starts")
     add("resume", cmd_resume, "resume a paused queue")
     sub = add(

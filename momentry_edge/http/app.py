@@ -14,7 +14,15 @@ from bottle import request, response
 
 from .. import store
 from ..errors import ClientError
-from . import console, guards, routes_files, routes_jobs, routes_queue, routes_service
+from . import (
+    console,
+    guards,
+    routes_files,
+    routes_jobs,
+    routes_queue,
+    routes_search,
+    routes_service,
+)
 from .core import Core
 from .openapi import OPERATIONS
 from .parsing import (
@@ -82,6 +90,7 @@ def make_app(service: Core) -> bottle.Bottle:
     routes_queue.add(app, service)
     routes_jobs.add(app, service)
     routes_files.add(app, service)
+    routes_search.add(app, service)
 
     # The query parameters each /api/ route takes, as its OpenAPI operation names them: any
     # other is refused, as a misspelt filter would widen what a request lists or clears.

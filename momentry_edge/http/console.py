@@ -12,7 +12,7 @@ from typing import Any
 import bottle
 from bottle import response
 
-from .. import jobs, outputs
+from .. import jobs, outputs, stored_results
 from ..errors import NotFound
 from .parsing import interface
 
@@ -75,8 +75,10 @@ def add_routes(app: bottle.Bottle, service: Any, find_file: Any) -> None:
                 f"no {processor[:100]}.{format[:20]}: subtitles are asr or asrx "
                 "(or one track's: asr.track1, asr.track0.left), srt or vtt"
             )
-        folders = outputs.result_folders(service.config.data_dir, record)
-        content = outputs.read_sidecar(folders, f"{processor}.{format}")
+        content = stored_results.read_sidecar(record, f"{processor}.{format}")
+        if content is None:  # written before the database kept them
+            folders = outputs.result_folders(service.config.data_dir, record)
+            content = outputs.read_sidecar(folders, f"{processor}.{format}")
         if content is None:
             raise NotFound(f"{processor} has no {format} subtitles for file {file_uuid}")
         response.content_type = SUBTITLES[format]

@@ -306,6 +306,31 @@ SCHEMAS: dict[str, Schema] = {
     ),
     # A newer run of a processor that failed or was cancelled beside its complete result.
     "LaterRun": _obj(_RUN_OF_RESULT, "*"),
+    "SearchHit": _obj(
+        {
+            "file": _obj({"file_uuid": FILE_UUID, "name": STR, "folder": STR}, "*"),
+            "processor": _enum("asr", "asrx", "ocr", "yolo", "name"),
+            "start": _null(NUM),  # seconds; null for a file found by its name
+            "end": _null(NUM),
+            "text": STR,
+            "snippet": _arr(_obj({"text": STR, "match": BOOL}, "*")),
+            "score": _null(NUM),
+            "thumbnail_url": _null(STR),  # the keyframe of the scene the moment starts in
+        },
+        "*",
+    ),
+    "SearchResults": _obj(
+        {
+            "query": STR,
+            "hits": _arr(_ref("SearchHit")),
+            "total": INT,
+            "total_exact": BOOL,  # false: at least total (ranked among the newest matches)
+            "limit": INT,
+            "offset": INT,
+            "index": _obj({"complete": BOOL, "waiting": INT}, "*"),
+        },
+        "*",
+    ),
     "ProcessorInfo": _obj(
         {
             "backend": {"type": "string", "example": "faster-whisper"},
@@ -432,7 +457,18 @@ PARAMETERS = {
         ("offset", "query", INT | {"minimum": 0, "default": 0}, ""),
         ("status", "query", STR, "comma-separated job statuses, e.g. failed,partial"),
         ("state", "query", STR, "comma-separated file states: present, missing, rejected, ignored"),
-        ("name", "query", STR | {"maxLength": 1000}, "a part of the file name, in any case"),
+        (
+            "name",
+            "query",
+            STR | {"maxLength": 1000},
+            "a part of the file name, in any case, with or without accents",
+        ),
+        ("q", "query", STR | {"maxLength": 1000}, 'words, "a phrase", a prefix*'),
+        ("source", "query", _enum("asr", "asrx", "ocr", "yolo", "name"), "where the words are"),
+        ("folder", "query", STR, "a folder of the drop folder: its files and those below"),
+        ("file", "query", FILE_UUID, "one file's file_uuid"),
+        ("since", "query", STR | {"format": "date-time"}, "files registered from then on"),
+        ("until", "query", STR | {"format": "date-time"}, "files registered before then"),
         ("asset", "path", STR, "one of the console's files: app.js, app.css"),
         ("format", "path", _enum("srt", "vtt"), "the subtitle format"),
     )
@@ -640,6 +676,20 @@ OPERATIONS: dict[str, Schema] = {  # "method path": operation, one per route in 
         _list("files", "FileSummary"),
         "400",
         query=("state", "name", *_PAGING),
+    ),
+    "get /api/v1/search": _op(
+        "search",
+        "Moments (transcript lines, on-screen text, objects) and files found by words",
+        _ref("SearchResults"),
+        "400",
+        query=("q", "source", "folder", "file", "since", "until", *_PAGING),
+    ),
+    "get /api/v1/search.csv": _op(
+        "search_csv",
+        "The same search's hits as CSV (file, folder, file_uuid, source, start, end, time)",
+        _text("text/csv", "one row a hit, after a header row"),
+        "400",
+        query=("q", "source", "folder", "file", "since", "until", *_PAGING),
     ),
     "get /api/v1/files/{file_uuid}": _op(
         "file_detail", "One file, its media details and jobs", _ref("FileDetail"), "404"

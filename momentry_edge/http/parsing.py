@@ -204,6 +204,20 @@ def check_query(names: frozenset[str]) -> None:
         raise Invalid(f"unknown query parameter {unknown[0][:100]!r}; {takes}")
 
 
+def text_query(key: str) -> str | None:
+    """A query value as the client wrote it (bottle gives each byte as a character: "Día"
+    would be "DÃ\xada"), given at most once; None when not given."""
+    given = request.query.getall(key)
+    if len(given) > 1:
+        raise Invalid(f"{key} may be given once")
+    if not given:
+        return None
+    try:
+        return given[0].encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        raise Invalid(f"{key} is not UTF-8 text") from None
+
+
 def csv_query(name: str, allowed: set[str]) -> list[str]:
     # Repeated (?status=a&status=b) as well as comma-separated: each value counts.
     values = [v for given in request.query.getall(name) for v in given.split(",") if v]

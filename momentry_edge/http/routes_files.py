@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import bottle
-from bottle import request, response
+from bottle import response
 
-from .. import jobs, outputs
+from .. import jobs, outputs, stored_results
 from ..errors import Invalid, NotFound
 from ..ingest import upload_hooks
 from ..jobs import views
@@ -22,6 +22,7 @@ from .parsing import (
     not_at,
     paging,
     register_fields,
+    text_query,
 )
 
 
@@ -82,7 +83,7 @@ def add(app: bottle.Bottle, service: Core) -> None:
     def list_files() -> dict:
         states = csv_query("state", set(FileState))
         limit, offset = paging()
-        return views.list_files(states, limit, offset, request.query.get("name"))
+        return views.list_files(states, limit, offset, text_query("name"))
 
     @app.get("/api/v1/files/<file_uuid>")
     def file_detail(file_uuid: str) -> dict:
@@ -98,8 +99,10 @@ def add(app: bottle.Bottle, service: Core) -> None:
         record = media_file(file_uuid)
         if processor not in service.processor_names:
             raise NotFound(f"unknown processor {processor!r}")
-        folders = outputs.result_folders(service.config.data_dir, record)
-        document = outputs.read_result(folders, processor, record.fingerprint)
+        document = stored_results.read_document(record, processor)
+        if document is None:  # a result written before the database kept them
+            folders = outputs.result_folders(service.config.data_dir, record)
+            document = outputs.read_result(folders, processor, record.fingerprint)
         if document is None:
             raise NotFound(f"{processor} has no output for file {file_uuid} yet")
         response.content_type = "application/json"
@@ -126,8 +129,10 @@ def add(app: bottle.Bottle, service: Core) -> None:
     @app.get("/api/v1/files/<file_uuid>/thumbnails/<index>")
     def thumbnail(file_uuid: str, index: str) -> Any:
         record = media_file(file_uuid)
-        folders = outputs.result_folders(service.config.data_dir, record)
-        picture = outputs.scene_thumbnail(folders, index)
+        picture = stored_results.scene_thumbnail(record, index)
+        if picture is None:  # a result written before the database kept them
+            folders = outputs.result_folders(service.config.data_dir, record)
+            picture = outputs.scene_thumbnail(folders, index)
         if picture is None:
             raise NotFound(f"file {file_uuid} has no thumbnail for scene {index!r}")
         response.content_type = "image/jpeg"

@@ -15,6 +15,7 @@ from .. import jobs, store
 from ..errors import Conflict, Invalid
 from ..media import EMPTY, MediaError, MediaInfo, MediaNotFoundError, is_transient, probe
 from ..store import FileState, Job, JobStatus, MediaFile, fingerprint
+from ..words import fold
 from .guard import needs_probe
 from .paths import file_uuid_for
 from .records import Outcome, metadata
@@ -184,6 +185,7 @@ def _write(
         "watch_root": str(root),
         "rel_path": str(path.relative_to(root)),
         "name": path.name,
+        "folded_name": fold(path.name),
         **store.stamp(st),
         "updated_at": now,
         "state": observed.state,
@@ -226,6 +228,7 @@ def _fields(
         "watch_root": str(root),
         "rel_path": str(path.relative_to(root)),
         "name": path.name,
+        "folded_name": fold(path.name),
         **store.stamp(st),
         "state": observed.state,
         "reason": observed.reason,

@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from .. import clock, outputs, store
+from .. import clock, outputs, store, stored_results
 from ..events import bus
+from ..search import index as search_index
 from ..store import Job, JobStatus, MediaFile, ProcessorRun, RunStatus
 from . import estimates
 from .common import LeaseLost, _now
@@ -68,12 +70,15 @@ def _write_run(
     The condition is in the statement itself (no read-then-write race); on PostgreSQL it
     share-locks the job's row, so the reaper cannot give the job away before the commit.
     ``document``, the run's document, is put in place before that commit: a worker that
-    lost the job never replaces the document of the one that holds it now.
+    lost the job never replaces the document of the one that holds it now. It is stored
+    in the database with the record too (stored_results), for every node to serve.
     """
+    run_id = params[-1]
     if claim is None:
         store.execute(sql, *params)
         if document is not None:
             document.place()
+            _keep(run_id, document)
         return
     lock = " FOR SHARE" if store.is_postgres(Job._meta.database) else ""
     sql += (
@@ -86,6 +91,20 @@ def _write_run(
             raise LeaseLost(f"job {claim.job_id} is no longer held by {claim.owner}")
         if document is not None:
             document.place()
+            _keep(run_id, document)
+
+
+def _keep(run_id: int, document: outputs.Staged) -> None:
+    """Store the run's document in the database with the run's record, so every node
+    serves it."""
+    _index(stored_results.keep_staged(run_id, document))
+
+
+def _index(kept: stored_results.Kept | None) -> None:
+    """A completed document's moments into the search index, with the run's record:
+    searchable once the run shows done."""
+    if kept is not None and kept.status == outputs.COMPLETED:
+        search_index.put(kept.file_id, kept.processor, kept.document)
 
 
 @store.retried
@@ -258,18 +277,24 @@ def _complete(done: Completion, claim: Claim | None) -> None:
 @store.retried
 def skip_run(claim: Claim, run: ProcessorRun, reason: str, output_path: str | None = None) -> None:
     now = clock.now()
-    _write_run(
-        claim,
-        "UPDATE processor_run SET status = ?, reason = ?, output_path = ?, completed_at = ?,"
-        " last_checkpoint = ?, updated_at = ? WHERE id = ?",
-        RunStatus.SKIPPED,
-        reason,
-        output_path,
-        now,
-        _position_only(run.id),
-        now,
-        run.id,
-    )
+    # Another file's result linked in (outputs.duplicate_output) is stored as this run's.
+    linked = output_path is not None and reason.startswith("duplicate of ")
+    with store.write_transaction(Job._meta.database) if linked else contextlib.nullcontext():
+        _write_run(
+            claim,
+            "UPDATE processor_run SET status = ?, reason = ?, output_path = ?, completed_at = ?,"
+            " last_checkpoint = ?, updated_at = ? WHERE id = ?",
+            RunStatus.SKIPPED,
+            reason,
+            output_path,
+            now,
+            _position_only(run.id),
+            now,
+            run.id,
+        )
+        if linked:
+            folder = Path(str(output_path)).parent
+            _index(stored_results.keep_folder(run.id, run.processor, folder))
 
 
 def _position_only(run_id: int) -> str | None:
@@ -330,20 +355,25 @@ def undocumented_failures(task_ids: Collection[str]) -> list[ProcessorRun]:
     )
 
 
-def documented(run: ProcessorRun, output_path: str) -> None:
-    """Record the failed document written after the run was failed (its job is parked
-    already, so nothing else would tell the event stream and the mirror)."""
-    if _documented(run, output_path):
+def documented(run: ProcessorRun, document: outputs.Staged) -> None:
+    """Place and record the failed document written after the run was failed (its job is
+    parked already, so nothing else would tell the event stream and the mirror)."""
+    if _documented(run, document):
         bus.publish("job.documented", task_id=run.job.task_id, processor=run.processor)
 
 
 @store.retried
-def _documented(run: ProcessorRun, output_path: str) -> int:
-    return (
-        ProcessorRun.update(output_path=output_path)
-        .where(ProcessorRun.id == run.id, ProcessorRun.status == RunStatus.FAILED)
-        .execute()
-    )
+def _documented(run: ProcessorRun, document: outputs.Staged) -> int:
+    with store.write_transaction(Job._meta.database):
+        output_path = str(document.place())
+        updated = (
+            ProcessorRun.update(output_path=output_path)
+            .where(ProcessorRun.id == run.id, ProcessorRun.status == RunStatus.FAILED)
+            .execute()
+        )
+        if updated:
+            _keep(run.id, document)
+        return int(updated)
 
 
 @store.retried

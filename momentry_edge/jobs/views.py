@@ -14,6 +14,7 @@ from .. import clock, jobs, store
 from ..clock import iso
 from ..errors import Invalid
 from ..store import FileState, Job, JobStatus, MediaFile, ProcessorRun, RunStatus
+from ..words import fold
 from . import estimates
 
 
@@ -574,13 +575,19 @@ def list_files(
         query = query.where(MediaFile.state.in_(states))
     if name and ("\0" in name or len(name) > 1000):
         raise Invalid("name must be at most 1000 characters, without NUL")
-    if name:  # a part of the name, in any case (LIKE's wildcards taken as themselves)
-        escaped = re.sub(r"([\\%_])", r"\\\1", name.lower())
-        like = (pw.fn.LOWER(MediaFile.name), pw.SQL("LIKE"), f"%{escaped}%", pw.SQL("ESCAPE '\\'"))
-        query = query.where(pw.NodeList(like))
+    if name:  # a part of the name, in any case or accents (LIKE's wildcards taken as themselves)
+        query = query.where(name_like(name))
     total = query.count()
     page = query.order_by(MediaFile.id.desc()).limit(limit).offset(offset)
     return {"files": [file_summary(f) for f in page], "total": total}
+
+
+def name_like(part: str) -> pw.Node:
+    """Files whose name holds ``part``, as searches compare names (words.fold)."""
+    escaped = re.sub(r"([\\%_])", r"\\\1", fold(part))
+    return pw.NodeList(
+        (MediaFile.folded_name, pw.SQL("LIKE"), f"%{escaped}%", pw.SQL("ESCAPE '\\'"))
+    )
 
 
 def _round(value: float | None) -> float | None:

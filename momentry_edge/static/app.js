@@ -782,7 +782,8 @@ async function drawRejected() {
 // -- one file's page -----------------------------------------------------------------------
 
 function route() {
-  const match = location.hash.match(/^#\/file\/([0-9a-f]{32})$/);
+  const match = location.hash.match(/^#\/file\/([0-9a-f]{32})(?:\/at\/([0-9]+(?:\.[0-9]+)?))?$/);
+  state.at = match && match[2] !== undefined ? Number(match[2]) : null;  // a moment: its line shown
   for (const url of state.blobs) URL.revokeObjectURL(url);
   state.blobs = [];
   state.fileUuid = match ? match[1] : null;
@@ -921,9 +922,12 @@ function drawTranscript(uuid, file, [name, doc]) {
     el("button", { type: "button", text: "Download VTT", onclick: () => download(`${base(uuid)}/results/${name}.vtt`, `${stem}.vtt`) }),
     el("button", { type: "button", text: "Download JSON", onclick: () => download(`${base(uuid)}/results/${name}`, `${stem}.${name}.json`) }));
   const segments = doc.result.segments || [];
-  $("transcript").replaceChildren(...noted(runNote(doc, name, "li"), segments.length ? segments.map((s) => el("li", {},
+  $("transcript").replaceChildren(...noted(runNote(doc, name, "li"), segments.length ? segments.map((s) => el("li", {
+    class: state.at !== null && s.start <= state.at && state.at < s.end + 0.001 ? "here" : null },
     el("time", { text: `${clockTime(s.start)} → ${clockTime(s.end)}` }), el("span", { text: s.text.trim() })))
     : [el("li", { class: "muted", text: "No speech found." })]));
+  const here = $("transcript").querySelector("li.here");
+  if (here) { here.setAttribute("aria-current", "true"); here.scrollIntoView({ block: "center" }); }
 }
 
 // Times a thing is seen, as spans: frames closer than three sampling steps join one span.
@@ -986,3 +990,81 @@ function drawPeople(face, pose) {
 }
 
 start();
+
+// -- find the moment -----------------------------------------------------------------------
+// One box: files by name and moments by what was said, shown or written (GET /api/v1/search).
+// A hit opens the file's page at its moment (#/file/<uuid>/at/<seconds>), its transcript
+// line marked; the link can be copied, and the hits exported as CSV.
+
+const FIND_PAGE = 50;
+const find = { q: "", hits: [], pictures: [] };
+const momentLink = (hit) => "#/file/" + hit.file.file_uuid + (hit.start === null ? "" : "/at/" + hit.start.toFixed(3));
+const SOURCES = { asr: "said", asrx: "said", ocr: "on screen", yolo: "seen", name: "file name" };
+
+$("find-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  find.q = $("find-q").value.trim();
+  if (!find.q) { $("find-results").hidden = true; return; }
+  try {
+    const found = await get(`/api/v1/search?limit=${FIND_PAGE}&q=` + encodeURIComponent(find.q));
+    find.hits = found.hits;
+    drawHits(found);
+  } catch (e) {
+    if (e.status !== 401) { find.hits = []; drawHits(null, e.message); }
+  }
+});
+
+function drawHits(found, problem) {
+  $("find-results").hidden = false;
+  $("find-csv").hidden = !find.hits.length;
+  for (const url of find.pictures) URL.revokeObjectURL(url);
+  find.pictures = [];
+  if (!found) { $("find-count").textContent = problem; $("find-hits").replaceChildren(); return; }
+  const more = found.total_exact ? "" : "more than ";
+  $("find-count").textContent = (found.total ? `${more}${found.total} found` : "Nothing found")
+    + (found.total > found.hits.length ? `, the best ${found.hits.length} shown` : "")
+    + (found.index.complete ? "" : ` (still indexing ${found.index.waiting} earlier results)`);
+  $("find-hits").replaceChildren(...found.hits.map((hit) => {
+    const picture = hit.thumbnail_url ? el("img", { alt: "", width: 96, height: 54 }) : el("span", { class: "none" });
+    // Kept while the hits are shown (not with the file page's pictures, revoked on leaving it).
+    if (hit.thumbnail_url) {
+      call("GET", hit.thumbnail_url).then((r) => r.blob()).then((b) => {
+        picture.src = URL.createObjectURL(b);
+        find.pictures.push(picture.src);
+      }, () => picture.remove());
+    }
+    const where = hit.start === null ? "" : clockTime(hit.start) + " ";
+    const link = el("a", { class: "name", href: momentLink(hit), text: `${hit.file.name} ${where}` });
+    const copy = el("button", { type: "button", text: "Copy link", onclick: () => copyLink(hit, copy) });
+    const text = el("span", {}, ...hit.snippet.map((p) => (p.match ? el("mark", { text: p.text }) : p.text)));
+    return el("li", { class: "hit" }, picture, el("div", {},
+      el("div", { class: "row" }, link, el("span", { class: "muted", text: SOURCES[hit.processor] || hit.processor }), copy),
+      text));
+  }));
+}
+
+async function copyLink(hit, button) {
+  const url = location.origin + location.pathname + momentLink(hit);
+  try {
+    await navigator.clipboard.writeText(url);
+    button.textContent = "Copied";
+  } catch (_) {  // no clipboard here (a page over plain http): shown to copy by hand
+    window.prompt("Link to this moment", url);
+  }
+}
+
+$("find-csv").addEventListener("click", () => {
+  const cell = (v) => (v === null || v === undefined ? "" : /[",\n\r]/.test(String(v)) ? `"${String(v).replace(/"/g, '""')}"` : String(v));
+  const rows = [["file", "folder", "file_uuid", "source", "start", "end", "timecode", "text", "link"]];
+  for (const h of find.hits) {
+    rows.push([h.file.name, h.file.folder, h.file.file_uuid, h.processor, h.start, h.end,
+      h.start === null ? "" : clockTime(h.start), h.text, location.origin + location.pathname + momentLink(h)]);
+  }
+  const csv = rows.map((r) => r.map(cell).join(",")).join("\r\n") + "\r\n";
+  const url = URL.createObjectURL(new Blob([csv], { type: "text/csv;charset=utf-8" }));
+  const link = el("a", { href: url, download: "moments.csv" });
+  document.body.append(link);
+  link.click();
+  link.remove();
+  URL.revokeObjectURL(url);
+});

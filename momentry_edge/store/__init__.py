@@ -111,7 +111,16 @@ from .schema import (
     QueueState as QueueState,
 )
 from .schema import (
+    ResultPart as ResultPart,
+)
+from .schema import (
     RunStatus as RunStatus,
+)
+from .schema import (
+    SearchEntry as SearchEntry,
+)
+from .schema import (
+    SearchIndexed as SearchIndexed,
 )
 from .schema import (
     fingerprint as fingerprint,

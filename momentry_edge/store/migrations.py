@@ -16,6 +16,9 @@ from .schema import (
     Node,
     ProcessorRun,
     QueueState,
+    ResultPart,
+    SearchEntry,
+    SearchIndexed,
 )
 from .sql import is_postgres
 
@@ -157,6 +160,51 @@ def _v12_file_picture(db: pw.Database) -> None:
             run_migrations(migrator.add_column("media_file", name, getattr(MediaFile, name)))
 
 
+def _v13_result_parts(db: pw.Database) -> None:
+    # Results kept in the database too, served by every node (ResultPart); those written
+    # before are read from the results folder until their processor runs again.
+    db.create_tables([ResultPart])
+
+
+def _v14_search(db: pw.Database) -> None:
+    # The search index (SearchEntry, SearchIndexed) and names as searches compare them.
+    # Results made before are indexed by the service in the background (search.backfill).
+    from ..words import fold  # the one rule, shared with the searches
+
+    db.create_tables([SearchEntry, SearchIndexed])
+    if is_postgres(db):
+        db.execute_sql(
+            "ALTER TABLE search_entry ADD COLUMN IF NOT EXISTS tsv tsvector"
+            " GENERATED ALWAYS AS (to_tsvector('simple', terms)) STORED"
+        )
+        db.execute_sql(
+            "CREATE INDEX IF NOT EXISTS search_entry_tsv ON search_entry USING GIN (tsv)"
+        )
+    else:
+        # External content: the words live once, in search_entry; triggers keep the index.
+        db.execute_sql(
+            "CREATE VIRTUAL TABLE IF NOT EXISTS search_fts USING fts5(terms,"
+            " content='search_entry', content_rowid='id', tokenize='unicode61 remove_diacritics 0')"
+        )
+        db.execute_sql(
+            "CREATE TRIGGER IF NOT EXISTS search_entry_ai AFTER INSERT ON search_entry BEGIN"
+            " INSERT INTO search_fts (rowid, terms) VALUES (new.id, new.terms); END"
+        )
+        db.execute_sql(
+            "CREATE TRIGGER IF NOT EXISTS search_entry_ad AFTER DELETE ON search_entry BEGIN"
+            " INSERT INTO search_fts (search_fts, rowid, terms)"
+            " VALUES ('delete', old.id, old.terms); END"
+        )
+    if "folded_name" not in {c.name for c in db.get_columns("media_file")}:
+        migrator = SchemaMigrator.from_database(db)
+        run_migrations(migrator.add_column("media_file", "folded_name", MediaFile.folded_name))
+    for file_id, name in db.execute_sql("SELECT id, name FROM media_file").fetchall():
+        db.execute_sql(
+            f"UPDATE media_file SET folded_name = {db.param} WHERE id = {db.param}",
+            (fold(name), file_id),
+        )
+
+
 # Append-only: each entry moves the schema one version forward.
 
 MIGRATIONS: list[Callable[[pw.Database], None]] = [
@@ -172,6 +220,8 @@ MIGRATIONS: list[Callable[[pw.Database], None]] = [
     _v10_node_concurrency,
     _v11_file_hdr,
     _v12_file_picture,
+    _v13_result_parts,
+    _v14_search,
 ]
 
 

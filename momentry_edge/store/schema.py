@@ -136,6 +136,9 @@ class MediaFile(BaseModel):
     watch_root = pw.TextField()
     rel_path = pw.TextField()
     name = pw.TextField()
+    # The name as searches compare it (words.fold: no accents or case, NFC), so
+    # that "dia" finds "Día" however it was written; null only before it was filled in.
+    folded_name = pw.TextField(null=True)
     size = pw.BigIntegerField(default=0)
     mtime = pw.DoubleField(default=0)
     # With size and mtime, what tells that the file may hold other content since it was
@@ -298,4 +301,54 @@ class Node(BaseModel):
     last_seen = pw.DoubleField(default=time.time, index=True)
 
 
-MODELS = (QueueState, MediaFile, Job, ProcessorRun, Node)
+class ResultPart(BaseModel):
+    """A file a processor run wrote to the results folder, kept in the queue database so
+    that every node sharing it serves it (nodes share no disk): the run's document
+    (``<processor>.json``, whatever its status), its subtitles (``asr.srt``) and its
+    thumbnails (``cut.thumbnails/<name>.jpg``). As on disk, each file and processor keeps
+    its newest completed run's parts and the newest failed or partial one's beside them."""
+
+    file = pw.ForeignKeyField(MediaFile, on_delete="CASCADE")
+    file_id: Any  # the foreign key's column, as peewee adds it
+    run_id = pw.BigIntegerField(null=True)  # the ProcessorRun (kept when its job is pruned)
+    processor = pw.CharField(max_length=32)
+    status = pw.CharField(max_length=16)  # the run's document's: completed, failed, partial
+    name = pw.TextField()  # as in the results folder
+    content = pw.BlobField()
+    stored_at = pw.DoubleField(default=time.time, index=True)
+
+    class Meta:
+        indexes = ((("file", "name", "id"), False),)
+
+
+class SearchEntry(BaseModel):
+    """One moment a search can find: a transcript segment, an on-screen text line or an
+    object label over the span of time it was seen, from a file's newest complete result
+    of that processor. ``terms`` is what the full-text index holds (words.py); the
+    index itself (FTS5 on SQLite, a tsvector on PostgreSQL) is made by the migration."""
+
+    file = pw.ForeignKeyField(MediaFile, on_delete="CASCADE")
+    file_id: Any  # the foreign key's column, as peewee adds it
+    processor = pw.CharField(max_length=32)
+    start = pw.DoubleField(null=True)
+    end = pw.DoubleField(null=True)
+    text = pw.TextField()
+    terms = pw.TextField()
+
+    class Meta:
+        indexes = ((("file", "processor"), False),)
+
+
+class SearchIndexed(BaseModel):
+    """A file's result that is in the search index (with no entries, if it had no words):
+    what the index holds, and so what the upgrade's indexing has still to do."""
+
+    file = pw.ForeignKeyField(MediaFile, on_delete="CASCADE")
+    file_id: Any
+    processor = pw.CharField(max_length=32)
+
+    class Meta:
+        indexes = ((("file", "processor"), True),)
+
+
+MODELS = (QueueState, MediaFile, Job, ProcessorRun, Node, ResultPart, SearchEntry, SearchIndexed)

@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 ROWS_OF_FILE: tuple[tuple[str, str], ...] = (
     ("processor_run", "job_id IN (SELECT id FROM job WHERE file_id = ?)"),
     ("job", "file_id = ?"),
+    ("result_part", "file_id = ?"),  # its results as the database keeps them
+    ("search_entry", "file_id = ?"),  # its moments in the search index (triggers: FTS5)
+    ("search_indexed", "file_id = ?"),
     ("media_file", "id = ?"),
 )
 STOP_WAIT = 30.0  # seconds for a running job of the file to stop at its next report

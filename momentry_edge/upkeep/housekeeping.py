@@ -12,7 +12,8 @@ from pathlib import Path
 
 import peewee as pw
 
-from .. import outputs, store, trees, weights
+from .. import outputs, store, stored_results, trees, weights
+from ..search import index as search_index
 from ..store import FileState, Job, MediaFile
 from . import backup
 
@@ -108,6 +109,10 @@ def _sweep_finished(data_dir: Path, cutoff: float) -> dict[str, int]:
     )
     keep = {f.file_uuid for f in kept}
     removed_results = 0
+    with store.write_transaction(database):  # those in the database, by one node
+        if store.holds_cluster_lock(database, "sweep"):
+            gone = stored_results.sweep(kept.select(MediaFile.id), cutoff)
+            search_index.forget(gone)  # no hit left of what is gone
     for file_uuid, modified in outputs.stored(data_dir):
         if file_uuid not in keep and modified < cutoff:
             outputs.remove(data_dir, file_uuid)

@@ -363,7 +363,7 @@ class Workers:
             )
             if document is not None:
                 try:
-                    jobs.documented(run, str(document.place()))
+                    jobs.documented(run, document)
                 finally:
                     document.discard()
 

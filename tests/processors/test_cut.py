@@ -11,6 +11,7 @@ from media_factory import make_corrupt_video, make_text_file, make_video, segmen
 from PIL import Image
 from reports import Reports
 
+from momentry_edge import store
 from momentry_edge.processors.base import (
     PermanentError,
     ProcessorError,
@@ -20,6 +21,14 @@ from momentry_edge.processors.base import (
 from momentry_edge.processors.cut import CutProcessor
 
 FPS = 25
+
+
+def kept_in_the_folder_only(svc, database_url: str) -> None:
+    """The results as an earlier version kept them: in the results folder only, not in
+    the database (stored_results), so the API reads them from the folder."""
+    database = store.connect(database_url, svc.data_dir)
+    database.execute_sql("DELETE FROM result_part")
+    database.close()
 
 
 def run_cut(path: Path, tmp_path: Path, reports: Reports, checkpoint=None, **settings) -> dict:
@@ -212,7 +221,9 @@ def test_the_api_serves_each_scene_thumbnail(start_service, clip):
         assert reply.status_code == 404 and reply.json()["error"]["code"] == "not_found"
 
 
-def test_links_and_fifos_put_in_a_results_folder_are_never_served(start_service, clip, tmp_path):
+def test_links_and_fifos_put_in_a_results_folder_are_never_served(
+    start_service, clip, tmp_path, database_url
+):
     """A results folder holds only what the service wrote; a link there (made by hand, or
     brought in by a restored backup) could point anywhere on the machine."""
     svc = start_service()
@@ -221,6 +232,7 @@ def test_links_and_fifos_put_in_a_results_folder_are_never_served(start_service,
     job = svc.wait_status(task["task_id"], "completed", "partial", "failed", timeout=120)
     assert job["status"] == "completed", job
     file_uuid = task["file_uuid"]
+    kept_in_the_folder_only(svc, database_url)  # what this test is about
     folder = svc.data_dir / "results" / file_uuid
     secret = tmp_path / "secret.txt"
     secret.write_text('{"secret": true}')
@@ -243,7 +255,7 @@ def test_links_and_fifos_put_in_a_results_folder_are_never_served(start_service,
     assert svc.client.get(f"{base}/2").status_code == 404
 
 
-def test_no_link_below_the_results_root_is_followed(start_service, clip, tmp_path):
+def test_no_link_below_the_results_root_is_followed(start_service, clip, tmp_path, database_url):
     """The results root may be a link (shared storage); below it, a linked folder (the
     thumbnails' or a whole file's results) could point anywhere on the machine."""
     shared = tmp_path / "shared"
@@ -257,6 +269,7 @@ def test_no_link_below_the_results_root_is_followed(start_service, clip, tmp_pat
     file_uuid = task["file_uuid"]
     base = f"/api/v1/files/{file_uuid}/thumbnails"
     assert svc.client.get(f"{base}/1").headers["content-type"] == "image/jpeg"
+    kept_in_the_folder_only(svc, database_url)  # what this test is about
 
     # Elsewhere on the machine: a "thumbnail" and a cut.json naming it.
     elsewhere = tmp_path / "elsewhere"
@@ -279,7 +292,7 @@ def test_no_link_below_the_results_root_is_followed(start_service, clip, tmp_pat
         assert reply.status_code == 404 and b"secret" not in reply.content, path
 
 
-def test_a_thumbnail_follows_a_cut_json_written_anew(start_service, clip, tmp_path):
+def test_a_thumbnail_follows_a_cut_json_written_anew(start_service, clip, tmp_path, database_url):
     """cut.json is parsed once for many thumbnail requests, and again once it changes."""
     svc = start_service()
     shutil.copy(clip, svc.drop / "four scenes.mp4")
@@ -289,6 +302,7 @@ def test_a_thumbnail_follows_a_cut_json_written_anew(start_service, clip, tmp_pa
     base = f"/api/v1/files/{task['file_uuid']}/thumbnails"
     first = [svc.client.get(f"{base}/{index}").content for index in range(4)]
     assert len(set(first)) == 4
+    kept_in_the_folder_only(svc, database_url)  # what this test is about
 
     # Scene 0 now names scene 3's picture, as a later run's cut.json could.
     cut_json = svc.data_dir / "results" / task["file_uuid"] / "cut.json"
@@ -303,13 +317,14 @@ def test_a_thumbnail_follows_a_cut_json_written_anew(start_service, clip, tmp_pa
 
 
 def test_a_link_in_the_original_results_is_not_shared_with_a_duplicate(
-    start_service, clip, tmp_path
+    start_service, clip, tmp_path, database_url
 ):
     svc = start_service()
     shutil.copy(clip, svc.drop / "original.mp4")
     original = svc.submit("original.mp4", ["cut"])
     job = svc.wait_status(original["task_id"], "completed", "partial", "failed", timeout=120)
     assert job["status"] == "completed", job
+    kept_in_the_folder_only(svc, database_url)  # what this test is about
 
     # The original's thumbnails replaced by a link to files elsewhere, named as they are.
     folder = svc.data_dir / "results" / original["file_uuid"]

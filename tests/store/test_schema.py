@@ -6,7 +6,7 @@ import os
 
 import peewee as pw
 
-from momentry_edge import cluster, jobs, store
+from momentry_edge import cluster, jobs, store, stored_results
 from momentry_edge.ingest.intake import Intake
 from momentry_edge.jobs import views
 from momentry_edge.store import FileState, Job, MediaFile, SchemaVersion
@@ -217,4 +217,50 @@ def test_a_version_11_database_gains_the_picture_columns_and_keeps_its_files(
     assert (detail["width"], detail["height"], detail["hdr"]) == (1024, 576, "hlg")
     assert (detail["sample_aspect_ratio"], detail["mirrored"]) == (None, None)
     assert store.migrate(database) == len(store.MIGRATIONS)
+    database.close()
+
+
+def test_a_version_12_database_gains_the_results_table_and_keeps_its_files(tmp_path, database_url):
+    data = tmp_path / "data"
+    database = store.connect(database_url, data)
+    MediaFile.create(
+        file_uuid="d" * 32, path="/drop/a.mp4", watch_root="/drop", rel_path="a.mp4", name="a.mp4"
+    )
+    database.execute_sql("DROP TABLE result_part")
+    SchemaVersion.delete().where(SchemaVersion.version > 12).execute()
+    database.close()
+
+    database = store.connect(database_url, data)
+    database.connect(reuse_if_open=True)
+    assert "result_part" in database.get_tables()
+    assert SchemaVersion.select().count() == len(store.MIGRATIONS)
+    record = MediaFile.get(MediaFile.path == "/drop/a.mp4")
+    # Nothing stored for it yet: its results are read from the results folder.
+    assert stored_results.read_document(record, "asr") is None
+    database.close()
+
+
+def test_a_version_13_database_gains_the_search_index_and_finds_its_names(tmp_path, database_url):
+    data = tmp_path / "data"
+    database = store.connect(database_url, data)
+    MediaFile.create(
+        file_uuid="d" * 32,
+        path="/drop/Día de rodaje.mp4",
+        watch_root="/drop",
+        rel_path="Día de rodaje.mp4",
+        name="Día de rodaje.mp4",
+    )
+    tables = ["search_indexed", "search_entry"]
+    for table in tables if store.is_postgres(database) else ["search_fts", *tables]:
+        database.execute_sql(f"DROP TABLE {table}")
+    database.execute_sql("ALTER TABLE media_file DROP COLUMN folded_name")
+    SchemaVersion.delete().where(SchemaVersion.version > 13).execute()
+    database.close()
+
+    database = store.connect(database_url, data)
+    database.connect(reuse_if_open=True)
+    assert {"search_entry", "search_indexed"} <= set(database.get_tables())
+    found = MediaFile.select().where(views.name_like("DIA"))
+    assert [f.name for f in found] == ["Día de rodaje.mp4"]
+    assert SchemaVersion.select().count() == len(store.MIGRATIONS)
     database.close()

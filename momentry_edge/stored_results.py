@@ -1,0 +1,244 @@
+"""Processor results kept in the queue database (ResultPart), so every node sharing it
+serves them: a run's document, subtitles and thumbnails, stored with the run's record;
+read first by the views, the results folder after (results made before)."""
+
+# Nodes of one PostgreSQL queue share no disk: a result written to one node's results
+# folder would be out of the others' reach, and out of everyone's once that node is off.
+# The folder stays as it was, for the people and tools that read it.
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import peewee as pw
+
+from . import clock, store
+from .outputs import COMPLETED, LATER_FIELDS, THUMBNAILS, Staged, document_path, indented
+from .store import MediaFile, ResultPart
+
+# -- storing, as a run is recorded -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A run's document as stored: for the search index to read."""
+
+    file_id: int
+    processor: str
+    status: str
+    document: bytes
+
+
+def keep_staged(run_id: int, staged: Staged) -> Kept | None:
+    """Store the document ``staged`` (placed just now, with its companions) as run
+    ``run_id``'s; a completed cut's thumbnails with it. Inside the run's transaction."""
+    if staged.result is None:
+        return None  # not a run's document
+    processor, status = staged.result
+    extras = [c.path for c in staged.companions]
+    if status == COMPLETED:
+        extras += _thumbnails(staged.path.parent, processor)
+    return keep(run_id, processor, status, staged.path, extras)
+
+
+def keep_folder(run_id: int, processor: str, folder: Path) -> Kept | None:
+    """Store the completed result of ``processor`` in ``folder`` (one linked from another
+    file of the same content) as run ``run_id``'s."""
+    document = document_path(folder, processor)
+    extras = [
+        p
+        for p in folder.glob(f"{processor}.*")
+        if p.suffix != ".json" and p.is_file() and not p.is_symlink()
+    ]
+    return keep(run_id, processor, COMPLETED, document, extras + _thumbnails(folder, processor))
+
+
+def _thumbnails(folder: Path, processor: str) -> list[Path]:
+    if f"{processor}.thumbnails" != THUMBNAILS:
+        return []
+    try:
+        with os.scandir(folder / THUMBNAILS) as entries:
+            return sorted(Path(e.path) for e in entries if e.is_file(follow_symlinks=False))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def keep(
+    run_id: int, processor: str, status: str, document: Path, extras: Iterable[Path]
+) -> Kept | None:
+    """Store ``document`` (as ``<processor>.json``) and ``extras`` (named as in the results
+    folder) for run ``run_id``, replacing what they supersede: a completed run replaces
+    all of the processor's parts of the file, a failed or partial one only the failed or
+    partial parts (a complete result is never replaced by an incomplete one)."""
+    row = store.execute(
+        "SELECT job.file_id FROM processor_run JOIN job ON job.id = processor_run.job_id"
+        " WHERE processor_run.id = ?",
+        run_id,
+    ).fetchone()
+    if row is None:
+        return None
+    file_id = row[0]
+    written = document.read_bytes()
+    parts = [(f"{processor}.json", written)]
+    folder = document.parent
+    parts += [(path.relative_to(folder).as_posix(), path.read_bytes()) for path in extras]
+    replaced = "" if status == COMPLETED else " AND status <> ?"
+    store.execute(
+        f"DELETE FROM result_part WHERE file_id = ? AND processor = ?{replaced}",
+        *((file_id, processor) if status == COMPLETED else (file_id, processor, COMPLETED)),
+    )
+    now = clock.now()
+    rows = [
+        {
+            "file": file_id,
+            "run_id": run_id,
+            "processor": processor,
+            "status": status,
+            "name": name,
+            "content": content,
+            "stored_at": now,
+        }
+        for name, content in parts
+    ]
+    for at in range(0, len(rows), 500):  # within every database's parameter limit
+        ResultPart.insert_many(rows[at : at + 500]).execute()
+    return Kept(file_id, processor, status, written)
+
+
+# -- reading, for the views --------------------------------------------------------------------
+
+
+def read_document(record: MediaFile, processor: str) -> bytes | None:
+    """The stored document of ``processor`` every view shows, by outputs.shown_result's
+    rule: the last complete result for the file's content, with a newer failed or partial
+    run named beside it as ``later_run``; without one, the newest stored document. None
+    when none is stored."""
+    rows = (
+        ResultPart.select(ResultPart.status, ResultPart.content)
+        .where(ResultPart.file == record.id, ResultPart.name == f"{processor}.json")
+        .order_by(ResultPart.id.desc())
+        .tuples()
+    )
+    newest: bytes | None = None
+    for status, content in rows:
+        content = bytes(content)
+        if newest is None:
+            newest = content
+        if status != COMPLETED:
+            continue
+        document = _parsed(content)
+        if record.fingerprint is not None and document.get("fingerprint") not in (
+            None,
+            record.fingerprint,
+        ):
+            break  # of the file's earlier content: not shown
+        if content is newest:
+            return content
+        later = _parsed(newest)
+        brief = {k: later.get(k) for k in LATER_FIELDS}
+        return (indented(document | {"later_run": brief}) + "\n").encode("utf-8")
+    return newest
+
+
+def _parsed(content: bytes) -> dict[str, Any]:
+    try:
+        document = json.loads(content)
+    except ValueError:
+        return {}
+    return document if isinstance(document, dict) else {}
+
+
+def read_sidecar(record: MediaFile, name: str) -> bytes | None:
+    """A stored file written beside the documents (``asr.srt``); None when none is."""
+    return _newest(record, name)
+
+
+def _newest(record: MediaFile, name: str, completed: bool = False) -> bytes | None:
+    query = ResultPart.select(ResultPart.content).where(
+        ResultPart.file == record.id, ResultPart.name == name
+    )
+    if completed:
+        query = query.where(ResultPart.status == COMPLETED)
+    row = query.order_by(ResultPart.id.desc()).limit(1).tuples().first()
+    return None if row is None else bytes(row[0])
+
+
+def scene_thumbnail(record: MediaFile, index: str) -> bytes | None:
+    """The stored JPEG of scene ``index`` (as given in a URL) that the stored complete
+    cut document names; None when none is stored (then the results folder may hold it)."""
+    if not (index.isascii() and index.isdigit() and len(index) <= 18):
+        return None
+    names = _thumbnail_names(record)
+    if names is None:
+        return None
+    try:
+        name = names[int(index)]
+    except IndexError:
+        return None
+    if not isinstance(name, str) or not name.startswith(f"{THUMBNAILS}/"):
+        return None
+    return _newest(record, name, completed=True)
+
+
+# The thumbnail names of stored cut documents by their row: a long video's cut.json is
+# megabytes, and a page of thumbnails asks for each scene's.
+_NAMES: collections.OrderedDict[int, list[Any]] = collections.OrderedDict()
+_NAMES_KEPT = 16
+_names_lock = threading.Lock()
+
+
+def _thumbnail_names(record: MediaFile) -> list[Any] | None:
+    newest = (
+        ResultPart.select(ResultPart.id)
+        .where(
+            ResultPart.file == record.id,
+            ResultPart.name == "cut.json",
+            ResultPart.status == COMPLETED,
+        )
+        .order_by(ResultPart.id.desc())
+        .limit(1)
+        .scalar()
+    )
+    if newest is None:
+        return None
+    with _names_lock:
+        if (names := _NAMES.get(newest)) is not None:
+            _NAMES.move_to_end(newest)
+            return names
+    content = ResultPart.select(ResultPart.content).where(ResultPart.id == newest).scalar()
+    try:
+        scenes = json.loads(bytes(content))["result"]["scenes"]
+        names = [scene.get("thumbnail") if isinstance(scene, dict) else None for scene in scenes]
+    except (ValueError, LookupError, TypeError, AttributeError):
+        names = []
+    with _names_lock:
+        _NAMES[newest] = names
+        while len(_NAMES) > _NAMES_KEPT:
+            _NAMES.popitem(last=False)
+    return names
+
+
+# -- the retention sweep's part ----------------------------------------------------------------
+
+
+def sweep(keep: pw.Query, cutoff: float) -> list[int]:
+    """Remove the stored results of files not in ``keep`` (a query of MediaFile ids) stored
+    before ``cutoff``, as the sweep removes their results folders; returns those files'
+    ids."""
+    gone = (
+        ResultPart.select(ResultPart.file)
+        .where(ResultPart.file.not_in(keep))
+        .group_by(ResultPart.file)
+        .having(pw.fn.MAX(ResultPart.stored_at) < cutoff)
+    )
+    files: list[int] = [row[0] for row in store.rows(gone)]
+    if files:
+        ResultPart.delete().where(ResultPart.file.in_(files)).execute()
+    return files

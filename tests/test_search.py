@@ -1,0 +1,299 @@
+"""Search: moments found by what was said (real speech, whisper) and written on screen
+(real text, OCR), files found by their names, on SQLite (FTS5) and PostgreSQL (tsvector);
+bad queries answered, never a 500."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+import time
+import unicodedata
+
+import numpy as np
+import pytest
+from frame_media import text_frame
+from media_factory import make_video
+
+from momentry_edge import jobs, store
+from momentry_edge.search import index, query
+from momentry_edge.upkeep import housekeeping
+
+SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+
+SIZE = (640, 360)
+SPEECH = "Welcome to the weekly budget meeting. The budgets were cut."
+SHOWN = "QUARTERLY FIGURES"
+
+
+def meeting(svc, tmp_path, name: str = "meeting.mp4") -> None:
+    """9 s in three 3 s scenes, speech throughout: the first scene shows SHOWN."""
+    wav = tmp_path / "speech.wav"
+    subprocess.run(["espeak-ng", "-w", str(wav), SPEECH], check=True)
+    scenes = [
+        text_frame(SHOWN, size=SIZE, font_size=48),
+        np.full((SIZE[1], SIZE[0], 3), (200, 40, 40), np.uint8),
+        np.full((SIZE[1], SIZE[0], 3), (40, 40, 200), np.uint8),
+    ]
+    video = make_video(
+        tmp_path / name,
+        segments=3,
+        segment_seconds=3,
+        fps=10,
+        size=SIZE,
+        speech_wav=wav,
+        picture=lambda i: scenes[min(i // 30, 2)],
+    )
+    video.replace(svc.drop / name)
+
+
+def search(svc, q: str, **params) -> dict:
+    return svc.get("/api/v1/search", params={"q": q, **params})
+
+
+def marked(hit: dict) -> list[str]:
+    return [part["text"] for part in hit["snippet"] if part["match"]]
+
+
+@SQLITE  # PostgreSQL's search: the two nodes' test (test_shared_results.py) and those below
+def test_said_and_shown_are_found_each_as_one_moment(start_service, models_dir, tmp_path):
+    svc = start_service(
+        **{
+            "processors.asr": {"model": "whisper-tiny.en", "models_dir": str(models_dir)},
+            "processors.ocr": {"sample_fps": 1},
+        }
+    )
+    meeting(svc, tmp_path)
+    task = svc.submit("meeting.mp4", ["cut", "asr", "ocr"])
+    uuid = task["file_uuid"]
+    svc.wait_status(task["task_id"], "completed", timeout=240)
+
+    found = search(svc, "budgets")  # word forms: "budget" is found too
+    said = [h for h in found["hits"] if h["processor"] == "asr"]
+    assert said, found
+    assert found["index"] == {"complete": True, "waiting": 0}
+    first = said[0]
+    assert first["file"] == {"file_uuid": uuid, "name": "meeting.mp4", "folder": ""}
+    assert {w.lower() for h in said for w in marked(h)} >= {"budget"}
+    assert 0 <= first["start"] < first["end"] <= 9.5
+    # Its thumbnail is the keyframe of the scene the moment starts in.
+    scene = int(first["start"] // 3)
+    assert first["thumbnail_url"] == f"/api/v1/files/{uuid}/thumbnails/{scene}"
+    picture = svc.client.get(first["thumbnail_url"])
+    assert picture.status_code == 200 and picture.content[:2] == b"\xff\xd8"
+
+    # The line on screen for 3 s (three samples) is one moment, from its first to last time.
+    shown = search(svc, "quarterly", source="ocr")
+    assert [(h["processor"], h["start"]) for h in shown["hits"]] == [("ocr", 0.0)]
+    assert shown["hits"][0]["end"] == 2.0
+    assert marked(shown["hits"][0]) == ["QUARTERLY"]
+    assert shown["hits"][0]["thumbnail_url"] == f"/api/v1/files/{uuid}/thumbnails/0"
+
+    # Phrases, prefixes, several words, case and accents.
+    assert search(svc, '"budget meeting"')["hits"][0]["processor"] == "asr"
+    assert search(svc, '"meeting budget"')["hits"] == []
+    assert [h["processor"] for h in search(svc, "QUART*")["hits"]] == ["ocr"]
+    assert search(svc, "figures quarterly")["total"] == 1
+    assert search(svc, "fígures")["total"] == 1
+    assert search(svc, "budget figures")["total"] == 0  # both words in one moment
+    # Filters: where the words are, the file, the folder.
+    assert {h["processor"] for h in search(svc, "budget", source="asr")["hits"]} == {"asr"}
+    assert search(svc, "budget", file=uuid)["total"] >= 1
+    assert search(svc, "budget", file="f" * 32)["total"] == 0
+    assert search(svc, "budget", folder="elsewhere")["total"] == 0
+
+    # The hits as CSV.
+    exported = svc.client.get("/api/v1/search.csv", params={"q": "quarterly"})
+    assert exported.status_code == 200 and exported.headers["content-type"].startswith("text/csv")
+    rows = list(csv.DictReader(io.StringIO(exported.text)))
+    assert [(r["file"], r["source"], r["timecode"]) for r in rows] == [
+        ("meeting.mp4", "ocr", "0:00:00.000")
+    ]
+
+    # A re-run replaces the file's moments: still one.
+    again = svc.call(
+        "POST",
+        f"/api/v1/file/{uuid}/deep-scan",
+        expect=202,
+        json={"processors": ["ocr"], "force": True},
+    )
+    svc.wait_status(again["task_id"], "completed", timeout=120)
+    assert len(search(svc, "quarterly")["hits"]) == 1
+
+
+NAMES = ["Día de rodaje.mp4", "plató B.mp4", "Éclair.mp4"]
+
+
+def test_names_are_found_without_case_or_accents_however_written(start_service):
+    svc = start_service()
+    for name in NAMES:  # written decomposed (NFD), as macOS writes names
+        svc.submit(unicodedata.normalize("NFD", name), ["noop"])
+
+    def listed(name: str) -> list[str]:
+        files = svc.get("/api/v1/files", params={"name": name})["files"]
+        return [unicodedata.normalize("NFC", f["file_name"]) for f in files]
+
+    assert listed("Día") == ["Día de rodaje.mp4"]  # typed composed
+    assert listed("dia") == ["Día de rodaje.mp4"]
+    assert listed("PLATÓ") == ["plató B.mp4"]
+    assert listed("eclair") == listed("ÉCLAIR") == ["Éclair.mp4"]
+    hits = search(svc, "eclair")["hits"]
+    assert [(h["processor"], h["start"]) for h in hits] == [("name", None)]
+    assert marked(hits[0]) == [unicodedata.normalize("NFD", "Éclair")]
+
+    searched = subprocess.run(
+        [sys.executable, "-m", "momentry_edge.cli", "--config", str(svc.config_path),
+         "search", "ÉCLAIR"],
+        capture_output=True, text=True, env=svc.env,
+    )  # fmt: skip
+    assert searched.returncode == 0, searched.stderr
+    first, count = searched.stdout.splitlines()
+    assert unicodedata.normalize("NFC", first).startswith("Éclair.mp4  -  [name]  **Éclair**")
+    assert count == "1 of 1 found"
+    shown = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "momentry_edge.cli",
+            "--config",
+            str(svc.config_path),
+            "results",
+            "eclair.mp4",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=svc.env,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert (
+        unicodedata.normalize("NFC", json.loads(shown.stdout)["file"]["file_name"]) == "Éclair.mp4"
+    )
+
+
+BAD = [
+    "",
+    " ",
+    '"',
+    "*",
+    "NEAR",
+    "NEAR(a b)",
+    ":",
+    "-",
+    "a:b",
+    "-budget",
+    '"unbalanced',
+    "'; DROP TABLE media_file; --",
+    "a\x00b",
+    "\x07\x1b[31m",
+    "x" * 10_000,
+    "(",
+    ")",
+    "AND",
+    "OR NOT",
+    "^",
+    "{a b}",
+    "col:budget",
+    "*budget",
+    "b*u*d",
+    "％",
+]
+
+
+def test_any_query_gets_results_or_a_clear_400(start_service):
+    svc = start_service()
+    for q in BAD:
+        reply = svc.client.get("/api/v1/search", params={"q": q})
+        assert reply.status_code in (200, 400), (q, reply.status_code, reply.text)
+        body = reply.json()
+        if reply.status_code == 400:
+            assert body["error"]["code"] == "bad_request" and "q" in body["error"]["message"]
+            assert "fts5" not in reply.text.lower() and "syntax" not in reply.text.lower()
+        else:
+            assert body["hits"] == [] and body["total"] == 0
+    for params in (
+        {"q": "a", "source": "nothing"},
+        {"q": "a", "since": "yesterday"},
+        {"q": "a", "limit": "0"},
+        {"q": "a", "q2": "b"},
+    ):
+        assert svc.client.get("/api/v1/search", params=params).status_code == 400
+    assert svc.get("/api/v1/queue/status")  # still serving
+
+
+TALK_ZH = "我们今天开会讨论明年的预算问题，预算被削减了。"
+
+
+def test_a_chinese_word_inside_a_chinese_sentence_is_found(tmp_path, database_url):
+    database = store.connect(database_url, tmp_path)
+    record = store.MediaFile.create(
+        file_uuid="c" * 32,
+        path="/drop/会议.mp4",
+        watch_root="/drop",
+        rel_path="会议.mp4",
+        name="会议.mp4",
+        folded_name="会议.mp4",
+    )
+    document = {
+        "status": "completed",
+        "result": {
+            "segments": [
+                {"start": 1.0, "end": 4.0, "text": TALK_ZH},
+                {"start": 4.0, "end": 6.0, "text": "谢谢大家。"},
+            ]
+        },
+    }
+    with database.atomic():
+        index.put(record.id, "asr", json.dumps(document).encode())
+    for word in ("预算", "开会", "削减", "预", "明年的预算"):
+        hits = query.search(word, query.Filters(), 10, 0)["hits"]
+        assert [h["start"] for h in hits if h["processor"] == "asr"] == [1.0], word
+        assert set(marked(hits[0])) == {word}  # each place it is in
+    assert query.search("算预", query.Filters(), 10, 0)["total"] == 0  # not in that order
+    assert query.search("会议", query.Filters(), 10, 0)["hits"][0]["processor"] == "name"
+    database.close()
+
+
+DAY = 86400.0
+
+
+def test_results_removed_by_the_retention_sweep_leave_no_hit(tmp_path, database_url):
+    data = tmp_path / "data"
+    database = store.connect(database_url, data)
+    jobs.init_queue_state(2, False)
+    gone = store.MediaFile.create(
+        file_uuid="e" * 32,
+        path="/drop/old.mp4",
+        watch_root="/drop",
+        rel_path="old.mp4",
+        name="old.mp4",
+        folded_name="old.mp4",
+    )
+    job, _ = jobs.submit(gone, ["asr"], max_retries=0)
+    jobs.cancel(job)
+    store.MediaFile.update(state=store.FileState.MISSING).where(
+        store.MediaFile.id == gone.id
+    ).execute()
+    said = {
+        "status": "completed",
+        "result": {"segments": [{"start": 0, "end": 2, "text": "budget"}]},
+    }
+    with database.atomic():
+        index.put(gone.id, "asr", json.dumps(said).encode())
+        store.ResultPart.create(
+            file=gone.id,
+            processor="asr",
+            status="completed",
+            name="asr.json",
+            content=json.dumps(said).encode(),
+        )
+    assert query.search("budget", query.Filters(), 10, 0)["total"] == 1
+
+    housekeeping.sweep(data, retention_seconds=30 * DAY, now=time.time() + 31 * DAY)
+
+    assert query.search("budget", query.Filters(), 10, 0)["total"] == 0
+    assert store.ResultPart.select().count() == 0
+    assert store.SearchEntry.select().count() == 0
+    database.close()

@@ -160,6 +160,9 @@ class ServiceConfig:
     backup_interval: float = _setting(0.0, minimum=0, maximum=MAX_SECONDS)
     # Automatic backups kept; older ones are removed (backups taken by hand stay).
     backup_keep: int = _setting(7, minimum=1, maximum=10000)
+    # Seconds between keep-alive comments on an idle event stream (GET /api/v1/events):
+    # under a proxy's idle timeout; also how soon the thread of a reader gone is freed.
+    event_keepalive: float = _setting(5.0, minimum=0.1, maximum=300)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ from .parsing import (
     Busy,
 )
 
-SSE_KEEPALIVE = 5.0  # also how soon a vanished reader's thread is freed
 # Each open event stream holds a server thread; past this many, new ones are refused
 # so that the API itself always has threads left.
 MAX_EVENT_STREAMS = 16
@@ -58,7 +57,7 @@ def event_stream(service: Core) -> Iterator[str]:
         yield ": connected\n\n"
         while not service.stopping.is_set():
             try:
-                event = events.get(timeout=SSE_KEEPALIVE)
+                event = events.get(timeout=service.config.service.event_keepalive)
             except queue.Empty:
                 yield ": keep-alive\n\n"
                 continue

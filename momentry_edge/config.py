@@ -169,6 +169,9 @@ class ServiceConfig:
     # A group that may read results (0640/0750 with that group); empty: the service's
     # account alone reads anything in the data dir.
     share_group: str = _setting("", env="MOMENTRY_SHARE_GROUP")
+    # Seconds between keep-alive comments on an idle event stream (GET /api/v1/events):
+    # under a proxy's idle timeout.
+    event_keepalive: float = _setting(5.0, minimum=0.1, maximum=300)
 
 
 @dataclass(frozen=True)

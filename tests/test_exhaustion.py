@@ -96,7 +96,8 @@ def test_a_full_queue_database_sends_a_job_back_in_line_and_holds_starts_back(
         # recorded, even after the retries of a state change (3.5 s).
         steps = data / "results" / first["file_uuid"] / "steps.log"
         wait_for(lambda: steps.exists() and len(steps.read_text().split()) == 40, timeout=60)
-        time.sleep(6)
+        held = f"job {first['task_id']} held: its run cannot be recorded"
+        wait_for(lambda: held in svc.log(), timeout=60)
         # Held, not failed, crashed or retried: nothing can be written, so the first still
         # shows as processing (held in hand, which the reaper leaves); the second waits.
         job = svc.job(first["task_id"])

@@ -388,6 +388,8 @@ SCHEMAS: dict[str, Schema] = {
                 "type": "integer",
                 "description": "1 ok; 2 error, 3 quota exceeded: rejected",
             },
+            "timestamp": {"type": "integer", "description": "the event's time, ns since the epoch"},
+            "elapsed": {"type": "integer", "description": "the upload's duration, milliseconds"},
         },
         "action",
     ),

@@ -18,7 +18,6 @@ from .parsing import (
     Busy,
 )
 
-SSE_KEEPALIVE = 5.0  # seconds between two keep-alive comments on a quiet stream
 # How often a stream looks whether its reader has gone (waitress notices a closed
 # connection while the stream runs: server.py reads ahead), and frees its slot then.
 GONE_CHECK = 1.0
@@ -60,13 +59,15 @@ def add(app: bottle.Bottle, service: Core) -> None:
 def event_stream(service: Core, gone: Callable[[], bool]) -> Iterator[str]:
     with bus.subscribe() as events:
         yield ": connected\n\n"
+        keepalive = service.config.service.event_keepalive
+        wait = min(GONE_CHECK, keepalive)
         quiet = 0.0
         while not service.stopping.is_set() and not gone():
             try:
-                event = events.get(timeout=GONE_CHECK)
+                event = events.get(timeout=wait)
             except queue.Empty:
-                quiet += GONE_CHECK
-                if quiet >= SSE_KEEPALIVE:
+                quiet += wait
+                if quiet >= keepalive:
                     quiet = 0.0
                     yield ": keep-alive\n\n"
                 continue

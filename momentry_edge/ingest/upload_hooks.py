@@ -8,7 +8,11 @@
 #
 # A failed upload reported for a file that is just as it was registered, and does not
 # hold the failed upload's ``file_size`` bytes, is another upload's news: in SFTPGo's
-# atomic upload mode a failed upload never touches the file under its name.
+# atomic upload mode a failed upload never touches the file under its name. Unless the
+# file was registered as it was changed after that upload began (``timestamp``, in
+# nanoseconds, less ``elapsed``, in milliseconds): written in place, the watcher may
+# have taken the failed upload's bytes (it takes a file once its writer closes it)
+# before the hook arrived.
 
 from __future__ import annotations
 
@@ -28,7 +32,18 @@ from .paths import NOT_FOLLOWED, resolve_in_watch
 log = logging.getLogger(__name__)
 
 SFTPGO_OK = 1
-FIELD_TYPES = {"username": str, "path": str, "virtual_path": str, "file_size": int, "status": int}
+FIELD_TYPES = {
+    "username": str,
+    "path": str,
+    "virtual_path": str,
+    "file_size": int,
+    "status": int,
+    "timestamp": int,
+    "elapsed": int,
+}
+# File times come from the kernel's coarse clock, up to a tick behind the one SFTPGo
+# stamps its events with: a change this close before an upload began may be the upload's.
+CLOCK_SLACK = 0.05
 
 
 @dataclass(frozen=True)
@@ -37,6 +52,7 @@ class Upload:
     ok: bool  # False: SFTPGo reports the upload failed; the file is recorded rejected
     status: int
     size: int | None = None  # file_size: the bytes SFTPGo received for this upload
+    started: float | None = None  # when the upload began (seconds since the epoch)
 
 
 def sftpgo_upload(body: dict[str, Any], watch: Sequence[Path]) -> Upload | None:
@@ -57,13 +73,23 @@ def sftpgo_upload(body: dict[str, Any], watch: Sequence[Path]) -> Upload | None:
     ok = status == SFTPGO_OK
     if ok:
         _check_whole(path, body.get("file_size"))
-    return Upload(path, ok, status, body.get("file_size"))
+    return Upload(path, ok, status, body.get("file_size"), _started(body))
+
+
+def _started(body: dict[str, Any]) -> float | None:
+    """When the upload began: the event's ``timestamp`` less its ``elapsed``; None
+    without both (an Event Manager body may send neither)."""
+    stamp, elapsed = body.get("timestamp"), body.get("elapsed")
+    if stamp is None or elapsed is None:
+        return None
+    return stamp / 1e9 - elapsed / 1e3
 
 
 def untouched(upload: Upload) -> MediaFile | None:
     """The record of the file a failed upload names when that upload cannot have written
-    it: the file is as it was registered (size, mtime, inode, ctime) and its size is not
-    the upload's. Else None: the file may be what the failed upload left, and is rejected."""
+    it: the file is as it was registered (size, mtime, inode, ctime), its size is not the
+    upload's, and it was registered as it was before the upload began. Else None: the
+    file may be what the failed upload left, and is rejected."""
     if upload.ok:
         return None
     try:
@@ -75,6 +101,8 @@ def untouched(upload: Upload) -> MediaFile | None:
         return None
     if not store.unchanged((record.size, record.mtime, record.inode, record.ctime), st):
         return None
+    if upload.started is not None and st.st_ctime >= upload.started - CLOCK_SLACK:
+        return None  # registered with what the upload may have written in place
     log.info(
         "SFTPGo reports a failed upload (status %d) of %s, which is unchanged since it was "
         "registered: left as it is",

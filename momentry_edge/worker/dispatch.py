@@ -307,6 +307,9 @@ class Workers:
         it) and nothing else starts, until a write gets through: then it is back in line at
         its old place, and runs again from its last checkpoint."""
         self.note_database_full(exc)
+        log.warning(
+            "job %s held: its run cannot be recorded until the database has room", job.task_id
+        )
         while not self.stopping.is_set():
             try:
                 _requeue_once(job, self.owner)

@@ -81,7 +81,7 @@ class EventStream:
 
 
 def test_slow_clients_and_open_event_streams_do_not_starve_the_api(start_service):
-    svc = start_service()
+    svc = start_service(service={"event_keepalive": 0.1})
     quick = httpx.Client(base_url=svc.url, timeout=10, headers=svc.client.headers)
     with ExitStack() as stack:
         streams = []
@@ -319,7 +319,7 @@ def test_with_a_token_any_host_name_is_served(start_service):
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # threads, not storage
 def test_request_threads_start_as_clients_need_them_and_end_once_idle(start_service):
-    svc = start_service()
+    svc = start_service(service={"event_keepalive": 0.1})  # gone readers found soon
     process = psutil.Process(svc.proc.pid)
     idle = process.num_threads()
     with ExitStack() as stack:

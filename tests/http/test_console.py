@@ -381,6 +381,8 @@ def test_the_tabs_of_one_browser_share_one_event_stream(start_service, browser):
     # A stream per tab held one of the browser's 6 connections to the service for good:
     # the 7th tab could not even load. The tabs now share one stream, read by one of them.
     svc = start_service(
+        # A closed tab's stream is freed at the next keep-alive writes: soon, at the least.
+        service={"event_keepalive": 0.1},
         ingest={"processors": ["steps"]},
         **{"processors.steps": {"steps": 10, "step_seconds": 0.5}},
     )
@@ -435,7 +437,8 @@ def test_tabs_without_web_locks_elect_one_to_read_the_stream(start_service, brow
     address = _own_address()
     token = "election-token-of-32-characters-or-more"  # beyond loopback: 32 at least
     svc = start_service(
-        service={"host": address or "127.0.0.1", "token": token},
+        # A closed tab's stream is freed at the next keep-alive writes: soon, at the least.
+        service={"host": address or "127.0.0.1", "token": token, "event_keepalive": 0.1},
         ingest={"processors": ["steps"]},
         **{"processors.steps": {"steps": 6, "step_seconds": 0.5}},
     )

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
 from conftest import ServiceProcess, wait_for
 
+from momentry_edge.ingest.upload_hooks import CLOCK_SLACK
+
 
 def sftpgo_event(svc: ServiceProcess, path: str, virtual_path: str, **extra: Any) -> dict:
-    """The JSON body of SFTPGo's HTTP hook (docs/custom-actions.md, "Filesystem events")."""
+    """The JSON body of SFTPGo's HTTP hook (docs/custom-actions.md, "Filesystem events"),
+    stamped as sent now (``timestamp`` in nanoseconds, ``elapsed`` in milliseconds)."""
     size = Path(path).stat().st_size if Path(path).exists() else 0
     return {
         "action": "upload",
@@ -25,7 +29,7 @@ def sftpgo_event(svc: ServiceProcess, path: str, virtual_path: str, **extra: Any
         "protocol": "SFTP",
         "ip": "192.0.2.10",
         "session_id": "a1b2c3d4e5f60718",
-        "timestamp": 1764563000123456789,
+        "timestamp": time.time_ns(),
         **extra,
     }
 
@@ -109,6 +113,7 @@ def test_a_path_outside_the_watched_folders_is_refused(start_service) -> None:
         ({"action": "upload", "path": str(outside)}, "status must be an integer"),
         ({"action": "upload", "status": 1}, "path or virtual_path is required"),
         ({"action": "upload", "status": 1, "path": "relative.mp4"}, "full filesystem path"),
+        ({"action": "upload", "status": 2, "timestamp": "now"}, "timestamp must be an integer"),
     ):
         reply = svc.client.post("/api/v1/hooks/sftpgo", json=body)
         assert reply.status_code == 400 and words in reply.json()["error"]["message"], reply.text
@@ -186,8 +191,10 @@ def test_a_failed_reupload_leaves_the_file_registered_before_it_as_it_was(start_
     first = hook(svc, sftpgo_event(svc, str(video), "/clip.mp4"), expect=201)
     svc.wait_status(first["task_id"], "completed")
 
+    # The re-upload begins after the file last changed, and breaks off at once.
+    wait_for(lambda: time.time() > video.stat().st_ctime + CLOCK_SLACK)
     for status in (2, 3):
-        body = sftpgo_event(svc, str(video), "/clip.mp4", status=status, file_size=999)
+        body = sftpgo_event(svc, str(video), "/clip.mp4", status=status, file_size=999, elapsed=0)
         reply = hook(svc, body, expect=200)
         assert reply["ignored"] is True and "nothing changed" in reply["reason"], reply
     detail = svc.get(f"/api/v1/files/{first['file_uuid']}")
@@ -206,9 +213,16 @@ def test_a_failed_reupload_leaves_the_file_registered_before_it_as_it_was(start_
     other = arrive(svc, "other.mp4")
     registered = hook(svc, sftpgo_event(svc, str(other), "/other.mp4"), expect=201)
     svc.wait_status(registered["task_id"], "completed")
+    # Written in place: the watcher takes the bytes of the upload that broke off (its
+    # writer closed the file) before SFTPGo's hook arrives. The file is then as it was
+    # registered, but registered as the failed upload left it.
+    began = time.time_ns()
     with other.open("ab") as f:
         f.write(b"a part of the upload that broke off")
-    failed = sftpgo_event(svc, str(other), "/other.mp4", status=2, file_size=10)
+    grown = other.stat().st_size
+    wait_for(lambda: svc.get(f"/api/v1/files/{registered['file_uuid']}")["size"] == grown)
+    elapsed = (time.time_ns() - began) // 1_000_000 + 1
+    failed = sftpgo_event(svc, str(other), "/other.mp4", status=2, file_size=10, elapsed=elapsed)
     assert hook(svc, failed, expect=201)["state"] == "rejected"
 
 

@@ -120,15 +120,15 @@ def read_document(record: MediaFile, processor: str) -> bytes | None:
     rule: the last complete result for the file's content, with a newer failed or partial
     run named beside it as ``later_run``; without one, the newest stored document. None
     when none is stored."""
-    rows = (
+    rows: Any = (  # (status, content) tuples, newest first
         ResultPart.select(ResultPart.status, ResultPart.content)
         .where(ResultPart.file == record.id, ResultPart.name == f"{processor}.json")
         .order_by(ResultPart.id.desc())
         .tuples()
     )
     newest: bytes | None = None
-    for status, content in rows:
-        content = bytes(content)
+    for status, raw in rows:
+        content = bytes(raw)
         if newest is None:
             newest = content
         if status != COMPLETED:

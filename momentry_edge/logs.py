@@ -15,7 +15,8 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Collection
+from collections import deque
+from collections.abc import Collection, Iterable, Iterator
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
@@ -238,7 +239,7 @@ def setup(data_dir: Path, level: str) -> Path:
     """Send logs to a rotated JSON-lines file and to stderr; returns the file's path."""
     folder = data_dir / "logs"
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "momentry-edge.log"
+    path = folder / NAME
     to_file = RotatingFile(path, maxBytes=10 << 20, backupCount=5, encoding="utf-8")
     to_file.setFormatter(JsonLines())
     to_stderr = logging.StreamHandler()
@@ -251,3 +252,49 @@ def setup(data_dir: Path, level: str) -> Path:
     root.setLevel(level.upper())
     logging.getLogger("huey").setLevel(logging.WARNING)
     return path
+
+
+# -- reading it, as `momentry-edge logs` and a job's log route do ----------------------------
+
+NAME = "momentry-edge.log"
+
+
+def readable(raw: str) -> str:
+    """One line of the JSON log as a person reads it; a line that is not JSON, as it is."""
+    try:
+        entry: dict[str, Any] = json.loads(raw)
+        stamp = str(entry["time"]).replace("T", " ")[:19]
+        text = f"{stamp} {str(entry['level']).upper()} {entry['logger']}: {entry['message']}"
+    except (ValueError, KeyError, TypeError):
+        return printable(raw.rstrip("\n"))
+    task = entry.get("task_id")
+    if task and task not in text:
+        text += f" [{task}]"
+    line = printable(text)
+    if entry.get("error"):  # the traceback keeps its lines, indented under the message
+        line += "\n" + printable("    " + str(entry["error"]).replace("\n", "\n    "), True)
+    return line
+
+
+def job_lines(folder: Path, task_id: str, most: int) -> list[str]:
+    """The last ``most`` readable lines of the log in ``folder`` about the job ``task_id``."""
+    return list(
+        deque((line for line in read_lines(log_files(folder)) if task_id in line), maxlen=most)
+    )
+
+
+def log_files(folder: Path) -> list[Path]:
+    """The log's files in ``folder``, oldest first: the rotated ones, then the live one."""
+    rotated = sorted(folder.glob(f"{NAME}.[0-9]*"), key=lambda p: -int(p.suffix[1:] or 0))
+    return [*rotated, folder / NAME]
+
+
+def read_lines(files: Iterable[Path]) -> Iterator[str]:
+    """Every line of ``files`` as a person reads it (readable)."""
+    for path in files:
+        try:
+            with path.open(encoding="utf-8", errors="replace") as stream:
+                for raw in stream:
+                    yield readable(raw)
+        except FileNotFoundError:
+            continue  # rotated away meanwhile

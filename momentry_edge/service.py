@@ -253,7 +253,6 @@ class Service:
             self.config.data_dir, outputs.results_root(self.config.data_dir), gid
         )
         self._hold_data_dir()
-        self.token = self._api_token()
         q = self.config.queue
         # The database's own errors at start (a file that cannot be opened or written, a
         # full disk, a server that is down) become one line here, not one try per step.
@@ -278,6 +277,7 @@ class Service:
         # Operational errors only: any other is a bug, and its traceback is wanted.
         except (OSError, sqlite3.OperationalError, *store.OUTAGE_ERRORS) as exc:
             raise database_error(self.config, exc) from None
+        self.token = self._api_token()  # after the database: a full disk is said of it first
         self.notifier = cluster.Notifier(database, on_wake=self.workers.kick)
         bus.listen(self.notifier.on_event)
         bus.listen(self.callbacks.on_event)
@@ -313,9 +313,12 @@ class Service:
         try:
             token = apitoken.effective(self.config)
         except OSError as exc:
+            where = apitoken.path(self.config.data_dir)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # may pass: exit 1, tried again
+                raise StartFailed(f"cannot start: the disk holding {where} is full") from None
             raise self.config.error(
                 "service.data_dir",
-                f"cannot keep the API token in {apitoken.path(self.config.data_dir)}: "
+                f"cannot keep the API token in {where}: "
                 f"{exc.strerror}",
             ) from None
         if not token:

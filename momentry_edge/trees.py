@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -89,3 +90,12 @@ def copy(source: str | Path, target: str | Path, copy_function: Callable[[str, s
 
 def _raise(exc: OSError) -> None:
     raise exc
+
+
+def lstat_regular(path: Path) -> os.stat_result | None:
+    """``path``'s own status when it is a regular file (not a link, a folder, ...)."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return None
+    return st if stat.S_ISREG(st.st_mode) else None

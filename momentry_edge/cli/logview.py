@@ -5,17 +5,17 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from ..config import Config
+from ..logs import NAME, log_files, read_lines, readable
 from ..terminal import printable
 from .client import (
     ApiClient,
@@ -26,7 +26,6 @@ from .client import (
     find_token,
 )
 
-NAME = "momentry-edge.log"
 FOLLOW_EVERY = 0.25  # seconds between looks at the live file
 
 
@@ -41,7 +40,7 @@ def command(cfg: Config, args: argparse.Namespace) -> int:
     except LookupError as exc:
         print(printable(f"error: --job {args.job}: {exc}"), file=sys.stderr)
         return 1
-    wanted = [line for line in _lines(_files(folder)) if _matches(line, job)]
+    wanted = [line for line in read_lines(log_files(folder)) if _matches(line, job)]
     for line in deque(wanted, maxlen=args.lines) if args.lines else ():
         print(line, flush=False)
     sys.stdout.flush()
@@ -62,23 +61,6 @@ def log_folder(cfg: Config) -> Path:
     return Path(data_dir) / "logs"
 
 
-def readable(raw: str) -> str:
-    """One line of the JSON log as a person reads it; a line that is not JSON, as it is."""
-    try:
-        entry: dict[str, Any] = json.loads(raw)
-        stamp = str(entry["time"]).replace("T", " ")[:19]
-        text = f"{stamp} {str(entry['level']).upper()} {entry['logger']}: {entry['message']}"
-    except (ValueError, KeyError, TypeError):
-        return printable(raw.rstrip("\n"))
-    task = entry.get("task_id")
-    if task and task not in text:
-        text += f" [{task}]"
-    line = printable(text)
-    if entry.get("error"):  # the traceback keeps its lines, indented under the message
-        line += "\n" + printable("    " + str(entry["error"]).replace("\n", "\n    "), True)
-    return line
-
-
 def follow(path: Path) -> Iterator[str]:
     """The lines written to ``path`` from now on, also once it has been rotated."""
     stream = path.open("rb")
@@ -96,26 +78,6 @@ def follow(path: Path) -> Iterator[str]:
         if _rotated(path, stream):
             stream.close()
             stream, pending = path.open("rb"), b""
-
-
-def job_lines(folder: Path, task_id: str, most: int) -> list[str]:
-    """The last ``most`` readable lines of the log in ``folder`` about the job ``task_id``."""
-    return list(deque((line for line in _lines(_files(folder)) if task_id in line), maxlen=most))
-
-
-def _files(folder: Path) -> list[Path]:
-    rotated = sorted(folder.glob(f"{NAME}.[0-9]*"), key=lambda p: -int(p.suffix[1:] or 0))
-    return [*rotated, folder / NAME]
-
-
-def _lines(files: Iterable[Path]) -> Iterator[str]:
-    for path in files:
-        try:
-            with path.open(encoding="utf-8", errors="replace") as stream:
-                for raw in stream:
-                    yield readable(raw)
-        except FileNotFoundError:
-            continue  # rotated away meanwhile
 
 
 def _task_id(cfg: Config, ref: str) -> str:

@@ -59,6 +59,8 @@ def find_file(api: ApiClient, ref: str) -> dict[str, Any]:
         if not page["files"] or offset >= page["total"]:
             break
     matches = matching(files, ref)
+    if not matches and UUID.fullmatch(ref.strip()):
+        raise NotFound(f"no file has the uuid {ref.strip()}")
     if not matches:
         paths = {loose(f["file_name"]): f["path"] for f in files}
         near = difflib.get_close_matches(loose(Path(ref).name), list(paths), n=5)

@@ -8,12 +8,11 @@ from typing import Any
 import bottle
 from bottle import response
 
-from .. import jobs, outputs, stored_results
+from .. import forget, jobs, outputs, stored_results
 from ..errors import Invalid, NotFound
 from ..ingest import upload_hooks
 from ..jobs import views
 from ..store import FileState
-from ..upkeep import forget
 from .core import Core
 from .parsing import (
     csv_query,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bottle
 
-from .. import jobs, store
+from .. import jobs, logs, store
 from ..jobs import views
 from .core import Core
 from .parsing import (
@@ -27,11 +27,9 @@ def add(app: bottle.Bottle, service: Core) -> None:
 
     @app.get("/api/v1/jobs/<job>/log")
     def job_log(job: str) -> dict:
-        from ..cli import logview  # the reading `logs --job` does, of this node's log
-
         found = jobs.find_job(job)
         limit, _ = paging()
-        lines = logview.job_lines(service.config.data_dir / "logs", found.task_id, limit)
+        lines = logs.job_lines(service.config.data_dir / "logs", found.task_id, limit)
         return {"task_id": found.task_id, "node": service.node, "lines": lines}
 
     @app.post("/api/v1/jobs/<job>/retry")

@@ -14,7 +14,8 @@ from .. import jobs, store
 from ..events import bus
 from ..media import MediaError, MediaNotFoundError, probe
 from ..store import FileState, Job, MediaFile, fingerprint
-from .records import Outcome, lock_path, lstat_regular, metadata
+from ..trees import lstat_regular
+from .records import Outcome, lock_path, metadata
 
 log = logging.getLogger(__name__)
 

@@ -46,6 +46,7 @@ from .. import jobs, store
 from ..errors import Invalid
 from ..events import bus
 from ..store import FileState, Job, JobStatus, MediaFile
+from ..trees import lstat_regular
 from .guard import needs_probe, probe_pending
 from .paths import NOT_FOLLOWED, ignored_reason, normalize_extensions, shown_ignored
 from .recording import (
@@ -66,7 +67,7 @@ from .recording import (
     _upload_failed,
     _write,
 )
-from .records import Outcome, lock_path, lock_paths, lstat_regular
+from .records import Outcome, lock_path, lock_paths
 
 log = logging.getLogger(__name__)
 

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import os
-import stat as stat_module
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import peewee as pw
@@ -56,11 +53,3 @@ def lock_paths(database: pw.Database, paths: Sequence[str]) -> None:
             for p in paths
         )
         database.execute_sql("SELECT pg_advisory_xact_lock(k) FROM unnest(%s::bigint[]) k", (keys,))
-
-
-def lstat_regular(path: Path) -> os.stat_result | None:
-    try:
-        st = path.lstat()
-    except OSError:
-        return None
-    return st if stat_module.S_ISREG(st.st_mode) else None

@@ -2,6 +2,8 @@
 pack it into chunks, transcribe them on an engine (whisper.py) with checkpoints to
 resume from, and map segments and word timings back to the file's timeline."""
 
+# One piece (~645 lines): a run's sources, their chunks and its checkpoint are one state
+# that a resumed run restores whole; the cues are cut in subtitles.py.
 # One pipeline, two backends. The run decodes the audio once (PyAV, 16 kHz mono,
 # sample for sample as faster-whisper decodes it), each audio track (a stereo track
 # whose channels carry different speech as its two channels apart: a source each), and

@@ -602,7 +602,17 @@ def test_submit_force_is_one_request_so_a_job_starting_meanwhile_changes_nothing
     relay.holds["/deep-scan"] = lambda: wait_for(running)
     path = str(svc.drop / "again.mp4")
     with relay.running():
-        out = cli("submit", path, "--processors", "steps", "--force", "--url", relay.url)
+        out = cli(
+            "submit",
+            path,
+            "--processors",
+            "steps",
+            "--force",
+            "--url",
+            relay.url,
+            "--token",
+            svc.token,
+        )
     assert "error" not in out.stderr
     task = TASK_ID.search(out.stdout)[0]
     job = svc.wait_status(task, "completed")

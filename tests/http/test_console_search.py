@@ -86,9 +86,12 @@ def test_a_search_finds_the_moment_and_opens_the_file_there(
     page_expect(here).to_have_count(1)
     page_expect(here).to_contain_text("budget")
 
-    # The copied link opens the same moment in a new page.
+    # The copied link opens the same moment in a new tab, once signed in there (the token
+    # is kept per tab, and the link does not carry it).
     other = view.context.new_page()
     other.goto(copied)
+    other.get_by_label("Service token").fill(svc.token)
+    other.get_by_role("button", name="Sign in").click()
     page_expect(other.locator("#transcript li.here")).to_contain_text("budget")
     view.check_clean()
     view.close()

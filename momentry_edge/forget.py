@@ -25,12 +25,11 @@ from typing import Any
 
 import peewee as pw
 
-from .. import jobs, logs, outputs, store, trees
-from ..errors import Conflict
-from ..events import bus
-from ..ingest.records import lstat_regular
-from ..store import Job, JobStatus, MediaFile
-from . import backup
+from . import jobs, logs, outputs, store, trees
+from .errors import Conflict
+from .events import bus
+from .store import Job, JobStatus, MediaFile
+from .upkeep import backup
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +81,7 @@ def forget(
     ``in_hand``: the ids of the jobs this process's workers hold (they log their job's
     end after its status is written)."""
     source = Path(record.path)
-    if lstat_regular(source) is not None and not delete_source:
+    if trees.lstat_regular(source) is not None and not delete_source:
         raise Conflict(
             f"{record.rel_path} is still in the watched folder, where the next rescan would "
             "register it again: move it away first, or ask for it to be deleted too "
@@ -94,7 +93,7 @@ def forget(
     for folder in outputs.result_folders(data_dir, record):
         if folder.exists() and trees.remove(folder):
             done.results.append(str(folder))
-    if delete_source and lstat_regular(source) is not None:
+    if delete_source and trees.lstat_regular(source) is not None:
         source.unlink()
         done.source_removed = True
     remove_rows(record.id)

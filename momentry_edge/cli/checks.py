@@ -14,7 +14,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from .. import apitoken, privacy, store, watch_folders
+from .. import apitoken, privacy, redact, store, watch_folders
 from ..config import Config
 from .client import (
     ApiClient,
@@ -36,6 +36,7 @@ def machine(cfg: Config) -> list[dict[str, str]]:
         _disk(cfg),
         _database(cfg),
         _auth(cfg),
+        *_redis(cfg),
         running,
     ]
 
@@ -52,6 +53,26 @@ def _auth(cfg: Config) -> dict[str, str]:
         return _check("auth", OK, f"the API asks for service.token ({cfg.origin('service.token')})")
     where = apitoken.path(cfg.data_dir)
     return _check("auth", OK, f"the API asks for the token in {where} (made at the first start)")
+
+
+def _redis(cfg: Config) -> list[dict[str, str]]:
+    """The Redis mirror writes file names and job states: a Redis without a password
+    gives them to every client that reaches it (on this machine, any account)."""
+    url = cfg.service.redis_url
+    if not url:
+        return []
+    if redact.secrets_of(url):
+        return [_check("redis mirror", OK, f"{redact.url(url)} is asked with a password")]
+    return [
+        _check(
+            "redis mirror",
+            WARNING,
+            f"{redact.url(url)} has no password in service.redis_url: the mirror writes file "
+            "names and job states there, which any client that reaches that Redis reads (any "
+            "account on this machine, for one on loopback); set `requirepass` in Redis and "
+            "put it in the URL (redis://:PASSWORD@host:6379/0)",
+        )
+    ]
 
 
 def _check(name: str, level: str, detail: str) -> dict[str, str]:

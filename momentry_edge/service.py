@@ -318,8 +318,7 @@ class Service:
                 raise StartFailed(f"cannot start: the disk holding {where} is full") from None
             raise self.config.error(
                 "service.data_dir",
-                f"cannot keep the API token in {where}: "
-                f"{exc.strerror}",
+                f"cannot keep the API token in {where}: {exc.strerror}",
             ) from None
         if not token:
             log.warning(

@@ -24,6 +24,17 @@ def _cpu() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+OUTCOME = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    # The worst of setup, call and teardown: a line says at once which test failed.
+    report = (yield).get_result()
+    if report.outcome == "failed" or item.stash.get(OUTCOME, "passed") == "passed":
+        item.stash[OUTCOME] = report.outcome
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     path = os.environ.get("MOMENTRY_TEST_TIMINGS")
@@ -35,6 +46,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
             "file": item.nodeid.split("::")[0],
             "wall": round(time.monotonic() - wall, 3),
             "cpu": round(_cpu() - cpu, 3),
+            "outcome": item.stash.get(OUTCOME, "passed"),
             "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
             "end": time.time(),
         }

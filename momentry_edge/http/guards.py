@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import bottle
 from bottle import request, response
 
-from .. import outbound
+from .. import apitoken, outbound
 from ..config import Config
 from .parsing import (
     error,
@@ -44,7 +44,9 @@ def needs_token(path: str) -> bool:
 def install(app: bottle.Bottle, config: Config, token: str) -> None:
     """Refuse, before routing, requests the service must not serve. ``token``: the one
     every request for data must carry ("" with service.auth = false)."""
-    wrong = WrongTokens()
+    # A token as long as a remote service needs is beyond guessing: slowing its wrong
+    # guesses would only slow a client that lost it (and every test of refusals).
+    wrong = WrongTokens(slow=len(token) < apitoken.MIN_REMOTE_LENGTH)
 
     @app.hook("before_request")
     def authenticate() -> None:
@@ -139,9 +141,10 @@ def names_this_machine(host_header: str, bound: str) -> bool:
 
 class WrongTokens:
     """Requests refused for a missing or wrong token, counted per client address: logged
-    once a minute per address (with the count), and slowed past a few."""
+    once a minute per address (with the count), and with ``slow`` slowed past a few."""
 
-    def __init__(self) -> None:
+    def __init__(self, slow: bool = True) -> None:
+        self._slow = slow
         self._lock = threading.Lock()
         # address -> [window start, refusals in it, refusals not yet logged, last logged]
         self._clients: OrderedDict[str, list[float]] = OrderedDict()
@@ -171,7 +174,7 @@ class WrongTokens:
             if say:
                 entry[2], entry[3] = 0, now
                 self._lines = (self._lines[0], self._lines[1] + 1)
-            slow = entry[1] > FAILURES_BEFORE_DELAY
+            slow = self._slow and entry[1] > FAILURES_BEFORE_DELAY
         if say:
             log.warning(
                 "wrong API token from %s: %d refused since last said (said at most once a "

@@ -135,6 +135,8 @@ def folder_body() -> str | None:
     body = json_body()
     if unknown := sorted(set(body) - {"folder"}):
         raise Invalid(f"unknown key {unknown[0]!r}; known: folder")
+    if "folder" in body and body["folder"] is None:  # a folder, or the key left out: all
+        raise Invalid("folder must be a string: a folder as the file list names it, e.g. 'day 1'")
     return folders.parse(body.get("folder"))
 
 

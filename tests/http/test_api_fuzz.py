@@ -109,9 +109,6 @@ def test_every_operation_survives_generated_and_hostile_input(start_service, aut
     schema = schemathesis.openapi.from_dict(document)
     # Unknown query parameters are ignored (as a cache-buster would need), not refused.
     schema.config.generation.update(allow_extra_parameters=False)
-    # Requests carry the right token (or none is asked): wrong tokens are test_auth.py's,
-    # and the service answers many of them slower on purpose.
-    schema.config.generation.update(with_security_parameters=False)
     skipped = _streams(document)
     # A fitting body may still name a path outside the watched folders or a processor this
     # node lacks (400): the schema cannot say that.

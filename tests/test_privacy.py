@@ -183,21 +183,10 @@ def test_doctor_warns_of_a_data_dir_other_accounts_may_reach(tmp_path):
     config = tmp_path / "momentry.toml"
     config.write_text(f'[service]\ndata_dir = "{data}"\nport = 0\nwatch = []\n')
 
-    def privacy_check() -> dict[str, str]:
-        command = ["--config", str(config), "doctor", "--json"]
-        proc = subprocess.run(
-            [sys.executable, "-m", "momentry_edge.cli", *command],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        checks = {c["check"]: c for c in json.loads(proc.stdout)["checks"]}
-        return checks["data dir privacy"]
-
-    said = privacy_check()
+    said = doctor_checks(config)["data dir privacy"]
     assert said["level"] == "warning" and "mode 0755" in said["detail"], said
     data.chmod(0o700)
-    assert privacy_check()["level"] == "ok"
+    assert doctor_checks(config)["data dir privacy"]["level"] == "ok"
 
 
 def test_doctor_warns_of_a_redis_mirror_without_a_password(tmp_path):
@@ -208,17 +197,21 @@ def test_doctor_warns_of_a_redis_mirror_without_a_password(tmp_path):
             f'[service]\ndata_dir = "{tmp_path / "data"}"\nport = 0\nwatch = []\n'
             f'redis_url = "{url}"\n'
         )
-        command = ["--config", str(config), "doctor", "--json"]
-        proc = subprocess.run(
-            [sys.executable, "-m", "momentry_edge.cli", *command],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        checks = {c["check"]: c for c in json.loads(proc.stdout)["checks"]}
-        return checks["redis mirror"]
+        return doctor_checks(config)["redis mirror"]
 
     said = redis_check("redis://127.0.0.1:6379/0")
     assert said["level"] == "warning" and "no password" in said["detail"], said
     said = redis_check("redis://:s3cret-pass@127.0.0.1:6379/0")
     assert said["level"] == "ok" and "s3cret-pass" not in said["detail"], said
+
+
+def doctor_checks(config: Path) -> dict[str, dict[str, str]]:
+    """`doctor --json` with ``config``: its checks by name."""
+    command = ["--config", str(config), "doctor", "--json"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "momentry_edge.cli", *command],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return {c["check"]: c for c in json.loads(proc.stdout)["checks"]}

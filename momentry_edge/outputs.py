@@ -373,11 +373,7 @@ def shown_result(folders: list[Path], processor: str, fingerprint: str | None) -
         if found is None and later is None:
             continue
         # Of a file rewritten since, a complete result is of its earlier content: not shown.
-        if (
-            found is not None
-            and found["status"] == COMPLETED
-            and (fingerprint is None or found["fingerprint"] in (None, fingerprint))
-        ):
+        if found is not None and found["status"] == COMPLETED and of_content(found, fingerprint):
             brief = {k: later[k] for k in LATER_FIELDS} if later is not None else None
             return Shown(folder, main, found, brief)
         if later is not None and later_name is not None:
@@ -397,7 +393,20 @@ def read_shown(shown: Shown) -> bytes | None:
         parsed = json.loads(document)
     except ValueError:
         return document
-    return (indented(parsed | {"later_run": shown.later}) + "\n").encode("utf-8")
+    return with_later_run(parsed, shown.later)
+
+
+def of_content(run: dict[str, Any], fingerprint: str | None) -> bool:
+    """Whether a document's run (its ``fingerprint``) is of the file's content now (one
+    written before documents said it counts as such)."""
+    return fingerprint is None or run.get("fingerprint") in (None, fingerprint)
+
+
+def with_later_run(document: dict[str, Any], later: dict[str, Any]) -> bytes:
+    """``document`` as served with ``later_run``: the brief (LATER_FIELDS) of a newer run
+    of its processor that failed or was cancelled."""
+    brief = {k: later.get(k) for k in LATER_FIELDS}
+    return (indented(document | {"later_run": brief}) + "\n").encode("utf-8")
 
 
 def read_result(folders: list[Path], processor: str, fingerprint: str | None) -> bytes | None:
@@ -546,6 +555,15 @@ _THUMBNAIL_NAMES_KEPT = 16
 _thumbnail_lock = threading.Lock()
 
 
+def thumbnail_names(document: bytes) -> list[Any]:
+    """The ``thumbnail`` of each scene of a cut document as written ([] if it is not one)."""
+    try:
+        scenes = json.loads(document)["result"]["scenes"]
+        return [scene.get("thumbnail") if isinstance(scene, dict) else None for scene in scenes]
+    except (ValueError, LookupError, TypeError, AttributeError):
+        return []
+
+
 def _thumbnail_names(folder: Path) -> list[Any] | None:
     """The ``thumbnail`` of each scene in ``folder``'s cut.json ([] if it is not a cut
     document), None when there is no cut.json; parsed once per version of the file."""
@@ -559,13 +577,7 @@ def _thumbnail_names(folder: Path) -> list[Any] | None:
             if (names := _THUMBNAIL_NAMES.get(key)) is not None:
                 _THUMBNAIL_NAMES.move_to_end(key)
                 return names
-        try:
-            scenes = json.loads(file.read())["result"]["scenes"]
-            names = [
-                scene.get("thumbnail") if isinstance(scene, dict) else None for scene in scenes
-            ]
-        except (ValueError, LookupError, TypeError, AttributeError):
-            names = []
+        names = thumbnail_names(file.read())
     with _thumbnail_lock:
         _THUMBNAIL_NAMES[key] = names
         while len(_THUMBNAIL_NAMES) > _THUMBNAIL_NAMES_KEPT:

@@ -20,7 +20,15 @@ from typing import Any
 import peewee as pw
 
 from . import clock, store
-from .outputs import COMPLETED, LATER_FIELDS, THUMBNAILS, Staged, document_path, indented
+from .outputs import (
+    COMPLETED,
+    THUMBNAILS,
+    Staged,
+    document_path,
+    of_content,
+    thumbnail_names,
+    with_later_run,
+)
 from .store import MediaFile, ResultPart
 
 # -- storing, as a run is recorded -------------------------------------------------------------
@@ -134,16 +142,11 @@ def read_document(record: MediaFile, processor: str) -> bytes | None:
         if status != COMPLETED:
             continue
         document = _parsed(content)
-        if record.fingerprint is not None and document.get("fingerprint") not in (
-            None,
-            record.fingerprint,
-        ):
+        if not of_content(document, record.fingerprint):
             break  # of the file's earlier content: not shown
         if content is newest:
             return content
-        later = _parsed(newest)
-        brief = {k: later.get(k) for k in LATER_FIELDS}
-        return (indented(document | {"later_run": brief}) + "\n").encode("utf-8")
+        return with_later_run(document, _parsed(newest))
     return newest
 
 
@@ -213,11 +216,7 @@ def _thumbnail_names(record: MediaFile) -> list[Any] | None:
             _NAMES.move_to_end(newest)
             return names
     content = ResultPart.select(ResultPart.content).where(ResultPart.id == newest).scalar()
-    try:
-        scenes = json.loads(bytes(content))["result"]["scenes"]
-        names = [scene.get("thumbnail") if isinstance(scene, dict) else None for scene in scenes]
-    except (ValueError, LookupError, TypeError, AttributeError):
-        names = []
+    names = thumbnail_names(bytes(content))
     with _names_lock:
         _NAMES[newest] = names
         while len(_NAMES) > _NAMES_KEPT:

@@ -63,13 +63,13 @@ class Options:
     # the same text each time.
     temperature_fallback: bool = True
     models_dir: str | None = None  # default <data_dir>/models
-    # Subtitle cues (subtitles.Norms): broadcast norms by default.
-    subtitle_lines: int = 2
-    subtitle_line_chars: int = 42
-    subtitle_line_chars_cjk: int = 16
-    subtitle_min_seconds: float = 1.0
-    subtitle_max_seconds: float = 7.0
-    subtitle_chars_per_second: float = 20.0
+    # Subtitle cues (subtitles.Norms, whose defaults are broadcast norms).
+    subtitle_lines: int = Norms.lines
+    subtitle_line_chars: int = Norms.line_chars
+    subtitle_line_chars_cjk: int = Norms.cjk_line_chars
+    subtitle_min_seconds: float = Norms.min_seconds
+    subtitle_max_seconds: float = Norms.max_seconds
+    subtitle_chars_per_second: float = Norms.chars_per_second
 
     @classmethod
     def parse(cls, settings: Mapping[str, Any]) -> Options:

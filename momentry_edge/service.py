@@ -48,6 +48,7 @@ from .jobs.stalls import StallWatch
 from .processors import Registry
 from .provision import Provisioner
 from .search import index as search_index
+from .search import meaning as search_meaning
 from .sidecars.alerts import AlertSender
 from .sidecars.callbacks import CallbackSender
 from .sidecars.mirror import RedisMirror
@@ -116,6 +117,8 @@ class Service:
         self._backup: threading.Thread | None = None  # the scheduled backup under way
         # Results made before the search index existed, indexed in the background.
         self.search_backfill = search_index.Backfill(config.data_dir)
+        # Moments' meanings, embedded in the background once the sentence model is in place.
+        self.search_embedder = search_meaning.Embedder()
         self.url = ""
         self.port: int | None = None  # the API's, once it listens
         self.token = ""  # what the API requires (apitoken.effective), set at start
@@ -305,6 +308,7 @@ class Service:
             self.notifier.start()
         self.watcher.start()  # its first act is the start-up rescan
         self.search_backfill.start()
+        self.search_embedder.start()
         self._write_run_file()
         log.info("momentry-edge %s listening on %s (node %s)", __version__, self.url, self.node)
         self._announce()
@@ -476,6 +480,7 @@ class Service:
             stop_server(self.server, self._http)
         self.provision.stop()  # a pull in progress stops; the next start resumes it
         self.search_backfill.stop()
+        self.search_embedder.stop()
         # 2. Running processors stop at their next report and go back to the line.
         if self.workers.started:
             self.workers.stop()

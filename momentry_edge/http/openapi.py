@@ -327,6 +327,7 @@ SCHEMAS: dict[str, Schema] = {
             "total_exact": BOOL,  # false: at least total (ranked among the newest matches)
             "limit": INT,
             "offset": INT,
+            "mode": _enum("words", "meaning"),
             "index": _obj({"complete": BOOL, "waiting": INT}, "*"),
         },
         "*",
@@ -426,7 +427,11 @@ ERRORS = {
     "404": ("NotFound", "no such job, file or processor output (not_found)"),
     "409": ("Conflict", "the job's status does not allow this (conflict)"),
     "413": ("PayloadTooLarge", "the body is larger than 1 MiB (payload_too_large)"),
-    "503": ("Busy", "too many event streams are open; try again later (busy)"),
+    "503": (
+        "Busy",
+        "too many event streams are open; try again later (busy); or a search by meaning"
+        " on a node without its model (unavailable; the message says how to install it)",
+    ),
 }
 
 
@@ -466,6 +471,13 @@ PARAMETERS = {
             "a part of the file name, in any case, with or without accents",
         ),
         ("q", "query", STR | {"maxLength": 1000}, 'words, "a phrase", a prefix*'),
+        (
+            "mode",
+            "query",
+            _enum("words", "meaning"),
+            "words (default): the words typed, their forms, phrases, prefixes; meaning: moments"
+            " whose sense is near the query's, by a sentence model",
+        ),
         ("source", "query", _enum("asr", "asrx", "ocr", "yolo", "name"), "where the words are"),
         ("folder", "query", STR, "a folder of the drop folder: its files and those below"),
         ("file", "query", FILE_UUID, "one file's file_uuid"),
@@ -681,17 +693,18 @@ OPERATIONS: dict[str, Schema] = {  # "method path": operation, one per route in 
     ),
     "get /api/v1/search": _op(
         "search",
-        "Moments (transcript lines, on-screen text, objects) and files found by words",
+        "Moments (transcript lines, on-screen text, objects) and files found by words,"
+        " or moments found by meaning",
         _ref("SearchResults"),
-        "400",
-        query=("q", "source", "folder", "file", "since", "until", *_PAGING),
+        "400 503",
+        query=("q", "mode", "source", "folder", "file", "since", "until", *_PAGING),
     ),
     "get /api/v1/search.csv": _op(
         "search_csv",
         "The same search's hits as CSV (file, folder, file_uuid, source, start, end, time)",
         _text("text/csv", "one row a hit, after a header row"),
-        "400",
-        query=("q", "source", "folder", "file", "since", "until", *_PAGING),
+        "400 503",
+        query=("q", "mode", "source", "folder", "file", "since", "until", *_PAGING),
     ),
     "get /api/v1/files/{file_uuid}": _op(
         "file_detail", "One file, its media details and jobs", _ref("FileDetail"), "404"

@@ -8,7 +8,7 @@ import bottle
 from bottle import response
 
 from ..errors import Invalid
-from ..search import query
+from ..search import meaning, query
 from .core import Core
 from .parsing import paging, text_query, timestamp
 
@@ -16,14 +16,26 @@ from .parsing import paging, text_query, timestamp
 def add(app: bottle.Bottle, service: Core) -> None:
     @app.get("/api/v1/search")
     def search() -> dict[str, Any]:
-        return query.search(text_query("q") or "", filters(), *paging())
+        return run()
 
     @app.get("/api/v1/search.csv")
     def search_csv() -> str:
-        found = query.search(text_query("q") or "", filters(), *paging())
+        found = run()
         response.content_type = "text/csv; charset=utf-8"
         response.set_header("Content-Disposition", 'attachment; filename="moments.csv"')
         return query.as_csv(found)
+
+
+MODES = ("words", "meaning")
+
+
+def run() -> dict[str, Any]:
+    """The search the request asks for: by words (the default) or by meaning."""
+    mode = text_query("mode") or "words"
+    if mode not in MODES:
+        raise Invalid(f"unknown mode {mode[:100]!r}; one of {', '.join(MODES)}")
+    find = meaning.search if mode == "meaning" else query.search
+    return find(text_query("q") or "", filters(), *paging()) | {"mode": mode}
 
 
 def filters() -> query.Filters:

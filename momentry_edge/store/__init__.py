@@ -123,6 +123,9 @@ from .schema import (
     SearchIndexed as SearchIndexed,
 )
 from .schema import (
+    SearchVector as SearchVector,
+)
+from .schema import (
     fingerprint as fingerprint,
 )
 from .schema import (

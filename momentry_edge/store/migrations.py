@@ -19,6 +19,7 @@ from .schema import (
     ResultPart,
     SearchEntry,
     SearchIndexed,
+    SearchVector,
 )
 from .sql import is_postgres
 
@@ -205,6 +206,12 @@ def _v14_search(db: pw.Database) -> None:
         )
 
 
+def _v15_search_vectors(db: pw.Database) -> None:
+    # Moments' meanings (SearchVector), filled by the service in the background once the
+    # sentence model is in place.
+    db.create_tables([SearchVector])
+
+
 # Append-only: each entry moves the schema one version forward.
 
 MIGRATIONS: list[Callable[[pw.Database], None]] = [
@@ -222,6 +229,7 @@ MIGRATIONS: list[Callable[[pw.Database], None]] = [
     _v12_file_picture,
     _v13_result_parts,
     _v14_search,
+    _v15_search_vectors,
 ]
 
 

@@ -351,4 +351,23 @@ class SearchIndexed(BaseModel):
         indexes = ((("file", "processor"), True),)
 
 
-MODELS = (QueueState, MediaFile, Job, ProcessorRun, Node, ResultPart, SearchEntry, SearchIndexed)
+class SearchVector(BaseModel):
+    """A moment's meaning, for a search by meaning: its text embedded by the sentence
+    model (search/encoder.py), 384 float16 numbers. Deleted with its entry."""
+
+    entry = pw.ForeignKeyField(SearchEntry, primary_key=True, on_delete="CASCADE")
+    entry_id: Any
+    vector = pw.BlobField()
+
+
+MODELS = (
+    QueueState,
+    MediaFile,
+    Job,
+    ProcessorRun,
+    Node,
+    ResultPart,
+    SearchEntry,
+    SearchIndexed,
+    SearchVector,
+)

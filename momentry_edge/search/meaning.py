@@ -1,0 +1,242 @@
+"""A search by meaning: every moment's text embedded (``Embedder``, in the background),
+and a query answered by the moments nearest to it in meaning (``search``)."""
+
+# The vectors are float16 blobs in the queue database (SearchVector), so every node
+# shares them, and a query reads them in chunks of CHUNK, keeping only the best: memory
+# stays flat however many there are. Neither sqlite-vec (this Python's sqlite3 cannot
+# load extensions) nor pgvector (not installed on the PostgreSQL here) is needed; at
+# 2 M moments a scan reads 1.5 GB (benchmarks/meaning_bench.py).
+#
+# Moments are embedded after the run that made them is recorded, not inside its
+# transaction: that would hold the database's write lock for the seconds the model takes.
+
+from __future__ import annotations
+
+import heapq
+import logging
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import peewee as pw
+
+from .. import store
+from ..errors import Invalid, Unavailable
+from ..store import SearchEntry, SearchVector
+from . import encoder, query
+
+log = logging.getLogger(__name__)
+
+CHUNK = 4096  # vectors read at a time (3 MB)
+MIN_SCORE = 0.2  # cosine similarity below which a moment is taken as not about the query
+BATCH = 64  # moments embedded in one write
+POLL = 2.0  # seconds between looks for new moments while idle
+SWEEP_EVERY = 600.0  # seconds between full looks (a moment committed out of id order)
+
+
+class Embedder:
+    """Embeds, on one background thread, the moments that have no vector yet: new ones
+    as their runs complete (within POLL seconds) and those indexed before the model was in
+    place. Idle, and loading nothing, while the model is not in place."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="search-meaning", daemon=True)
+        self._after = 0  # every moment up to this id has a vector (until a sweep says no)
+        self._swept = 0.0
+        self._said_missing = False
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                done = self.step()
+            except Exception:
+                log.exception("search by meaning: embedding stopped; tried again shortly")
+                done = 0
+            finally:
+                store.release_connection()
+            if not done:
+                self._stop.wait(POLL)
+
+    def step(self) -> int:
+        """Embed the next BATCH moments that need it; how many (0: none waiting, or no
+        model)."""
+        try:
+            model = encoder.load()
+        except encoder.MeaningUnavailable as exc:
+            if not self._said_missing:
+                log.info("search by meaning is off: %s", exc)
+                self._said_missing = True
+            return 0
+        if time.monotonic() - self._swept > SWEEP_EVERY:
+            self._after, self._swept = 0, time.monotonic()
+        else:  # moments deleted and their ids used again (SQLite) are looked at anew
+            newest = SearchVector.select(pw.fn.MAX(SearchVector.entry)).scalar() or 0
+            self._after = min(self._after, newest)
+        top = SearchEntry.select(pw.fn.MAX(SearchEntry.id)).scalar() or 0
+        todo = store.rows(
+            SearchEntry.select(SearchEntry.id, SearchEntry.text)
+            .where(
+                SearchEntry.id > self._after,
+                ~pw.fn.EXISTS(
+                    SearchVector.select(SearchVector.entry).where(
+                        SearchVector.entry == SearchEntry.id
+                    )
+                ),
+            )
+            .order_by(SearchEntry.id)
+            .limit(BATCH)
+        )
+        if not todo:
+            self._after = max(self._after, top)  # every moment up to top has its vector
+            return 0
+        vectors = encoder.as_blob(model.encode([text for _, text in todo]))
+        rows = [
+            {"entry": entry_id, "vector": v} for (entry_id, _), v in zip(todo, vectors, strict=True)
+        ]
+        with store.write_transaction(SearchVector._meta.database):
+            alive = {  # a moment replaced meanwhile (a re-run) gets no vector
+                i
+                for (i,) in store.rows(
+                    SearchEntry.select(SearchEntry.id).where(
+                        SearchEntry.id.in_([r["entry"] for r in rows])
+                    )
+                )
+            }
+            SearchVector.insert_many(
+                [r for r in rows if r["entry"] in alive]
+            ).on_conflict_ignore().execute()
+        self._after = todo[-1][0]
+        return len(todo)
+
+
+def search(text: str, filters: query.Filters, limit: int, offset: int) -> dict[str, Any]:
+    """The answer of GET /api/v1/search?mode=meaning: the moments nearest in meaning to
+    ``text``, best first, those at least MIN_SCORE alike."""
+    text = text.strip()
+    if not text:
+        raise Invalid("q has no words to search for")
+    if len(text) > query.MAX_QUERY:
+        raise Invalid(f"q must be at most {query.MAX_QUERY} characters")
+    try:
+        model = encoder.load()
+    except encoder.MeaningUnavailable as exc:
+        raise Unavailable(str(exc)) from None
+    wanted = model.encode([text])[0]
+    best, total = _nearest(wanted, filters, limit + offset)
+    hits = _hits(best)[offset : offset + limit]
+    query._add_thumbnails(hits)
+    try:
+        words = query.parse(text)  # to mark the query's own words where a moment has them
+    except Invalid:
+        words = query.Query([])
+    waiting = _waiting()
+    return {
+        "query": text,
+        "hits": [query._render(hit, words) for hit in hits],
+        "total": total,
+        "total_exact": True,
+        "limit": limit,
+        "offset": offset,
+        "index": {"complete": waiting == 0, "waiting": waiting},
+    }
+
+
+def _nearest(
+    wanted: np.ndarray, filters: query.Filters, count: int
+) -> tuple[list[tuple[float, int]], int]:
+    """The ``count`` best (score, entry id) passing the filters, and how many are at least
+    MIN_SCORE alike; the vectors read CHUNK at a time."""
+    select = SearchVector.select(SearchVector.entry, SearchVector.vector)
+    conditions = query._files(filters)
+    if filters.processor or conditions:
+        select = select.join(SearchEntry)
+        if filters.processor:
+            select = select.where(SearchEntry.processor == filters.processor)
+        if conditions:
+            files = store.MediaFile.select(store.MediaFile.id)
+            for condition in conditions:
+                files = files.where(condition)
+            select = select.where(SearchEntry.file.in_(files))
+    best: list[tuple[float, int]] = []  # a heap of the best so far, worst first
+    total, after = 0, 0
+    wanted32 = wanted.astype(np.float32)
+    while True:
+        chunk = store.rows(
+            select.where(SearchVector.entry > after).order_by(SearchVector.entry).limit(CHUNK)
+        )
+        if not chunk:
+            break
+        after = chunk[-1][0]
+        scores = encoder.from_blobs([blob for _, blob in chunk]).astype(np.float32) @ wanted32
+        good = np.flatnonzero(scores >= MIN_SCORE)
+        total += len(good)
+        for at in good[np.argsort(-scores[good])[:count]]:
+            item = (float(scores[at]), int(chunk[at][0]))
+            if len(best) < count:
+                heapq.heappush(best, item)
+            elif item > best[0]:
+                heapq.heapreplace(best, item)
+        if len(chunk) < CHUNK:
+            break
+    return sorted(best, reverse=True), total
+
+
+def _hits(best: list[tuple[float, int]]) -> list[dict[str, Any]]:
+    if not best:
+        return []
+    score = {entry_id: s for s, entry_id in best}
+    rows = store.rows(
+        SearchEntry.select(
+            SearchEntry.id,
+            SearchEntry.file,
+            store.MediaFile.file_uuid,
+            store.MediaFile.name,
+            store.MediaFile.rel_path,
+            SearchEntry.processor,
+            SearchEntry.start,
+            SearchEntry.end,
+            SearchEntry.text,
+        )
+        .join(store.MediaFile)
+        .where(SearchEntry.id.in_(list(score)))
+    )
+    hits = [
+        {
+            "entry_id": entry_id,
+            "file_id": file_id,
+            "file_uuid": uuid,
+            "name": name,
+            "rel_path": rel_path,
+            "processor": processor,
+            "start": start,
+            "end": end,
+            "text": text,
+            "score": round(score[entry_id], 4),
+        }
+        for entry_id, file_id, uuid, name, rel_path, processor, start, end, text in rows
+    ]
+    return sorted(hits, key=lambda h: (-h["score"], -h["entry_id"]))
+
+
+_WAITING_FOR = 5.0  # seconds a count is kept
+_waiting_count: tuple[float, int] | None = None
+
+
+def _waiting() -> int:
+    """How many moments have no vector yet (as of a few seconds ago)."""
+    global _waiting_count
+    now = time.monotonic()
+    if _waiting_count is None or now - _waiting_count[0] > _WAITING_FOR or _waiting_count[1]:
+        entries = SearchEntry.select().count()
+        _waiting_count = (now, max(0, entries - SearchVector.select().count()))
+    return _waiting_count[1]

@@ -204,6 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--limit", type=_positive_int, default=20, help="hits shown")
     sub.add_argument("--source", choices=("asr", "asrx", "ocr", "yolo", "name"))
     sub.add_argument("--folder", help="only files in this folder of the drop folder")
+    sub.add_argument(
+        "--meaning",
+        action="store_true",
+        help="find moments by meaning, not by the words typed (needs the sentence model)",
+    )
     add("pause", cmd_pause, "pause the queue: running jobs finish, nothing new starts")
     add("resume", cmd_resume, "resume a paused queue")
     sub = add(

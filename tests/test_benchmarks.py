@@ -85,3 +85,12 @@ def test_search_bench_times_queries_on_both_databases() -> None:
         assert f"{database}: indexing 1,000 segments" in out
     assert out.count("\nall ") == 2 and out.count("LIKE %word% (+count)") == 2
     assert out.count("indexing one hour of footage's results") == 2
+
+
+def test_meaning_bench_prints_recall_cost_and_scan() -> None:
+    out = run_benchmark(
+        "meaning_bench.py", "--vectors", "3000", "--databases", "sqlite", "--cost-segments", "30"
+    )
+    assert out.count("| words |") == out.count("| any word |") == out.count("| meaning |") == 1
+    assert "## Embedding cost: 30 segments" in out
+    assert "| sqlite | 3,000 |" in out

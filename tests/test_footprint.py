@@ -8,7 +8,10 @@ from conftest import ServiceProcess
 
 # Not for an idle service: an HTTP client (callbacks, alerts and model pulls load it when
 # they post), the terminal tables of the CLI, and OpenCV (the cut processor's, per job).
-NOT_AT_START = ("httpx", "click", "rich", "pygments", "scenedetect", "cv2")
+NOT_AT_START = (
+    *("httpx", "click", "rich", "pygments", "scenedetect", "cv2"),
+    *("tokenizers", "safetensors"),  # the sentence model: on first search by meaning
+)
 
 
 def imported(svc: ServiceProcess) -> set[str]:

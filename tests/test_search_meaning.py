@@ -1,18 +1,15 @@
-"""Search by meaning: the sentence model (all-MiniLM-L6-v2, run with numpy) gives what
-sentence-transformers gives; moments are embedded in the background and found by what
-they mean through the API and the CLI; without the model, a clear 503 and word search as
-before; bad queries a 400."""
+"""Search by meaning, in process: the sentence model (all-MiniLM-L6-v2, run with numpy)
+gives what sentence-transformers gives; moments' vectors follow them (embedded, replaced
+by a re-run, gone with a forget), filters hold. Through the service, the CLI and the
+console: tests/http/test_search_by_meaning.py."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import wait_for
 from frame_media import pull_models
 
 from momentry_edge import store, weights
@@ -55,9 +52,7 @@ def test_the_model_gives_the_similarities_sentence_transformers_publishes(senten
     )
     alike = vectors @ vectors.T
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
-    assert np.allclose(
-        [alike[0, 1], alike[0, 2], alike[1, 2]], [0.6660, 0.1046, 0.1411], atol=2e-4
-    )
+    assert np.allclose([alike[0, 1], alike[0, 2], alike[1, 2]], [0.6660, 0.1046, 0.1411], atol=2e-4)
     # A batch gives each text what it gives alone (padding changes nothing).
     alone = model.encode(["It's so sunny outside!"])[0]
     assert np.allclose(alone, vectors[1], atol=1e-5)
@@ -108,67 +103,4 @@ def test_vectors_follow_their_moments_through_a_rerun_and_a_forget(
     index.forget([record.id])
     assert store.SearchVector.select().count() == 0
     assert meaning.search("money troubles", query.Filters(), 5, 0)["hits"] == []
-    database.close()
-
-
-def cli_search(svc, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "momentry_edge.cli", "--config", str(svc.config_path)]
-    return subprocess.run(
-        [*command, "search", *args], capture_output=True, text=True, env=svc.env, timeout=60
-    )
-
-
-@SQLITE
-def test_a_meaning_query_finds_what_words_miss_once_the_model_is_in_place(
-    start_service, sentence_model
-):
-    svc = start_service()
-    uuid = svc.submit("meeting.mp4", ["noop"])["file_uuid"]
-    database = store.connect("", svc.data_dir)  # the service's own database file
-    record = store.MediaFile.get(store.MediaFile.file_uuid == uuid)
-    with database.atomic():
-        index.put(record.id, "asr", json.dumps(said()).encode())
-
-    def by_meaning(q: str, **params):
-        return svc.client.get("/api/v1/search", params={"q": q, "mode": "meaning", **params})
-
-    # Bad queries are a 400, model or not.
-    for q in ("", "   ", "budget " * 1500):
-        reply = by_meaning(q)
-        assert reply.status_code == 400, (q[:20], reply.text)
-        assert reply.json()["error"]["code"] == "bad_request"
-    assert svc.client.get("/api/v1/search", params={"q": "a", "mode": "sense"}).status_code == 400
-
-    # No model on this node: a 503 that says how to put it in place; words still work.
-    reply = by_meaning("money troubles")
-    assert reply.status_code == 503, reply.text
-    error = reply.json()["error"]
-    assert error["code"] == "unavailable"
-    assert "models pull all-minilm-l6-v2" in error["message"]
-    words = svc.get("/api/v1/search", params={"q": "money troubles"})
-    assert words["total"] == 0 and words["mode"] == "words"  # no word of it was said
-    assert svc.get("/api/v1/search", params={"q": "budget"})["total"] == 1
-    refused = cli_search(svc, "--meaning", "money troubles")
-    assert refused.returncode != 0 and "models pull all-minilm-l6-v2" in refused.stderr
-
-    # The model put in place while the service runs: the moments are embedded and found.
-    (svc.data_dir / "models").mkdir(exist_ok=True)
-    (svc.data_dir / "models" / encoder.MODEL).symlink_to(sentence_model / encoder.MODEL)
-
-    def embedded():
-        reply = by_meaning("money troubles")
-        return reply.status_code == 200 and reply.json()["index"]["complete"] and reply.json()
-
-    found = wait_for(embedded, timeout=120, interval=0.5)
-    assert found["mode"] == "meaning"
-    first = found["hits"][0]
-    assert first["processor"] == "asr" and first["start"] == 0.0
-    assert "budget" in first["text"]
-    assert first["file"]["file_uuid"] == uuid
-
-    shown = cli_search(svc, "--meaning", "money troubles", "--limit", "1")
-    assert shown.returncode == 0, shown.stderr
-    line, count = shown.stdout.splitlines()
-    assert line.startswith("meeting.mp4  0:00:00.0  [asr 0.")
-    assert "budget" in line and count.startswith("1 of ")
     database.close()

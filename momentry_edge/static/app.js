@@ -992,7 +992,8 @@ function drawPeople(face, pose) {
 start();
 
 // -- find the moment -----------------------------------------------------------------------
-// One box: files by name and moments by what was said, shown or written (GET /api/v1/search).
+// One box: files by name and moments by what was said, shown or written (GET /api/v1/search);
+// "by meaning" asks for the moments nearest in sense (mode=meaning), whatever their words.
 // A hit opens the file's page at its moment (#/file/<uuid>/at/<seconds>), its transcript
 // line marked; the link can be copied, and the hits exported as CSV.
 
@@ -1006,7 +1007,8 @@ $("find-form").addEventListener("submit", async (event) => {
   find.q = $("find-q").value.trim();
   if (!find.q) { $("find-results").hidden = true; return; }
   try {
-    const found = await get(`/api/v1/search?limit=${FIND_PAGE}&q=` + encodeURIComponent(find.q));
+    const mode = $("find-meaning").checked ? "&mode=meaning" : "";
+    const found = await get(`/api/v1/search?limit=${FIND_PAGE}${mode}&q=` + encodeURIComponent(find.q));
     find.hits = found.hits;
     drawHits(found);
   } catch (e) {
@@ -1023,7 +1025,9 @@ function drawHits(found, problem) {
   const more = found.total_exact ? "" : "more than ";
   $("find-count").textContent = (found.total ? `${more}${found.total} found` : "Nothing found")
     + (found.total > found.hits.length ? `, the best ${found.hits.length} shown` : "")
-    + (found.index.complete ? "" : ` (still indexing ${found.index.waiting} earlier results)`);
+    + (found.index.complete ? "" : found.mode === "meaning"
+      ? ` (still reading the meaning of ${found.index.waiting} moments)`
+      : ` (still indexing ${found.index.waiting} earlier results)`);
   $("find-hits").replaceChildren(...found.hits.map((hit) => {
     const picture = hit.thumbnail_url ? el("img", { alt: "", width: 96, height: 54 }) : el("span", { class: "none" });
     // Kept while the hits are shown (not with the file page's pictures, revoked on leaving it).

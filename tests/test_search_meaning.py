@@ -56,6 +56,9 @@ def test_the_model_gives_the_similarities_sentence_transformers_publishes(senten
     # A batch gives each text what it gives alone (padding changes nothing).
     alone = model.encode(["It's so sunny outside!"])[0]
     assert np.allclose(alone, vectors[1], atol=1e-5)
+    # A text longer than the model reads (256 tokens) is read up to there, beside others.
+    long, short = model.encode(["budget " * 600, "It's so sunny outside!"])
+    assert np.isclose(np.linalg.norm(long), 1.0) and np.allclose(short, alone, atol=1e-5)
 
 
 @SQLITE

@@ -167,13 +167,13 @@ def _nearest(
             for condition in conditions:
                 files = files.where(condition)
             select = select.where(SearchEntry.file.in_(files))
+    database = SearchVector._meta.database
     best: list[tuple[float, int]] = []  # a heap of the best so far, worst first
     total, after = 0, 0
     wanted32 = wanted.astype(np.float32)
     while True:
-        chunk = store.rows(
-            select.where(SearchVector.entry > after).order_by(SearchVector.entry).limit(CHUNK)
-        )
+        page = select.where(SearchVector.entry > after).order_by(SearchVector.entry).limit(CHUNK)
+        chunk = database.execute(page).fetchall()  # plain tuples: no model rows to build
         if not chunk:
             break
         after = chunk[-1][0]

@@ -89,6 +89,24 @@ def test_vectors_follow_their_moments_through_a_rerun_and_a_forget(
         "name": "meeting.mp4",
         "folder": "talks",
     }
+    # The same speech transcribed by asrx too: each moment is shown once.
+    with database.atomic():
+        index.put(record.id, "asrx", json.dumps(said()).encode())
+    while embedder.step():
+        pass
+    hits = meaning.search("money troubles", query.Filters(), 5, 0)["hits"]
+    assert len({(h["start"], h["text"]) for h in hits}) == len(hits)
+    assert (
+        meaning.search("money troubles", query.Filters(processor="asrx"), 1, 0)["hits"][0][
+            "processor"
+        ]
+        == "asrx"
+    )
+    index.forget([record.id])
+    with database.atomic():
+        index.put(record.id, "asr", json.dumps(said()).encode())
+    while embedder.step():
+        pass
     assert meaning.search("money troubles", query.Filters(folder="elsewhere"), 5, 0)["hits"] == []
     assert meaning.search("money troubles", query.Filters(processor="ocr"), 5, 0)["hits"] == []
 

@@ -132,7 +132,8 @@ def search(text: str, filters: query.Filters, limit: int, offset: int) -> dict[s
     except encoder.MeaningUnavailable as exc:
         raise Unavailable(str(exc)) from None
     wanted = model.encode([text])[0]
-    best, total = _nearest(wanted, filters, limit + offset)
+    # Twice the page: a moment both asr and asrx hold is shown once (_hits).
+    best, total = _nearest(wanted, filters, 2 * (limit + offset))
     hits = _hits(best)[offset : offset + limit]
     query._add_thumbnails(hits)
     try:
@@ -225,7 +226,16 @@ def _hits(best: list[tuple[float, int]]) -> list[dict[str, Any]]:
         }
         for entry_id, file_id, uuid, name, rel_path, processor, start, end, text in rows
     ]
-    return sorted(hits, key=lambda h: (-h["score"], -h["entry_id"]))
+    hits.sort(key=lambda h: (-h["score"], -h["entry_id"]))
+    # asr and asrx transcribe the same speech: one moment said twice is shown once.
+    seen: set[tuple[Any, ...]] = set()
+    kept = []
+    for hit in hits:
+        same = (hit["file_id"], hit["start"], hit["end"], hit["text"])
+        if same not in seen:
+            seen.add(same)
+            kept.append(hit)
+    return kept
 
 
 _WAITING_FOR = 5.0  # seconds a count is kept

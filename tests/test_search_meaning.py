@@ -15,7 +15,6 @@ from frame_media import pull_models
 from momentry_edge import store, weights
 from momentry_edge.search import encoder, index, meaning, query
 
-SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 SET = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "meaning_set.json"
 # A few segments of the labelled set: one about the budget being cut, five about other things.
 SAID = [1, 6, 10, 44, 51, 60]
@@ -61,11 +60,12 @@ def test_the_model_gives_the_similarities_sentence_transformers_publishes(senten
     assert np.isclose(np.linalg.norm(long), 1.0) and np.allclose(short, alone, atol=1e-5)
 
 
-@SQLITE
+# On both databases: the vectors' blobs and their deletion with their moments.
 def test_vectors_follow_their_moments_through_a_rerun_and_a_forget(
     tmp_path, database_url, sentence_model, monkeypatch
 ):
     monkeypatch.setattr(weights, "_root", sentence_model)  # where this process looks
+    monkeypatch.setattr(meaning, "_waiting_count", None)  # counted afresh, not as cached
     database = store.connect(database_url, tmp_path)
     record = store.MediaFile.create(
         file_uuid="d" * 32,

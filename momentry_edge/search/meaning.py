@@ -32,6 +32,7 @@ CHUNK = 4096  # vectors read at a time (3 MB)
 MIN_SCORE = 0.2  # cosine similarity below which a moment is taken as not about the query
 BATCH = 64  # moments embedded in one write
 POLL = 2.0  # seconds between looks for new moments while idle
+AFTER = 30.0  # seconds before embedding is tried again after an error
 SWEEP_EVERY = 600.0  # seconds between full looks (a moment committed out of id order)
 
 
@@ -57,15 +58,17 @@ class Embedder:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            pause, began = 0.0, time.monotonic()
             try:
-                done = self.step()
-            except Exception:
-                log.exception("search by meaning: embedding stopped; tried again shortly")
-                done = 0
+                # After a batch, a rest as long as it took: a backlog (moments indexed
+                # before the model was there) takes at most half of one core from jobs.
+                pause = time.monotonic() - began if self.step() else POLL
+            except Exception:  # the database out, say: said, and tried again later
+                log.exception("search by meaning: embedding stopped; tried again in %d s", AFTER)
+                pause = AFTER
             finally:
                 store.release_connection()
-            if not done:
-                self._stop.wait(POLL)
+            self._stop.wait(pause)
 
     def step(self) -> int:
         """Embed the next BATCH moments that need it; how many (0: none waiting, or no
@@ -104,17 +107,18 @@ class Embedder:
             {"entry": entry_id, "vector": v} for (entry_id, _), v in zip(todo, vectors, strict=True)
         ]
         with store.write_transaction(SearchVector._meta.database):
-            alive = {  # a moment replaced meanwhile (a re-run) gets no vector
-                i
-                for (i,) in store.rows(
-                    SearchEntry.select(SearchEntry.id).where(
-                        SearchEntry.id.in_([r["entry"] for r in rows])
+            # A moment replaced meanwhile (a re-run; SQLite may give its id to another
+            # moment) gets no vector: the next step embeds what is there now.
+            alive = set(
+                store.rows(
+                    SearchEntry.select(SearchEntry.id, SearchEntry.text).where(
+                        SearchEntry.id.in_([entry_id for entry_id, _ in todo])
                     )
                 )
-            }
-            SearchVector.insert_many(
-                [r for r in rows if r["entry"] in alive]
-            ).on_conflict_ignore().execute()
+            )
+            kept = [r for r, item in zip(rows, todo, strict=True) if tuple(item) in alive]
+            if kept:
+                SearchVector.insert_many(kept).on_conflict_ignore().execute()
         self._after = todo[-1][0]
         return len(todo)
 

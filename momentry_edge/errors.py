@@ -20,10 +20,3 @@ class NotFound(ClientError):
 
 class Conflict(ClientError):
     code, status = "conflict", 409
-
-
-class Unavailable(ClientError):
-    """What the request needs is not in place on this node (a model); the message says
-    what to do."""
-
-    code, status = "unavailable", 503

@@ -425,13 +425,13 @@ ERRORS = {
     "400": ("BadRequest", "a malformed request (bad_request)"),
     "401": ("Unauthorized", "missing or wrong bearer token (unauthorized)"),
     "404": ("NotFound", "no such job, file or processor output (not_found)"),
-    "409": ("Conflict", "the job's status does not allow this (conflict)"),
-    "413": ("PayloadTooLarge", "the body is larger than 1 MiB (payload_too_large)"),
-    "503": (
-        "Busy",
-        "too many event streams are open; try again later (busy); or a search by meaning"
-        " on a node without its model (unavailable; the message says how to install it)",
+    "409": (
+        "Conflict",
+        "the job's status does not allow this; or a search by meaning on a node without"
+        " its sentence model, the message the commands that put it in place (conflict)",
     ),
+    "413": ("PayloadTooLarge", "the body is larger than 1 MiB (payload_too_large)"),
+    "503": ("Busy", "too many event streams are open; try again later (busy)"),
 }
 
 
@@ -696,14 +696,14 @@ OPERATIONS: dict[str, Schema] = {  # "method path": operation, one per route in 
         "Moments (transcript lines, on-screen text, objects) and files found by words,"
         " or moments found by meaning",
         _ref("SearchResults"),
-        "400 503",
+        "400 409",
         query=("q", "mode", "source", "folder", "file", "since", "until", *_PAGING),
     ),
     "get /api/v1/search.csv": _op(
         "search_csv",
         "The same search's hits as CSV (file, folder, file_uuid, source, start, end, time)",
         _text("text/csv", "one row a hit, after a header row"),
-        "400 503",
+        "400 409",
         query=("q", "mode", "source", "folder", "file", "since", "until", *_PAGING),
     ),
     "get /api/v1/files/{file_uuid}": _op(

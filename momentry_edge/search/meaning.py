@@ -22,7 +22,7 @@ import numpy as np
 import peewee as pw
 
 from .. import store
-from ..errors import Invalid, Unavailable
+from ..errors import Conflict, Invalid
 from ..store import SearchEntry, SearchVector
 from . import encoder, query
 
@@ -134,7 +134,8 @@ def search(text: str, filters: query.Filters, limit: int, offset: int) -> dict[s
     try:
         model = encoder.load()
     except encoder.MeaningUnavailable as exc:
-        raise Unavailable(str(exc)) from None
+        # The node's state, not the client's request: 409 (the API answers no 5xx).
+        raise Conflict(str(exc)) from None
     wanted = model.encode([text])[0]
     # Twice the page: a moment both asr and asrx hold is shown once (_hits).
     best, total = _nearest(wanted, filters, 2 * (limit + offset))

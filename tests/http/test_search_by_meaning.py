@@ -1,6 +1,6 @@
 """Search by meaning through a real service: a meaning query finds what word search
 misses, through the API, the CLI and the console's "by meaning" box in real Chromium;
-without the model a clear 503 and word search as before; bad queries a 400."""
+without the model a clear 409 and word search as before; bad queries a 400."""
 
 from __future__ import annotations
 
@@ -59,11 +59,11 @@ def test_a_meaning_query_finds_what_words_miss_once_the_model_is_in_place(
         assert reply.json()["error"]["code"] == "bad_request"
     assert svc.client.get("/api/v1/search", params={"q": "a", "mode": "sense"}).status_code == 400
 
-    # No model on this node: a 503 that says how to put it in place; words still work.
+    # No model on this node: a 409 that says how to put it in place; words still work.
     reply = by_meaning("money troubles")
-    assert reply.status_code == 503, reply.text
+    assert reply.status_code == 409, reply.text
     error = reply.json()["error"]
-    assert error["code"] == "unavailable"
+    assert error["code"] == "conflict"
     assert "models pull all-minilm-l6-v2" in error["message"]
     words = svc.get("/api/v1/search", params={"q": "money troubles"})
     assert words["total"] == 0 and words["mode"] == "words"  # no word of it was said

@@ -481,8 +481,10 @@ PARAMETERS = {
         ("source", "query", _enum("asr", "asrx", "ocr", "yolo", "name"), "where the words are"),
         ("folder", "query", STR, "a folder of the drop folder: its files and those below"),
         ("file", "query", FILE_UUID, "one file's file_uuid"),
-        ("since", "query", STR | {"format": "date-time"}, "files registered from then on"),
-        ("until", "query", STR | {"format": "date-time"}, "files registered before then"),
+        # ISO 8601, a date alone too (2026-01-01, as docs/api.md shows): not RFC 3339's
+        # date-time, which wants a time and a zone.
+        ("since", "query", STR, "files registered from then on (ISO 8601; UTC without a zone)"),
+        ("until", "query", STR, "files registered before then (ISO 8601; UTC without a zone)"),
         ("asset", "path", STR, "one of the console's files: app.js, app.css"),
         ("format", "path", _enum("srt", "vtt"), "the subtitle format"),
     )

@@ -43,10 +43,12 @@ def test_a_meaning_query_finds_what_words_miss_once_the_model_is_in_place(
     start_service, sentence_model, browser
 ):
     svc = start_service()
-    uuid = svc.submit("meeting.mp4", ["noop"])["file_uuid"]
+    task = svc.submit("meeting.mp4", ["noop"])
+    uuid = task["file_uuid"]
+    svc.wait_status(task["task_id"], "completed")
     database = store.connect("", svc.data_dir)  # the service's own database file
     record = store.MediaFile.get(store.MediaFile.file_uuid == uuid)
-    with database.atomic():
+    with store.write_transaction(database):  # the write lock taken at once, as the service
         index.put(record.id, "asr", json.dumps(said()).encode())
 
     def by_meaning(q: str, **params):

@@ -6,6 +6,7 @@ import threading
 from typing import Any, Protocol
 
 from ..config import Config
+from ..jobs.capacity import Here
 from ..store import Job, MediaFile
 
 
@@ -26,6 +27,8 @@ class Core(Protocol):
     def processors(self) -> dict[str, dict[str, Any]]: ...
 
     def effective_limit(self) -> int: ...
+
+    def here(self) -> Here: ...
 
     def drain(self, drained: bool, via: str) -> int: ...
 

@@ -23,7 +23,7 @@ def add(app: bottle.Bottle, service: Core) -> None:
 
     @app.get("/api/v1/jobs/<job>")
     def job_detail(job: str) -> dict:
-        return views.job_detail(jobs.find_job(job), service.effective_limit())
+        return views.job_detail(jobs.find_job(job), service.here())
 
     @app.get("/api/v1/jobs/<job>/log")
     def job_log(job: str) -> dict:

@@ -158,7 +158,7 @@ def cancel_job(ref: str) -> dict:
 
 
 def queued(service: Core, job: store.Job) -> dict:
-    job, position, estimated_start = views.queue_place(job.id, service.effective_limit())
+    job, position, estimated_start = views.queue_place(job.id, service.here())
     return {
         "success": True,
         "task_id": job.task_id,

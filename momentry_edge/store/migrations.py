@@ -205,6 +205,14 @@ def _v14_search(db: pw.Database) -> None:
         )
 
 
+def _v15_node_worker(db: pw.Database) -> None:
+    # Whether each node takes jobs (Node.worker): nodes known so far count as taking them
+    # until their next start or drain says otherwise.
+    if "worker" not in {c.name for c in db.get_columns("node")}:
+        migrator = SchemaMigrator.from_database(db)
+        run_migrations(migrator.add_column("node", "worker", Node.worker))
+
+
 # Append-only: each entry moves the schema one version forward.
 
 MIGRATIONS: list[Callable[[pw.Database], None]] = [
@@ -222,6 +230,7 @@ MIGRATIONS: list[Callable[[pw.Database], None]] = [
     _v12_file_picture,
     _v13_result_parts,
     _v14_search,
+    _v15_node_worker,
 ]
 
 

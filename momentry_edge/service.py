@@ -43,7 +43,7 @@ from .http.app import make_app
 from .http.server import BaseWSGIServer, start_server, stop_server
 from .ingest import intake, paths
 from .ingest.watcher import Watcher
-from .jobs import views
+from .jobs import order, views
 from .jobs.capacity import Here, StrandWatch
 from .jobs.stalls import StallWatch
 from .processors import Registry
@@ -217,7 +217,9 @@ class Service:
         detail = views.job_detail(job, self.here())
         return urls, {"event": "job.finished", "job": detail}
 
-    def queue_status(self, limit: int = 50, offset: int = 0) -> dict[str, Any]:
+    def queue_status(
+        self, limit: int = 50, offset: int = 0, shown: order.Shown = order.EVERY_WAITING_JOB
+    ) -> dict[str, Any]:
         extra = {
             "nodes": cluster.node_rows(within=self.config.queue.lease_seconds),
             "blocked_reason": self.gate.blocked_reason,  # why nothing starts, besides a pause
@@ -230,7 +232,14 @@ class Service:
         }
         stall = self.config.queue.stall_seconds
         return views.queue_status(
-            self.here(), self.gate.load, extra, self.node, limit, offset, stall_after=stall
+            self.here(),
+            self.gate.load,
+            extra,
+            self.node,
+            limit,
+            offset,
+            stall_after=stall,
+            shown=shown,
         )
 
     def processors(self) -> dict[str, dict[str, Any]]:

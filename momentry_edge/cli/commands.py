@@ -168,7 +168,7 @@ def cmd_rescan(api: ApiClient, args: argparse.Namespace) -> int:
 
 
 def cmd_jobs(api: ApiClient, args: argparse.Namespace) -> int:
-    return _show(args, api.jobs(args.status, args.limit), render_jobs)
+    return _show(args, api.jobs(args.status, args.limit, folder=args.folder), render_jobs)
 
 
 def cmd_retry(api: ApiClient, args: argparse.Namespace) -> int:

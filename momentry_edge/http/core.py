@@ -6,6 +6,7 @@ import threading
 from typing import Any, Protocol
 
 from ..config import Config
+from ..jobs import order
 from ..jobs.capacity import Here
 from ..store import Job, MediaFile
 
@@ -34,7 +35,9 @@ class Core(Protocol):
 
     def jobs_in_hand(self) -> set[int]: ...
 
-    def queue_status(self, limit: int = 50, offset: int = 0) -> dict[str, Any]: ...
+    def queue_status(
+        self, limit: int = 50, offset: int = 0, shown: order.Shown = order.EVERY_WAITING_JOB
+    ) -> dict[str, Any]: ...
 
     def submit(
         self,

@@ -14,7 +14,7 @@ from ..clock import iso
 from ..errors import Invalid
 from ..store import FileState, Job, JobStatus, MediaFile, ProcessorRun, RunStatus
 from ..words import fold
-from . import capacity, estimates
+from . import capacity, estimates, order
 from .capacity import Capacity, Here
 
 
@@ -95,6 +95,7 @@ def queue_status(
     limit: int = 50,
     offset: int = 0,
     stall_after: float | None = None,
+    shown: order.Shown = order.EVERY_WAITING_JOB,
 ) -> dict[str, Any]:
     """The queue's status as ``node`` (the one answering) sees it: its own concurrency.
     ``queue`` holds the running jobs and a page (``limit``, ``offset``) of the waiting ones;
@@ -103,7 +104,8 @@ def queue_status(
     rates = _rates()
     here = here if isinstance(here, Here) else Here(None, here)
     with store.read_snapshot(Job._meta.database):
-        return _queue_status(here, load, extra, node, limit, offset, rates, stall_after)
+        page = _queue_status(here, load, extra, node, limit, offset, rates, stall_after, shown)
+        return page
 
 
 def last_progress(running: list[Job]) -> dict[int, float]:
@@ -142,6 +144,7 @@ def _queue_status(
     offset: int,
     rates: estimates.Rates,
     stall_after: float | None = None,
+    shown: order.Shown = order.EVERY_WAITING_JOB,
 ) -> dict[str, Any]:
     now = clock.now()
     state = jobs.queue_state(node)
@@ -153,26 +156,22 @@ def _queue_status(
         .where(Job.status == JobStatus.PROCESSING)
         .order_by(Job.started_at)
     )
-    # The page: pending jobs by position, then retrying ones by their next attempt.
-    pending = list(
-        jobs.pending_in_order().select_extend(MediaFile).join(MediaFile).limit(limit).offset(offset)
-    )
-    retrying = []
-    if len(pending) < limit:
-        retrying = list(
-            Job.select(Job, MediaFile)
-            .join(MediaFile)
-            .where(Job.status == JobStatus.RETRYING)
-            .order_by(Job.next_attempt_at, Job.id)
-            .limit(limit - len(pending))
-            .offset(max(offset - pending_count, 0))
-        )
+    pending, retrying, shown_count = order.waiting_page(shown, limit, offset, counts)
     left = running_left(running, rates, now)
     progressed = last_progress(running)
     waiting = [(job.processors, job.file.duration) for job in pending]
     nodes = capacity.read(here, now)
     ends = [(job.node, now + left.get(job.id, 0.0)) for job in running]
-    starts = _starts_after(offset, waiting, capacity.slots(nodes, ends, now), nodes, rates)
+    free = capacity.slots(nodes, ends, now)
+    if shown.everything:
+        positions = list(range(offset + 1, offset + 1 + len(pending)))
+        starts = _starts_after(offset, waiting, free, nodes, rates)
+    else:  # not one run of the line: each job's place and start of its own
+        positions = [jobs.position(job) or 0 for job in pending]
+        starts = [
+            _starts_after(place - 1, [one], free, nodes, rates)[0]
+            for place, one in zip(positions, waiting, strict=True)
+        ]
     queue: list[dict[str, Any]] = []
     for job in running:
         queue.append(
@@ -186,7 +185,7 @@ def _queue_status(
                 "stalled": bool(stall_after and now - progressed[job.id] > stall_after),
             }
         )
-    for number, (job, start) in enumerate(zip(pending, starts, strict=True), start=offset + 1):
+    for number, job, start in zip(positions, pending, starts, strict=True):
         queue.append(
             _queue_entry(job)
             | {
@@ -213,6 +212,7 @@ def _queue_status(
         "dynamic_concurrency": state.dynamic_concurrency,
         "pending_count": pending_count,
         "retrying_count": counts.get(JobStatus.RETRYING, 0),
+        "shown_count": shown_count,  # the waiting jobs the filter (status, folder) selects
         "paused": state.paused,
         "queue": queue,
         "statistics": {
@@ -442,13 +442,18 @@ def run_detail(run: ProcessorRun) -> dict[str, Any]:
     return detail | {k: v for k, v in optional.items() if v is not None}
 
 
-def list_jobs(statuses: list[str], limit: int, offset: int) -> dict[str, Any]:
+def list_jobs(
+    statuses: list[str], limit: int, offset: int, files: pw.Expression | None = None
+) -> dict[str, Any]:
+    """A page of jobs, newest first; of ``statuses`` and the files ``files`` selects."""
     # The page is picked by id alone, from the status index, and only its jobs are read
     # with their files: joined and sorted in one query, every job of those statuses was
     # read for each page, so a long history slowed the TUI's two lists a second.
     chosen = Job.select(Job.id)
     if statuses:
         chosen = chosen.where(Job.status.in_(statuses))
+    if files is not None:
+        chosen = chosen.join(MediaFile).where(files)
     with store.read_snapshot(Job._meta.database):
         total = chosen.count()
         ids = _page(chosen, (Job.id.desc(),), limit, offset)

@@ -477,6 +477,12 @@ def render_status(status: dict[str, Any]) -> None:
                 f" {_ago(entry.get('started_at'))}, last progress {_ago(entry.get('progress_at'))}"
             )
             console.print(Text(printable(line + (" · STALLED" if entry.get("stalled") else ""))))
+    stranded: dict[str, int] = {}  # a waiting job no node can run: each reason once
+    for entry in status["queue"]:
+        if entry.get("stranded"):
+            stranded[entry["stranded"]] = stranded.get(entry["stranded"], 0) + 1
+    for why, count in stranded.items():
+        console.print(Text(printable(f"{count} waiting job(s) shown: {why}")))
     waiting = status["pending_count"] + (status.get("retrying_count") or 0)
     shown = sum(entry["status"] != "processing" for entry in status["queue"])
     if waiting > shown:

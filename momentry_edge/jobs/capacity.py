@@ -81,7 +81,8 @@ def read(here: Here, now: float | None = None) -> Capacity:
     for node in Node.select().where(Node.last_seen > 0).order_by(Node.node_id):
         if node.last_seen < live:
             if node.last_seen >= now - cluster.OFFLINE_SHOWN:  # as the node list shows it
-                idle.append(f"{node.node_id} is offline since {iso(node.last_seen)}")
+                since = (iso(node.last_seen) or "")[:19] + "Z"  # to the second: stable
+                idle.append(f"{node.node_id} is offline since {since}")
             continue
         processors = frozenset(node.processors or [])
         listed |= processors

@@ -461,7 +461,7 @@ function when(iso) {
 }
 
 function ago(iso) {
-  return iso ? span(now() - Date.parse(iso) / 1000) + " ago" : "not known";
+  return iso ? span(Math.max(0, now() - Date.parse(iso) / 1000)) + " ago" : "not known";  // clocks a second apart
 }
 
 function bytes(mb) {

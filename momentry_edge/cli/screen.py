@@ -230,10 +230,18 @@ def _nodes(status: dict[str, Any] | None, now: float) -> Table | None:
             Text(f"{node.get('active', 0)} / {node.get('max_concurrent', '?')}")
             if online
             else Text("OFFLINE", style="bold red"),
-            Text(",".join(node.get("processors", []))),
+            Text(_takes(node)),
             Text(_ago(node.get("last_seen"), now)),
         )
     return table
+
+
+def _takes(node: dict[str, Any]) -> str:
+    """What a node takes on: its processors, or that it runs no jobs or is drained."""
+    if node.get("worker") == "off":
+        return "runs no jobs"
+    listed = ",".join(node.get("processors", []))
+    return f"drained; {listed}" if node.get("worker") == "drained" else listed
 
 
 # Each list's columns with the width each takes (the file name: at least), and those that

@@ -104,8 +104,7 @@ def queue_status(
     rates = _rates()
     here = here if isinstance(here, Here) else Here(None, here)
     with store.read_snapshot(Job._meta.database):
-        page = _queue_status(here, load, extra, node, limit, offset, rates, stall_after, shown)
-        return page
+        return _queue_status(here, load, extra, node, limit, offset, rates, stall_after, shown)
 
 
 def last_progress(running: list[Job]) -> dict[int, float]:
@@ -132,7 +131,7 @@ def _rates() -> estimates.Rates:
     # Taken before a view's snapshot, never inside it: a snapshot begun before a job's end
     # was committed would measure without that job just after the end cleared the cached
     # rates, and keep the stale figures for estimates.REFRESH.
-    return estimates.current()
+    return estimates.current(latest=True)
 
 
 def _queue_status(

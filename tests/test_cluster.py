@@ -550,6 +550,15 @@ def test_estimates_follow_the_nodes_that_run_jobs_and_a_job_none_can_run_says_so
         assert "node-b is offline since 20" in said, said
         entries = {e["task_id"]: e for e in a.status()["queue"]}
         assert entries[second]["stranded"] == said and entries[second]["estimated_start"] is None
+        shown = subprocess.run(
+            [sys.executable, "-m", "momentry_edge.cli", "--url", a.url, "status"],
+            env=a.env | {"COLUMNS": "300"},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert "nodes: node-a 0/0 (runs no jobs)" in shown, shown
+        assert "waiting job(s) shown: no node can run this: no live node takes jobs" in shown
 
         def stranded_alerts() -> list:
             return [p for p in rx.posts if "no node can run" in p.headers.get("Title", "")]

@@ -443,7 +443,9 @@ def render_status(status: dict[str, Any]) -> None:
         console.print(
             Text(
                 "nodes: "
-                + ", ".join(f"{n['id']} {n['active']}/{n['max_concurrent']}" for n in online)
+                + ", ".join(
+                    f"{n['id']} {n['active']}/{n['max_concurrent']}" + _takes(n) for n in online
+                )
             )
         )
     for node in nodes:  # a dead node says so, with its last heartbeat
@@ -492,6 +494,12 @@ def render_status(status: dict[str, Any]) -> None:
         average = stats.get("average_time")
         line = f"{stats['total_processed']} processed, {stats.get('total_failed', 0)} failed"
         console.print(line + (f", {average:.1f} s per job" if average is not None else ""))
+
+
+def _takes(node: dict[str, Any]) -> str:
+    """A node that takes no jobs, said beside its counts."""
+    worker = node.get("worker")
+    return " (runs no jobs)" if worker == "off" else " (drained)" if worker == "drained" else ""
 
 
 def render_jobs(reply: dict[str, Any]) -> None:

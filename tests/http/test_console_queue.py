@@ -159,6 +159,7 @@ def test_a_500_job_line_is_filtered_by_folder_and_status_and_paged_to_its_500th_
     # Ticked together: every job shown, in one tick.
     page = shown["desktop"]
     page.get_by_role("button", name="First page").click()
+    page_expect(page.locator("#waiting-pager")).to_contain_text("1–25 of 260")
     page.get_by_label("Select all shown").check()
     page_expect(page.get_by_role("button", name="Cancel selected (25)")).to_be_enabled()
     page.get_by_label("Select all shown").uncheck()

@@ -52,6 +52,12 @@ def test_progress_weighs_expected_work_and_estimates_follow_the_media_length(sta
     # the 4 s video ten times as long as the 0.4 s one.
     short_takes, long_takes = starts[1] - starts[0], starts[2] - starts[1]
     assert long_takes == pytest.approx(10 * short_takes, rel=0.05), (short_takes, long_takes)
+    # A filtered page (pending only, so each job placed on its own) says the same.
+    only = svc.get("/api/v1/queue/status", params={"status": "pending", "limit": 2, "offset": 1})
+    shown = {e["task_id"]: e for e in only["queue"] if e["status"] == "pending"}
+    assert [shown[task]["position"] for task in (long, last)] == [2, 3]
+    for task, start in ((long, starts[1]), (last, starts[2])):
+        assert at(shown[task]["estimated_start"]) == pytest.approx(start, abs=1)
     svc.wait_status(last, "completed", timeout=120)
 
 

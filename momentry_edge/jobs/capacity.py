@@ -14,10 +14,13 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+import peewee as pw
+
 from .. import clock, cluster, store
 from ..clock import iso
 from ..events import bus
-from ..store import Node
+from ..store import Job, MediaFile, Node
+from . import order
 from .estimates import Rates
 
 log = logging.getLogger(__name__)
@@ -209,3 +212,36 @@ def level(free: dict[str, list[float]], work: float) -> dict[str, list[float]]:
     for (_, node), at in zip(labelled, levelled, strict=True):
         out[node].append(at)
     return out
+
+
+def starts_at(
+    positions: Sequence[int],
+    waiting: Sequence[tuple[Sequence[str], float | None]],
+    free: dict[str, list[float]],
+    nodes: Capacity,
+    rates: Rates,
+) -> list[float | None]:
+    """Estimated starts of jobs at ``positions`` of the line (rising; a filtered page),
+    each behind the work of every job before it: as views._starts_after does each, but from one
+    read of the line up to the last of them, the work levelled in gap by gap (sharing out
+    work in two parts leaves the slots as sharing it out at once does)."""
+    if not free or not positions:
+        return [None] * len(waiting)
+    names = pw.Cast(Job.processors, "text")
+    query = order.pending_in_order().select(names, MediaFile.duration).join(MediaFile)
+    ahead = store.rows(query.limit(max(positions[-1] - 1, 0)))
+    parsed: dict[str, list[str]] = {}
+    starts: list[float | None] = []
+    done = 0
+    for place, one in zip(positions, waiting, strict=True):
+        work = 0.0
+        for text, duration in ahead[done : place - 1]:
+            processors = parsed.setdefault(text, json.loads(text))
+            seconds = rates.job_seconds(processors, duration)
+            if seconds is None:  # a job of no known time ahead: none after it is known
+                return starts + [None] * (len(waiting) - len(starts))
+            work += seconds
+        done = max(done, place - 1)
+        free = level(free, work)
+        starts.append(estimated_starts([one], free, nodes, rates)[0])
+    return starts

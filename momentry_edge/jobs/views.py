@@ -167,10 +167,7 @@ def _queue_status(
         starts = _starts_after(offset, waiting, free, nodes, rates)
     else:  # not one run of the line: each job's place and start of its own
         positions = [jobs.position(job) or 0 for job in pending]
-        starts = [
-            _starts_after(place - 1, [one], free, nodes, rates)[0]
-            for place, one in zip(positions, waiting, strict=True)
-        ]
+        starts = capacity.starts_at(positions, waiting, free, nodes, rates)
     queue: list[dict[str, Any]] = []
     for job in running:
         queue.append(

@@ -72,9 +72,15 @@ def sync_clock(database: pw.Database) -> float:
 
 
 def register_node(
-    node_id: str, owner: str, processors: list[str], now: float | None = None
+    node_id: str,
+    owner: str,
+    processors: list[str],
+    now: float | None = None,
+    worker: str = "on",
 ) -> None:
-    """Claim ``node_id`` for this process; refuse if a live process on this host holds it."""
+    """Claim ``node_id`` for this process; refuse if a live process on this host holds it.
+    ``worker``: whether it takes jobs (Node.worker); one that takes none lists no processors,
+    so that no other node leaves a job waiting for it."""
     now = clock.now() if now is None else now
     host = socket.gethostname()
     with store.write_transaction(Node._meta.database):
@@ -89,7 +95,8 @@ def register_node(
             "host": host,
             "pid": os.getpid(),
             "owner": owner,
-            "processors": processors,
+            "processors": processors if worker != "off" else [],
+            "worker": worker,
             "started_at": now,
             "last_seen": now,
         }
@@ -126,6 +133,11 @@ def heartbeat(node_id: str, owner: str, max_concurrent: int) -> None:
 def set_processors(node_id: str, owner: str, processors: list[str]) -> None:
     """What this node can run changed (a model it was pulling is in place)."""
     Node.update(processors=processors).where(Node.node_id == node_id, Node.owner == owner).execute()
+
+
+def set_worker(node_id: str, owner: str, worker: str) -> None:
+    """This node was drained ("drained") or takes jobs again ("on")."""
+    Node.update(worker=worker).where(Node.node_id == node_id, Node.owner == owner).execute()
 
 
 def leave(node_id: str, owner: str) -> None:
@@ -172,6 +184,7 @@ def node_rows(within: float, now: float | None = None) -> list[dict[str, Any]]:
             "max_concurrent": node.max_concurrent,
             "last_seen": iso(node.last_seen),
             "online": node.last_seen >= now - within,
+            "worker": node.worker,
         }
         for node in live_nodes(OFFLINE_SHOWN, now)
     ]

@@ -43,6 +43,7 @@ EVENTS: dict[str, str] = {
     "queue.concurrency": "the concurrency settings changed: max_concurrent, dynamic_concurrency",
     "queue.cleared": "the waiting jobs were cancelled: cleared",
     "queue.blocked": "a full disk holds jobs back",
+    "queue.stranded": "waiting jobs that no live node can run: count, processors, reason",
     "queue.unblocked": "the disk has room again: jobs start",
     "file.registered": "a file was recorded or its record changed: file_uuid, state, outcome",
     "file.missing": "recorded files were found gone from disk: count",

@@ -43,7 +43,8 @@ from .http.app import make_app
 from .http.server import BaseWSGIServer, start_server, stop_server
 from .ingest import intake, paths
 from .ingest.watcher import Watcher
-from .jobs import views
+from .jobs import order, views
+from .jobs.capacity import Here, StrandWatch
 from .jobs.stalls import StallWatch
 from .processors import Registry
 from .provision import Provisioner
@@ -112,6 +113,7 @@ class Service:
         self.node_watch = cluster.NodeWatch(self.node, config.queue.lease_seconds)
         queue = config.queue
         self.stall_watch = StallWatch(self.node, queue.lease_seconds, queue.stall_seconds)
+        self.strand_watch = StrandWatch(self.here, grace=queue.lease_seconds)
         # Leases and last_seen on a thread of their own: no housekeeping step holds them up.
         self.heartbeat = cluster.Heartbeat(self._beat, config.queue.lease_seconds / 3)
         self._backup: threading.Thread | None = None  # the scheduled backup under way
@@ -135,10 +137,18 @@ class Service:
         """Jobs this node may run at once now."""
         return self.workers.effective_limit()
 
+    def here(self) -> Here:
+        """This node as the waiting line's estimates see it (jobs/capacity.py)."""
+        return Here(self.node, self.workers.effective_limit(), self.config.queue.lease_seconds)
+
     def drain(self, drained: bool, via: str) -> int:
         """Drain this node (its running jobs finish, it starts no new one), or undo that;
         how many jobs it runs. Kept until undone or the service stops."""
         self.workers.drained = drained
+        # Other nodes read it from the node's row: what they say of jobs only it can run.
+        if self.config.queue.worker_enabled:
+            cluster.set_worker(self.node, self.owner, "drained" if drained else "on")
+            cluster.heartbeat(self.node, self.owner, self.workers.effective_limit())
         running = len(self.workers.in_hand())
         if drained:
             log.info(
@@ -207,10 +217,12 @@ class Service:
         urls = jobs.owed_callbacks(job)
         if not urls:
             return [], {}
-        detail = views.job_detail(job, self.workers.effective_limit())
+        detail = views.job_detail(job, self.here())
         return urls, {"event": "job.finished", "job": detail}
 
-    def queue_status(self, limit: int = 50, offset: int = 0) -> dict[str, Any]:
+    def queue_status(
+        self, limit: int = 50, offset: int = 0, shown: order.Shown = order.EVERY_WAITING_JOB
+    ) -> dict[str, Any]:
         extra = {
             "nodes": cluster.node_rows(within=self.config.queue.lease_seconds),
             "blocked_reason": self.gate.blocked_reason,  # why nothing starts, besides a pause
@@ -219,22 +231,34 @@ class Service:
             "disk": disk_space(self.config, *outputs.written_folders(self.config.data_dir)),
             "last_backup": backup.last_backup(self.config.data_dir),
             "drained": self.workers.drained,  # this node's: it starts no job (drain)
+            "worker_enabled": self.config.queue.worker_enabled,  # this node's
         }
-        limit_now = self.workers.effective_limit()
         stall = self.config.queue.stall_seconds
         return views.queue_status(
-            limit_now, self.gate.load, extra, self.node, limit, offset, stall_after=stall
+            self.here(),
+            self.gate.load,
+            extra,
+            self.node,
+            limit,
+            offset,
+            stall_after=stall,
+            shown=shown,
         )
 
     def processors(self) -> dict[str, dict[str, Any]]:
         """``GET /api/v1/processors``: readiness, and the pull of a model still coming."""
         return self.provision.describe(self.workers.explain(self.registry.describe()))
 
+    def _listed(self) -> list[str]:
+        """The processors this node's row lists: none where it runs no jobs, so that no
+        other node leaves a job waiting for it."""
+        return sorted(self.workers.can_run) if self.config.queue.worker_enabled else []
+
     def _models_changed(self) -> None:
         """A pulled model is in place (or a pull failed): run what can run now."""
         self.workers.update_processors()  # wakes the workers, if they run
         try:  # the node row other nodes read (provision starts after register_node)
-            cluster.set_processors(self.node, self.owner, sorted(self.workers.can_run))
+            cluster.set_processors(self.node, self.owner, self._listed())
         finally:
             store.release_connection()
 
@@ -264,7 +288,8 @@ class Service:
             database = dbcheck.connect_checked(self.config)
             cluster.sync_clock(database)  # before anything is stamped with the queue's time
             try:
-                cluster.register_node(self.node, self.owner, sorted(self.workers.can_run))
+                worker = "on" if q.worker_enabled else "off"
+                cluster.register_node(self.node, self.owner, self._listed(), worker=worker)
             except Conflict as exc:  # not a setting: the holder may be stopping still
                 raise NodeIdInUse(f"cannot start: service.node_id: {exc.message}") from None
             if store.is_postgres(database) and datalock.restoring(database):
@@ -413,6 +438,7 @@ class Service:
             elif task == "nodes":
                 self.node_watch.check()  # a node whose heartbeat stopped: node.lost
                 self.stall_watch.check()  # a running job with no progress: job.stalled
+                self.strand_watch.check()  # waiting jobs no node can run: queue.stranded
                 cluster.sync_clock(store.Job._meta.database)  # a clock set right meanwhile
             elif task == "reap":
                 reaped = jobs.reap(

@@ -10,11 +10,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 
 import psycopg
 import pytest
 from conftest import ServiceProcess, wait_for
+from receiver import receiving
 
 from momentry_edge.upkeep import backup
 
@@ -504,3 +506,70 @@ def test_a_drained_node_finishes_its_job_and_starts_no_other(start_service):
     b.call("DELETE", "/api/v1/node/drain")
     assert a.wait_status(waiting, "completed")["node"] == "node-b"
     assert b.status()["drained"] is False
+
+
+def at(stamp: str) -> float:
+    return datetime.fromisoformat(stamp).timestamp()
+
+
+def test_estimates_follow_the_nodes_that_run_jobs_and_a_job_none_can_run_says_so(
+    start_service, tmp_path
+):
+    # Node a serves the API and runs no jobs; node b runs one at a time.
+    hold = tmp_path / "quiet.hold"
+    hold.touch()
+    settings = {
+        "service": {"plugins": [*ALL, "workloads:Quiet"]},
+        "processors.quiet": {"hold_while_exists": str(hold)},
+    }
+    queue = {"lease_seconds": 2}
+    with receiving() as rx:
+        off = queue | {"worker_enabled": False}
+        a = node(start_service, "a", queue=off, alerts={"url": f"{rx.url}/alerts"}, **settings)
+        b = node(start_service, "b", queue=queue | {"max_concurrent": 1}, **settings)
+        a.wait_status(a.submit("measure.mp4", ["steps"])["task_id"], "completed")  # a history
+        running = a.submit("held.mp4", ["quiet"])["task_id"]
+        a.wait_status(running, "processing")
+        first, second = (a.submit(f"w{i}.mp4", ["steps"])["task_id"] for i in (1, 2))
+
+        # Asked of node a: the line waits for node b's one slot, not for a's two.
+        status = a.status()
+        entries = {e["task_id"]: e for e in status["queue"]}
+        end = at(entries[running]["estimated_end"])
+        starts = [at(entries[task]["estimated_start"]) for task in (first, second)]
+        assert starts[0] == pytest.approx(end, abs=1) and starts[1] > starts[0] + 0.1, starts
+        assert entries[first]["stranded"] is None
+        nodes = {n["id"]: n for n in status["nodes"]}
+        assert nodes["node-a"]["worker"] == "off" and nodes["node-a"]["processors"] == []
+        assert status["effective_concurrency"] == 0 and status["worker_enabled"] is False
+
+        b.kill()  # kill -9: after its lease no live node takes jobs
+        said = wait_for(lambda: a.job(first)["stranded"], timeout=30)
+        assert said.startswith("no node can run this: no live node takes jobs"), said
+        assert "node-a runs no jobs (queue.worker_enabled = false)" in said, said
+        assert "node-b is offline since 20" in said, said
+        entries = {e["task_id"]: e for e in a.status()["queue"]}
+        assert entries[second]["stranded"] == said and entries[second]["estimated_start"] is None
+        shown = subprocess.run(
+            [sys.executable, "-m", "momentry_edge.cli", "--url", a.url, "status"],
+            env=a.env | {"COLUMNS": "300"},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert "nodes: node-a 0/0 (runs no jobs)" in shown, shown
+        assert "waiting job(s) shown: no node can run this: no live node takes jobs" in shown
+
+        def stranded_alerts() -> list:
+            return [p for p in rx.posts if "no node can run" in p.headers.get("Title", "")]
+
+        (alert,) = wait_for(stranded_alerts, timeout=30)
+        assert "waiting job(s) of steps: no node can run this" in alert.body.decode()
+        wait_for(lambda: "waiting job(s) of steps: no node can run this" in a.log())
+
+        hold.unlink()
+        b.start()  # back: the line runs, and the alert was said once
+        for task in (running, first, second):
+            a.wait_status(task, "completed", timeout=60)
+        assert a.job(first)["stranded"] is None
+        assert len(stranded_alerts()) == 1

@@ -52,4 +52,42 @@ def test_progress_weighs_expected_work_and_estimates_follow_the_media_length(sta
     # the 4 s video ten times as long as the 0.4 s one.
     short_takes, long_takes = starts[1] - starts[0], starts[2] - starts[1]
     assert long_takes == pytest.approx(10 * short_takes, rel=0.05), (short_takes, long_takes)
+    # A filtered page (pending only, so each job placed on its own) says the same.
+    only = svc.get("/api/v1/queue/status", params={"status": "pending", "limit": 2, "offset": 1})
+    shown = {e["task_id"]: e for e in only["queue"] if e["status"] == "pending"}
+    assert [shown[task]["position"] for task in (long, last)] == [2, 3]
+    for task, start in ((long, starts[1]), (last, starts[2])):
+        assert at(shown[task]["estimated_start"]) == pytest.approx(start, abs=1)
     svc.wait_status(last, "completed", timeout=120)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_limit_lowered_below_the_jobs_running_starts_the_line_when_enough_have_ended(
+    start_service, tmp_path
+):
+    hold = tmp_path / "quiet.hold"
+    hold.touch()
+    plugins = [f"workloads:{name}" for name in ("Noop", "Steps", "Quiet")]
+    svc = start_service(
+        service={"plugins": plugins},
+        **{"processors.quiet": {"hold_while_exists": str(hold)}},
+    )
+    svc.add_video("measure.mp4", seconds=0.4)
+    svc.wait_status(svc.submit("measure.mp4", ["steps"])["task_id"], "completed")
+    # Two running jobs expected to end far apart (media of 0.4 s and 4 s), then one slot.
+    svc.add_video("short.mp4", seconds=0.4)
+    svc.add_video("long.mp4", seconds=4.0)
+    running = [svc.submit(name, ["quiet"])["task_id"] for name in ("short.mp4", "long.mp4")]
+    for task in running:
+        svc.wait_status(task, "processing")
+    svc.call("PUT", "/api/v1/queue/concurrency", json={"max_concurrent": 1})
+    waiting = svc.submit("next.mp4", ["steps"])["task_id"]
+
+    entries = {e["task_id"]: e for e in svc.status()["queue"]}
+    ends = sorted(at(entries[task]["estimated_end"]) for task in running)
+    assert ends[1] > ends[0] + 1, ends
+    # Nothing starts until both have ended: one job may run, two do.
+    assert at(entries[waiting]["estimated_start"]) == pytest.approx(ends[1], abs=1)
+    assert at(svc.job(waiting)["estimated_start"]) == pytest.approx(ends[1], abs=1)
+    hold.unlink()
+    svc.wait_status(waiting, "completed", timeout=60)

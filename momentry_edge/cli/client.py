@@ -237,11 +237,17 @@ class ApiClient:
     # -- jobs -----------------------------------------------------------------------------------
 
     def jobs(
-        self, statuses: list[str] | None = None, limit: int = 50, offset: int = 0
+        self,
+        statuses: list[str] | None = None,
+        limit: int = 50,
+        offset: int = 0,
+        folder: str | None = None,
     ) -> dict[str, Any]:
         params: dict[str, Any] = {"limit": limit, "offset": offset}
         if statuses:
             params["status"] = ",".join(statuses)
+        if folder is not None:
+            params["folder"] = folder
         return self._call("GET", "/api/v1/jobs", JOBS, params=params)
 
     def dead(self, limit: int = 50, offset: int = 0) -> dict[str, Any]:

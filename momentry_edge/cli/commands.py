@@ -168,7 +168,7 @@ def cmd_rescan(api: ApiClient, args: argparse.Namespace) -> int:
 
 
 def cmd_jobs(api: ApiClient, args: argparse.Namespace) -> int:
-    return _show(args, api.jobs(args.status, args.limit), render_jobs)
+    return _show(args, api.jobs(args.status, args.limit, folder=args.folder), render_jobs)
 
 
 def cmd_retry(api: ApiClient, args: argparse.Namespace) -> int:
@@ -443,7 +443,9 @@ def render_status(status: dict[str, Any]) -> None:
         console.print(
             Text(
                 "nodes: "
-                + ", ".join(f"{n['id']} {n['active']}/{n['max_concurrent']}" for n in online)
+                + ", ".join(
+                    f"{n['id']} {n['active']}/{n['max_concurrent']}" + _takes(n) for n in online
+                )
             )
         )
     for node in nodes:  # a dead node says so, with its last heartbeat
@@ -477,6 +479,12 @@ def render_status(status: dict[str, Any]) -> None:
                 f" {_ago(entry.get('started_at'))}, last progress {_ago(entry.get('progress_at'))}"
             )
             console.print(Text(printable(line + (" · STALLED" if entry.get("stalled") else ""))))
+    stranded: dict[str, int] = {}  # a waiting job no node can run: each reason once
+    for entry in status["queue"]:
+        if entry.get("stranded"):
+            stranded[entry["stranded"]] = stranded.get(entry["stranded"], 0) + 1
+    for why, count in stranded.items():
+        console.print(Text(printable(f"{count} waiting job(s) shown: {why}")))
     waiting = status["pending_count"] + (status.get("retrying_count") or 0)
     shown = sum(entry["status"] != "processing" for entry in status["queue"])
     if waiting > shown:
@@ -486,6 +494,12 @@ def render_status(status: dict[str, Any]) -> None:
         average = stats.get("average_time")
         line = f"{stats['total_processed']} processed, {stats.get('total_failed', 0)} failed"
         console.print(line + (f", {average:.1f} s per job" if average is not None else ""))
+
+
+def _takes(node: dict[str, Any]) -> str:
+    """A node that takes no jobs, said beside its counts."""
+    worker = node.get("worker")
+    return " (runs no jobs)" if worker == "off" else " (drained)" if worker == "drained" else ""
 
 
 def render_jobs(reply: dict[str, Any]) -> None:

@@ -220,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("rescan", cmd_rescan, "reconcile the watched folders with the database now")
     sub = add("jobs", cmd_jobs, "list jobs, newest first")
     sub.add_argument("--status", type=_csv, help="comma-separated, e.g. failed,partial")
+    sub.add_argument("--folder", metavar="F", help="only files in F (as `results` shows)")
     sub.add_argument("--limit", type=_positive_int, default=50)
     sub = add(
         "retry",

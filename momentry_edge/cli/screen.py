@@ -230,10 +230,18 @@ def _nodes(status: dict[str, Any] | None, now: float) -> Table | None:
             Text(f"{node.get('active', 0)} / {node.get('max_concurrent', '?')}")
             if online
             else Text("OFFLINE", style="bold red"),
-            Text(",".join(node.get("processors", []))),
+            Text(_takes(node)),
             Text(_ago(node.get("last_seen"), now)),
         )
     return table
+
+
+def _takes(node: dict[str, Any]) -> str:
+    """What a node takes on: its processors, or that it runs no jobs or is drained."""
+    if node.get("worker") == "off":
+        return "runs no jobs"
+    listed = ",".join(node.get("processors", []))
+    return f"drained; {listed}" if node.get("worker") == "drained" else listed
 
 
 # Each list's columns with the width each takes (the file name: at least), and those that
@@ -367,6 +375,8 @@ def _job_cells(
         when += f" on {job['node']}" if job.get("node") else ""
     elif status == "retrying":
         when = f"retry {_until(job.get('next_attempt_at'), now)}"
+    elif job.get("stranded"):
+        when = "NO NODE CAN RUN IT"  # the reason whole in the detail view (Enter)
     else:
         when = f"starts {_until(job.get('estimated_start'), now)}"
     processors = ",".join(job.get("processors", []))
@@ -381,7 +391,9 @@ def _job_cells(
         "status": Text(status, style=STATUS_STYLE.get(status, "")),
         "progress": _progress(job.get("progress")) if status == "processing" else Text(""),
         "processors": Text(processors),
-        "when": Text(when, style="bold red" if job.get("stalled") else "bright_black"),
+        "when": Text(
+            when, style="bold red" if job.get("stalled") or job.get("stranded") else "bright_black"
+        ),
     }
 
 
@@ -467,7 +479,9 @@ def _detail(snap: Snapshot, task_id: str, now: float) -> Group:
     if job.get("progress_at") and status == "processing":
         stalled = " (STALLED)" if job.get("stalled") else ""
         when.append(f"last progress {_ago(job['progress_at'], now)}{stalled}")
-    if job.get("position"):
+    if job.get("position") and job.get("stranded"):
+        when.append(f"#{job['position']}")
+    elif job.get("position"):
         when.append(f"#{job['position']}, starts {_until(job.get('estimated_start'), now)}")
     if (end := _parse(job.get("completed_at"))) is not None:
         when.append(f"ended {_clock(end)}")
@@ -478,6 +492,8 @@ def _detail(snap: Snapshot, task_id: str, now: float) -> Group:
     error = job.get("error_message") or (None if runs else snap.errors.get(task_id))
     if error:
         lines.append(Text(f"error: {error}", style="red"))
+    if job.get("stranded") and status == "pending":
+        lines.append(Text(job["stranded"], style="bold red"))
     for name, run in runs.items():
         said = run.get("error") or run.get("reason") or run.get("output_path") or ""
         counts = f" {run['current']}/{run['total']}" if run.get("total") else ""

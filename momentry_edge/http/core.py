@@ -6,6 +6,8 @@ import threading
 from typing import Any, Protocol
 
 from ..config import Config
+from ..jobs import order
+from ..jobs.capacity import Here
 from ..store import Job, MediaFile
 
 
@@ -27,11 +29,15 @@ class Core(Protocol):
 
     def effective_limit(self) -> int: ...
 
+    def here(self) -> Here: ...
+
     def drain(self, drained: bool, via: str) -> int: ...
 
     def jobs_in_hand(self) -> set[int]: ...
 
-    def queue_status(self, limit: int = 50, offset: int = 0) -> dict[str, Any]: ...
+    def queue_status(
+        self, limit: int = 50, offset: int = 0, shown: order.Shown = order.EVERY_WAITING_JOB
+    ) -> dict[str, Any]: ...
 
     def submit(
         self,

@@ -142,6 +142,7 @@ SCHEMAS: dict[str, Schema] = {
             "error": _null(STR),
             "retry_count": INT,
             "not_before": TIME,
+            "stranded": _null(STR | {"description": "a waiting job no live node can run: why"}),
         },
         _ENTRY_KEYS,
     ),
@@ -154,6 +155,8 @@ SCHEMAS: dict[str, Schema] = {
             "max_concurrent": INT,
             "last_seen": TIME | {"description": "its last heartbeat"},
             "online": BOOL | {"description": "false: its heartbeat stopped (lease passed)"},
+            "worker": _enum("on", "off", "drained")
+            | {"description": "whether it takes jobs: off with queue.worker_enabled = false"},
         }
     ),
     "QueueStatus": _obj(
@@ -194,6 +197,10 @@ SCHEMAS: dict[str, Schema] = {
             ),
             "drained": BOOL
             | {"description": "the node answering is drained: it starts no job (POST /node/drain)"},
+            "worker_enabled": BOOL
+            | {"description": "false: the node answering runs no jobs (queue.worker_enabled)"},
+            "shown_count": INT
+            | {"description": "the waiting jobs that ?status and ?folder select, for paging"},
         },
         "active_count max_concurrent effective_concurrency dynamic_concurrency pending_count"
         " paused queue statistics resources",
@@ -237,6 +244,7 @@ SCHEMAS: dict[str, Schema] = {
         | {
             "position": _null({"type": "integer", "minimum": 1}),
             "estimated_start": TIME,
+            "stranded": _null(STR | {"description": "a waiting job no live node can run: why"}),
             "progress": PCT,
             "estimated_end": TIME | {"description": "when a running job should end"},
             "retry_count": INT,
@@ -569,8 +577,8 @@ OPERATIONS: dict[str, Schema] = {  # "method path": operation, one per route in 
         "queue_status",
         "Queue state: the running jobs and a page of the waiting ones, with counts",
         _ref("QueueStatus"),
-        "400",  # limit or offset out of range
-        query=_PAGING,
+        "400 404",  # limit or offset out of range; a folder no known file is in
+        query=("status", "folder", *_PAGING),
     ),
     "post /api/v1/queue/pause": _op("pause", "Pause the queue", _ok(paused=BOOL)),
     "post /api/v1/queue/resume": _op("resume", "Resume the queue", _ok(paused=BOOL)),
@@ -633,8 +641,8 @@ OPERATIONS: dict[str, Schema] = {  # "method path": operation, one per route in 
         "list_jobs",
         "Jobs, newest first",
         _list("jobs", "JobSummary"),
-        "400",
-        query=("status", *_PAGING),
+        "400 404",
+        query=("status", "folder", *_PAGING),
     ),
     "get /api/v1/jobs/{job}": _op("job_detail", "One job", _ref("JobDetail"), "404"),
     "get /api/v1/jobs/{job}/log": _op(

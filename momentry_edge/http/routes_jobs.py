@@ -5,7 +5,7 @@ from __future__ import annotations
 import bottle
 
 from .. import jobs, logs, store
-from ..jobs import views
+from ..jobs import folders, views
 from .core import Core
 from .parsing import (
     csv_query,
@@ -18,12 +18,15 @@ def add(app: bottle.Bottle, service: Core) -> None:
     @app.get("/api/v1/jobs")
     def list_jobs() -> dict:
         statuses = csv_query("status", {*store.FINAL_STATES, *store.ACTIVE_STATES})
+        folder = folders.parse(bottle.request.query.getunicode("folder"))
+        folders.check_known(folder)
         limit, offset = paging()
-        return views.list_jobs(statuses, limit, offset)
+        files = None if folder is None else folders.files_in(folder)
+        return views.list_jobs(statuses, limit, offset, files)
 
     @app.get("/api/v1/jobs/<job>")
     def job_detail(job: str) -> dict:
-        return views.job_detail(jobs.find_job(job), service.effective_limit())
+        return views.job_detail(jobs.find_job(job), service.here())
 
     @app.get("/api/v1/jobs/<job>/log")
     def job_log(job: str) -> dict:

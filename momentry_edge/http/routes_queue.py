@@ -9,11 +9,12 @@ from bottle import response
 
 from .. import jobs, store
 from ..errors import Invalid
-from ..jobs import folders, views
+from ..jobs import folders, order, views
 from ..store import FileState, JobStatus
 from .core import Core
 from .openapi import DEEP_SCAN_KEYS
 from .parsing import (
+    csv_query,
     interface,
     json_body,
     media_file,
@@ -46,7 +47,7 @@ def add(app: bottle.Bottle, service: Core) -> None:
 
     @app.get("/api/v1/queue/status")
     def queue_status() -> dict:
-        return service.queue_status(*paging())
+        return service.queue_status(*paging(), shown=waiting_shown())
 
     @app.post("/api/v1/queue/pause")
     def pause() -> dict:
@@ -130,6 +131,18 @@ def add(app: bottle.Bottle, service: Core) -> None:
         return views.dead_jobs(limit, offset)
 
 
+def waiting_shown() -> order.Shown:
+    """The waiting jobs a status page lists: ``?status=pending,retrying`` and ``?folder=``
+    (as the file list names folders; its subfolders too)."""
+    statuses = csv_query("status", {JobStatus.PENDING, JobStatus.RETRYING})
+    folder = folders.parse(bottle.request.query.getunicode("folder"))
+    folders.check_known(folder)
+    return order.Shown(
+        tuple(statuses) or order.EVERY_WAITING_JOB.statuses,
+        None if folder is None else folders.files_in(folder),
+    )
+
+
 def folder_body() -> str | None:
     """The folder a bulk action is limited to (body ``{"folder": "..."}``), None for all."""
     body = json_body()
@@ -158,7 +171,7 @@ def cancel_job(ref: str) -> dict:
 
 
 def queued(service: Core, job: store.Job) -> dict:
-    job, position, estimated_start = views.queue_place(job.id, service.effective_limit())
+    job, position, estimated_start = views.queue_place(job.id, service.here())
     return {
         "success": True,
         "task_id": job.task_id,

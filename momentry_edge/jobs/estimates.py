@@ -11,6 +11,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+import peewee as pw
+
 from .. import store
 from ..store import JobStatus
 
@@ -65,17 +67,27 @@ def weighted_percent(parts: Sequence[tuple[str, float]], rates: Rates) -> int:
 
 
 _lock = threading.Lock()
-_cached: tuple[float, Rates] | None = None
+_cached: tuple[float, float | None, Rates] | None = None  # when, the newest end then, rates
 
 
-def current() -> Rates:
-    """This machine's rates, measured again at most every REFRESH seconds. Not from inside
-    a read snapshot (store.read_snapshot): one older than a job's end would be kept."""
+def current(latest: bool = False) -> Rates:
+    """This machine's rates, measured again at most every REFRESH seconds; with ``latest``
+    also once a job has ended since, here or on another node sharing the queue (the newest
+    end, read from its index, is the check: what the views ask; a progress report does
+    without). Not from inside a read snapshot (store.read_snapshot): one older than a job's
+    end would be kept."""
     global _cached
+    newest = store.Job.select(pw.fn.MAX(store.Job.completed_at)).scalar() if latest else None
     with _lock:
-        if _cached is None or time.monotonic() - _cached[0] > REFRESH:
-            _cached = (time.monotonic(), measure())
-        return _cached[1]
+        if (
+            _cached is None
+            or time.monotonic() - _cached[0] > REFRESH
+            or (latest and newest != _cached[1])
+        ):
+            if not latest:  # not read: the next view's check measures again
+                newest = _cached[1] if _cached is not None else None
+            _cached = (time.monotonic(), newest, measure())
+        return _cached[2]
 
 
 def forget() -> None:

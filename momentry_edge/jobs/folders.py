@@ -20,6 +20,8 @@ def parse(value: Any) -> str | None:
         return None
     if not isinstance(value, str):
         raise Invalid("folder must be a string: a folder as the file list names it, e.g. 'day 1'")
+    if "\0" in value or len(value) > 1000:
+        raise Invalid("folder must be at most 1000 characters, without NUL")
     folder = value.strip().strip("/")
     return None if folder in ("", ".") else folder
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import heapq
 import json
 import re
 from collections.abc import Sequence
@@ -15,33 +14,8 @@ from ..clock import iso
 from ..errors import Invalid
 from ..store import FileState, Job, JobStatus, MediaFile, ProcessorRun, RunStatus
 from ..words import fold
-from . import estimates
-
-
-def estimated_starts(
-    waiting: Sequence[tuple[Sequence[str], float | None]],
-    ends: Sequence[float],
-    limit: int,
-    now: float,
-    rates: estimates.Rates,
-) -> list[float | None]:
-    """When each waiting job (its processors and its media's duration, in line order)
-    should start: each of ``limit`` slots frees at one of ``ends`` (the running jobs'), or
-    now; each job then holds its slot for its expected time (estimates.Rates). None from
-    the first job of no known time on, or while nothing may start."""
-    if limit <= 0:
-        return [None] * len(waiting)
-    slots = sorted(ends)[:limit] + [now] * max(limit - len(ends), 0)
-    heapq.heapify(slots)
-    starts: list[float | None] = []
-    for processors, duration in waiting:
-        seconds = rates.job_seconds(processors, duration)
-        if seconds is None:
-            return starts + [None] * (len(waiting) - len(starts))
-        start = heapq.heappop(slots)
-        starts.append(start)
-        heapq.heappush(slots, start + seconds)
-    return starts
+from . import capacity, estimates, order
+from .capacity import Capacity, Here
 
 
 def running_left(running: Sequence[Job], rates: estimates.Rates, now: float) -> dict[int, float]:
@@ -113,32 +87,24 @@ def _work_ahead(count: int, rates: estimates.Rates) -> float | None:
     return work
 
 
-def _level(ends: Sequence[float], limit: int, now: float, work: float) -> list[float]:
-    """The ``limit`` slots (freeing at ``ends``, or now) once ``work`` seconds are shared
-    out among them, each taking on work from when it frees."""
-    slots = sorted(sorted(ends)[:limit] + [now] * max(limit - len(ends), 0))
-    for k in range(1, len(slots) + 1):
-        level = (work + sum(slots[:k])) / k
-        if k == len(slots) or level <= slots[k]:
-            return [max(slot, level) for slot in slots]
-    return slots
-
-
 def queue_status(
-    effective_limit: int,
+    here: Here | int,
     load: Any,
     extra: dict[str, Any] | None = None,
     node: str | None = None,
     limit: int = 50,
     offset: int = 0,
     stall_after: float | None = None,
+    shown: order.Shown = order.EVERY_WAITING_JOB,
 ) -> dict[str, Any]:
     """The queue's status as ``node`` (the one answering) sees it: its own concurrency.
     ``queue`` holds the running jobs and a page (``limit``, ``offset``) of the waiting ones;
-    a running job without progress for ``stall_after`` seconds is marked stalled."""
+    a running job without progress for ``stall_after`` seconds is marked stalled; a waiting
+    one no node can run says why (``stranded``)."""
     rates = _rates()
+    here = here if isinstance(here, Here) else Here(None, here)
     with store.read_snapshot(Job._meta.database):
-        return _queue_status(effective_limit, load, extra, node, limit, offset, rates, stall_after)
+        return _queue_status(here, load, extra, node, limit, offset, rates, stall_after, shown)
 
 
 def last_progress(running: list[Job]) -> dict[int, float]:
@@ -165,11 +131,11 @@ def _rates() -> estimates.Rates:
     # Taken before a view's snapshot, never inside it: a snapshot begun before a job's end
     # was committed would measure without that job just after the end cleared the cached
     # rates, and keep the stale figures for estimates.REFRESH.
-    return estimates.current()
+    return estimates.current(latest=True)
 
 
 def _queue_status(
-    effective_limit: int,
+    here: Here,
     load: Any,
     extra: dict[str, Any] | None,
     node: str | None,
@@ -177,6 +143,7 @@ def _queue_status(
     offset: int,
     rates: estimates.Rates,
     stall_after: float | None = None,
+    shown: order.Shown = order.EVERY_WAITING_JOB,
 ) -> dict[str, Any]:
     now = clock.now()
     state = jobs.queue_state(node)
@@ -188,25 +155,19 @@ def _queue_status(
         .where(Job.status == JobStatus.PROCESSING)
         .order_by(Job.started_at)
     )
-    # The page: pending jobs by position, then retrying ones by their next attempt.
-    pending = list(
-        jobs.pending_in_order().select_extend(MediaFile).join(MediaFile).limit(limit).offset(offset)
-    )
-    retrying = []
-    if len(pending) < limit:
-        retrying = list(
-            Job.select(Job, MediaFile)
-            .join(MediaFile)
-            .where(Job.status == JobStatus.RETRYING)
-            .order_by(Job.next_attempt_at, Job.id)
-            .limit(limit - len(pending))
-            .offset(max(offset - pending_count, 0))
-        )
+    pending, retrying, shown_count = order.waiting_page(shown, limit, offset, counts)
     left = running_left(running, rates, now)
     progressed = last_progress(running)
     waiting = [(job.processors, job.file.duration) for job in pending]
-    ends = [now + left.get(job.id, 0.0) for job in running]
-    starts = _starts_after(offset, waiting, ends, effective_limit, now, rates)
+    nodes = capacity.read(here, now)
+    ends = [(job.node, now + left.get(job.id, 0.0)) for job in running]
+    free = capacity.slots(nodes, ends, now)
+    if shown.everything:
+        positions = list(range(offset + 1, offset + 1 + len(pending)))
+        starts = _starts_after(offset, waiting, free, nodes, rates)
+    else:  # not one run of the line: each job's place and start of its own
+        positions = [jobs.position(job) or 0 for job in pending]
+        starts = capacity.starts_at(positions, waiting, free, nodes, rates)
     queue: list[dict[str, Any]] = []
     for job in running:
         queue.append(
@@ -220,14 +181,15 @@ def _queue_status(
                 "stalled": bool(stall_after and now - progressed[job.id] > stall_after),
             }
         )
-    for number, (job, start) in enumerate(zip(pending, starts, strict=True), start=offset + 1):
+    for number, job, start in zip(positions, pending, starts, strict=True):
         queue.append(
             _queue_entry(job)
             | {
                 "queued_at": iso(job.queued_at),
                 "position": number,
-                "estimated_start": iso(_held(start, job, effective_limit)),
+                "estimated_start": iso(_held(start, job, nodes)),
                 "not_before": iso(job.not_before),
+                "stranded": nodes.why_not(job.processors),
             }
         )
     for job in retrying:
@@ -242,10 +204,11 @@ def _queue_status(
     return {
         "active_count": len(running),
         "max_concurrent": state.max_concurrent,
-        "effective_concurrency": effective_limit,
+        "effective_concurrency": here.limit,
         "dynamic_concurrency": state.dynamic_concurrency,
         "pending_count": pending_count,
         "retrying_count": counts.get(JobStatus.RETRYING, 0),
+        "shown_count": shown_count,  # the waiting jobs the filter (status, folder) selects
         "paused": state.paused,
         "queue": queue,
         "statistics": {
@@ -266,10 +229,11 @@ def _queue_status(
     }
 
 
-def _held(start: float | None, job: Job, effective_limit: int) -> float | None:
+def _held(start: float | None, job: Job, nodes: Capacity) -> float | None:
     """A job asked not to start before a time starts no earlier than that, history or not;
-    while nothing may start (paused, blocked) it has no estimate, its own time or not."""
-    if job.not_before is None or effective_limit <= 0:
+    while no node may start it (paused, blocked, none can run it) it has no estimate, its
+    own time or not."""
+    if job.not_before is None or not any(t.limit > 0 for t in nodes.takers_of(job.processors)):
         return start
     return max(start or job.not_before, job.not_before)
 
@@ -360,53 +324,58 @@ def _resolvers(page: list[Job]) -> dict[int, str]:
     return found
 
 
-def job_detail(job: Job, effective_limit: int) -> dict[str, Any]:
+def job_detail(job: Job, here: Here | int) -> dict[str, Any]:
     rates = _rates()
+    here = here if isinstance(here, Here) else Here(None, here)
     with store.read_snapshot(Job._meta.database):
-        return _job_detail(Job.get_by_id(job.id), effective_limit, rates)
+        return _job_detail(Job.get_by_id(job.id), here, rates)
 
 
-def queue_place(job_id: int, effective_limit: int) -> tuple[Job, int | None, str | None]:
+def queue_place(job_id: int, here: Here) -> tuple[Job, int | None, str | None]:
     """A job as it is now, its place in line and estimated start: what the answer to a
     request that queued it says (job_detail's figures without the rest)."""
     rates = _rates()
     with store.read_snapshot(Job._meta.database):
         job = jobs.get(job_id)
-        return job, *_place(job, effective_limit, rates)
+        position, start, _ = _place(job, here, rates)
+        return job, position, start
 
 
-def _place(job: Job, effective_limit: int, rates: estimates.Rates) -> tuple[int | None, str | None]:
+def _place(
+    job: Job, here: Here, rates: estimates.Rates
+) -> tuple[int | None, str | None, str | None]:
+    """The job's place in line, its estimated start, and why no node can run it (if so)."""
     position = jobs.position(job)
     if position is None:
-        return None, None
+        return None, None, None
     now = clock.now()
     running = list(
         Job.select(Job, MediaFile).join(MediaFile).where(Job.status == JobStatus.PROCESSING)
     )
     left = running_left(running, rates, now)
-    ends = [now + left.get(r.id, 0.0) for r in running]
+    nodes = capacity.read(here, now)
+    ends = [(r.node, now + left.get(r.id, 0.0)) for r in running]
     waiting = _line(1, position - 1)
-    start = _starts_after(position - 1, waiting, ends, effective_limit, now, rates)[-1]
-    return position, iso(_held(start, job, effective_limit))
+    start = _starts_after(position - 1, waiting, capacity.slots(nodes, ends, now), nodes, rates)
+    return position, iso(_held(start[-1], job, nodes)), nodes.why_not(job.processors)
 
 
 def _starts_after(
     ahead: int,
     waiting: Sequence[tuple[Sequence[str], float | None]],
-    ends: Sequence[float],
-    limit: int,
-    now: float,
+    free: dict[str, list[float]],
+    nodes: Capacity,
     rates: estimates.Rates,
 ) -> list[float | None]:
     """Estimated starts of ``waiting`` (in line order), behind ``ahead`` pending jobs."""
-    if limit <= 0:
+    if not free:
         return [None] * len(waiting)
     if ahead:
         work = _work_ahead(ahead, rates)
         if work is None:
             return [None] * len(waiting)
-        ends = _level(ends, limit, now, work)
-    return estimated_starts(waiting, ends, limit, now, rates)
+        free = capacity.level(free, work)
+    return capacity.estimated_starts(waiting, free, nodes, rates)
 
 
 def _estimated_end(job: Job, rates: estimates.Rates) -> str | None:
@@ -418,11 +387,12 @@ def _estimated_end(job: Job, rates: estimates.Rates) -> str | None:
     return None if left is None else iso(now + left)
 
 
-def _job_detail(job: Job, effective_limit: int, rates: estimates.Rates) -> dict[str, Any]:
-    position, estimated = _place(job, effective_limit, rates)
+def _job_detail(job: Job, here: Here, rates: estimates.Rates) -> dict[str, Any]:
+    position, estimated, stranded = _place(job, here, rates)
     return _queue_entry(job) | {
         "position": position,
         "estimated_start": estimated,
+        "stranded": stranded,
         "progress": job.progress,
         "retry_count": job.retry_count,
         "max_retries": job.max_retries,
@@ -468,13 +438,18 @@ def run_detail(run: ProcessorRun) -> dict[str, Any]:
     return detail | {k: v for k, v in optional.items() if v is not None}
 
 
-def list_jobs(statuses: list[str], limit: int, offset: int) -> dict[str, Any]:
+def list_jobs(
+    statuses: list[str], limit: int, offset: int, files: pw.Expression | None = None
+) -> dict[str, Any]:
+    """A page of jobs, newest first; of ``statuses`` and the files ``files`` selects."""
     # The page is picked by id alone, from the status index, and only its jobs are read
     # with their files: joined and sorted in one query, every job of those statuses was
     # read for each page, so a long history slowed the TUI's two lists a second.
     chosen = Job.select(Job.id)
     if statuses:
         chosen = chosen.where(Job.status.in_(statuses))
+    if files is not None:
+        chosen = chosen.join(MediaFile).where(files)
     with store.read_snapshot(Job._meta.database):
         total = chosen.count()
         ids = _page(chosen, (Job.id.desc(),), limit, offset)

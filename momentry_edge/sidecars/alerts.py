@@ -2,10 +2,10 @@
 
 # Sent for: a job that ends failed or partial (it is then on the dead list), the disk
 # guard starting to hold jobs back, a scheduled backup skipped (no room, no pg_dump),
-# and a node of a shared queue whose heartbeat stopped. The body is plain text with
-# ntfy's optional ``Title``, ``Priority`` and ``Tags`` headers, so an ntfy topic URL
-# works as is. The bus listener only queues; one thread posts, retrying with doubling
-# delays, so no job ever waits on it.
+# a node of a shared queue whose heartbeat stopped, and waiting jobs no live node can
+# run. The body is plain text with ntfy's optional ``Title``, ``Priority`` and ``Tags``
+# headers, so an ntfy topic URL works as is. The bus listener only queues; one thread
+# posts, retrying with doubling delays, so no job ever waits on it.
 
 from __future__ import annotations
 
@@ -85,6 +85,14 @@ class AlertSender(Background):
                 priority="high",
                 tags="warning",
                 task_id=event["task_id"],
+            )
+        elif kind == "queue.stranded":
+            self._queue(
+                "jobs no node can run",
+                f"{event['count']} waiting job(s) of {', '.join(event['processors'])}: "
+                f"{event['reason']}",
+                priority="high",
+                tags="warning",
             )
         elif kind == "node.lost":
             self._queue(

@@ -22,6 +22,7 @@ const state = {
   waitingOffset: 0, failedOffset: 0, cancelledOffset: 0, filesOffset: 0, rejectedOffset: 0,
   search: "", status: null, skew: 0, fileUuid: null, blobs: [], places: {}, readFailed: false,
   selected: new Map(),  // task_id -> file name: the waiting jobs ticked for Cancel selected
+  waitingStatus: "", waitingFolder: "",  // the waiting list's filter, as last shown (Show)
   openLogs: new Set(),  // task ids whose log is open on the file's page
 };
 
@@ -402,7 +403,7 @@ async function draw(asked) {
     return;
   }
   const all = asked.has("all");
-  const status = await get(`/api/v1/queue/status?limit=${PAGE}&offset=${state.waitingOffset}`);
+  const status = await get(`/api/v1/queue/status?limit=${PAGE}&offset=${state.waitingOffset}${waitingQuery()}`);
   state.status = status;
   drawService(status);
   await drawRunning(status);
@@ -460,7 +461,7 @@ function when(iso) {
 }
 
 function ago(iso) {
-  return iso ? span(now() - Date.parse(iso) / 1000) + " ago" : "not known";
+  return iso ? span(Math.max(0, now() - Date.parse(iso) / 1000)) + " ago" : "not known";  // clocks a second apart
 }
 
 function bytes(mb) {
@@ -491,6 +492,8 @@ function pager(id, offset, total, onPage) {
 // (dynamic concurrency holds back while CPU, memory or GPU is busy), as the TUI's gauges say.
 function belowMax(s) {
   if (s.effective_concurrency >= s.max_concurrent) return "";
+  if (s.worker_enabled === false) return ": this node runs no jobs (queue.worker_enabled = false)";
+  if (s.drained) return ": this node is drained";
   if (s.paused) return ": paused";
   if (s.blocked_reason) return ": blocked";
   const r = s.resources || {};
@@ -518,11 +521,7 @@ function drawService(s) {
     facts.push(["Free disk", `${bytes(d.free_mb)} of ${bytes(d.total_mb)} for ${d.folder}` +
       ` (nothing starts below ${bytes(d.min_free_mb)})`]);
   }
-  for (const n of s.nodes || []) {
-    facts.push(["Node", n.online === false
-      ? `${n.id} on ${n.host}: OFFLINE, last heartbeat ${when(n.last_seen)} (${ago(n.last_seen)})`
-      : `${n.id} on ${n.host}: ${n.active} running of ${n.max_concurrent}, last heartbeat ${ago(n.last_seen)}`]);
-  }
+  for (const n of s.nodes || []) facts.push(["Node", nodeLine(n)]);
   for (const m of s.models || []) {
     const done = m.total ? ` ${m.percent}% (${bytes(Math.round(m.done / 2 ** 20))})` : "";
     facts.push(["Model pull", `${m.model}: ${m.state}${done}${m.error ? ": " + m.error : ""}`]);
@@ -531,6 +530,14 @@ function drawService(s) {
   const b = s.last_backup;
   facts.push(["Last backup", b ? `${when(b.created_at)} (${b.scheduled ? "scheduled" : "by hand"})` : "none in the data folder"]);
   $("service-facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: v })]));
+}
+
+// A node as the operator needs it: offline with its last heartbeat, or what it takes on.
+function nodeLine(n) {
+  if (n.online === false) return `${n.id} on ${n.host}: OFFLINE, last heartbeat ${when(n.last_seen)} (${ago(n.last_seen)})`;
+  const takes = n.worker === "off" ? "runs no jobs (queue.worker_enabled = false)"
+    : n.worker === "drained" ? `drained, ${n.active} running` : `${n.active} running of ${n.max_concurrent}`;
+  return `${n.id} on ${n.host}: ${takes}, last heartbeat ${ago(n.last_seen)}`;
 }
 
 $("pause").addEventListener("click", () => act("POST", "/api/v1/queue/pause"));
@@ -615,9 +622,7 @@ function drawWaiting(s) {
       onchange: (e) => act("PUT", `/api/v1/queue/task/${j.task_id}/priority`, { priority: e.target.value }) },
       ...["high", "normal", "low"].map((p) => el("option", { value: p, text: p, selected: p === j.priority })));
     const place = j.status === "pending" ? `#${j.position}` : "retrying";
-    const start = j.status === "pending"
-      ? "starts " + (j.estimated_start ? when(j.estimated_start) : "not known (paused, blocked or no history)")
-      : "next attempt " + when(j.next_attempt_at);
+    const start = j.status === "pending" ? waitingStart(j) : "next attempt " + when(j.next_attempt_at);
     const tick = el("input", { type: "checkbox", "aria-label": "Select " + label,
       checked: state.selected.has(j.task_id),
       onchange: (e) => { if (e.target.checked) state.selected.set(j.task_id, label); else state.selected.delete(j.task_id); showSelected(); } });
@@ -627,7 +632,7 @@ function drawWaiting(s) {
         el("span", { text: place }),
         el("a", { class: "name", href: "#/file/" + j.file_uuid, text: label }),
         statusWord(j.status),
-        el("span", { class: "muted", text: start }),
+        el("span", { class: j.stranded ? "status status-failed" : "muted", text: start }),
         select,
         j.status === "pending" ? el("button", { type: "button", "aria-label": "Prioritize " + label,
           text: "Prioritize", onclick: () => act("POST", "/api/v1/queue/prioritize/" + j.file_uuid) }) : null,
@@ -639,8 +644,79 @@ function drawWaiting(s) {
   const shown = new Set(waiting.map((j) => j.task_id));
   for (const task of state.selected.keys()) if (!shown.has(task)) state.selected.delete(task);
   showSelected();
-  pager("waiting-pager", state.waitingOffset, s.pending_count + (s.retrying_count || 0), (o) => { state.waitingOffset = o; refresh("all", true); });
+  const total = s.shown_count ?? s.pending_count + (s.retrying_count || 0);
+  waitingPager(state.waitingOffset, total, (o) => { state.waitingOffset = o; refresh("all", true); });
+  $("select-shown").checked = waiting.length > 0 && waiting.every((j) => state.selected.has(j.task_id));
+  $("select-shown").dataset.shown = JSON.stringify(waiting.map((j) => [j.task_id, j.file_name]));
+  const where = state.waitingFolder ? ` in folder ${state.waitingFolder}` : "";
+  $("waiting-filter").textContent = state.waitingStatus || state.waitingFolder
+    ? `Showing ${total} ${state.waitingStatus || "waiting"} job${total === 1 ? "" : "s"}${where}` +
+      ` of ${s.pending_count + (s.retrying_count || 0)} waiting.` : "";
 }
+
+// -- the waiting list's filter and pages ---------------------------------------------------
+
+// A waiting job's start: when, or why it has none (no node can run it, paused, no history).
+function waitingStart(j) {
+  if (j.stranded) return j.stranded;
+  return "starts " + (j.estimated_start ? when(j.estimated_start) : "not known (paused, blocked or no history)");
+}
+
+function waitingQuery() {
+  const q = state.waitingStatus ? "&status=" + state.waitingStatus : "";
+  return q + (state.waitingFolder ? "&folder=" + encodeURIComponent(state.waitingFolder) : "");
+}
+
+// Show: the list of the folder typed and the status chosen; a folder no file is in is
+// said, and the list stays as it was.
+$("bulk").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const folder = bulkFolder();
+  const status = $("waiting-status").value;
+  const q = (status ? "&status=" + status : "") + (folder ? "&folder=" + encodeURIComponent(folder) : "");
+  try {
+    await get(`/api/v1/queue/status?limit=1&offset=0${q}`);
+  } catch (e) {
+    if (e.status !== 401) say(e.message);
+    return;
+  }
+  say("");
+  Object.assign(state, { waitingFolder: folder, waitingStatus: status, waitingOffset: 0 });
+  refresh("all", true);
+});
+
+// Pages of the waiting line: first, previous, next, last, and straight to the page of a
+// place in the list shown (the 500th of 520 is one step away, not 20).
+function waitingPager(offset, total, onPage) {
+  const nav = $("waiting-pager");
+  nav.replaceChildren();
+  if (total <= PAGE && offset === 0) return;
+  const end = Math.min(offset + PAGE, total);
+  const last = Math.max(0, Math.floor((total - 1) / PAGE) * PAGE);
+  const go = el("input", { id: "waiting-goto", type: "number", min: 1, max: total, inputmode: "numeric" });
+  nav.append(
+    el("button", { type: "button", disabled: offset === 0, text: "First page", onclick: () => onPage(0) }),
+    el("button", { type: "button", disabled: offset === 0, text: "Previous page",
+      onclick: () => onPage(Math.max(0, offset - PAGE)) }),
+    el("span", { text: `${total ? offset + 1 : 0}–${end} of ${total}` }),
+    el("button", { type: "button", disabled: end >= total, text: "Next page", onclick: () => onPage(offset + PAGE) }),
+    el("button", { type: "button", disabled: end >= total, text: "Last page", onclick: () => onPage(last) }),
+    el("label", { for: "waiting-goto", text: "Go to #" }), go,
+    el("button", { type: "button", text: "Go", onclick: () => {
+      const n = Math.min(Math.max(1, Math.floor(Number(go.value) || 1)), total);
+      onPage(Math.floor((n - 1) / PAGE) * PAGE);
+    } }),
+  );
+}
+
+$("select-shown").addEventListener("change", (e) => {
+  const shown = JSON.parse(e.target.dataset.shown || "[]");
+  for (const [task, name] of shown) {
+    if (e.target.checked) state.selected.set(task, name); else state.selected.delete(task);
+  }
+  for (const box of $("waiting").querySelectorAll("input[type=checkbox]")) box.checked = e.target.checked;
+  showSelected();
+});
 
 // The skip link: to the file search at once, without a change of page (the hash routes).
 document.querySelector(".skip").addEventListener("click", (event) => {

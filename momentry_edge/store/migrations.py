@@ -212,6 +212,14 @@ def _v15_search_vectors(db: pw.Database) -> None:
     db.create_tables([SearchVector])
 
 
+def _v16_node_worker(db: pw.Database) -> None:
+    # Whether each node takes jobs (Node.worker): nodes known so far count as taking them
+    # until their next start or drain says otherwise.
+    if "worker" not in {c.name for c in db.get_columns("node")}:
+        migrator = SchemaMigrator.from_database(db)
+        run_migrations(migrator.add_column("node", "worker", Node.worker))
+
+
 # Append-only: each entry moves the schema one version forward.
 
 MIGRATIONS: list[Callable[[pw.Database], None]] = [
@@ -230,6 +238,7 @@ MIGRATIONS: list[Callable[[pw.Database], None]] = [
     _v13_result_parts,
     _v14_search,
     _v15_search_vectors,
+    _v16_node_worker,
 ]
 
 

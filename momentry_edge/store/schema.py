@@ -290,6 +290,10 @@ class Node(BaseModel):
     owner = pw.CharField(max_length=120)  # the lease owner id of its current process
     processors = JSONField(default=list)  # the processors it can run (ready here)
     max_concurrent = pw.IntegerField(default=0)  # its effective limit at its last heartbeat
+    # Whether it takes jobs: "on"; "drained" (until undone: it comes back); "off"
+    # (queue.worker_enabled = false: it serves the API only). What the waiting line is
+    # told when no live node can run a job (jobs/capacity.py).
+    worker = pw.CharField(max_length=16, default="on")
     # On a shared PostgreSQL queue, its own concurrency settings, as QueueState's are on
     # SQLite (machines differ), with its config file's values when last taken from it.
     # Null on SQLite, and until the node's first start with them.

@@ -185,8 +185,8 @@ class Workers:
 
     def effective_limit(self, state: QueueState | None = None) -> int:
         """How many jobs may run here now, by the queue's state (read now if not given)."""
-        if self.drained:
-            return 0
+        if self.drained or not self.config.queue.worker_enabled:
+            return 0  # drained, or a node that runs no jobs
         state = state or jobs.queue_state(self.node)
         return self.gate.effective_limit(
             state.max_concurrent, state.dynamic_concurrency, state.paused, self.hands.threads()

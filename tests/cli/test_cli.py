@@ -440,6 +440,11 @@ def test_retry_all_failed_and_cancel_a_folder_are_one_command_each(start_service
     assert [svc.job(t)["status"] for t in tasks] == ["pending", "pending", "failed"]
     said = "failed jobs in folder 'day 1' retried through the CLI: 2 back in line, 0 refused"
     wait_for(lambda: said in svc.log())
+    # The folder's jobs, listed: its waiting ones, then every one of day 2.
+    waiting = cli("jobs", "--folder", "day 1", "--status", "pending", "--json", *url).stdout
+    assert sorted(j["task_id"] for j in json.loads(waiting)["jobs"]) == sorted(tasks[:2])
+    assert "c.mp4" in cli("jobs", "--folder", "day 2", *url).stdout
+    assert "no known file is in folder" in cli("jobs", "--folder", "x", *url, expect=1).stderr
 
     refused = cli("cancel", "--folder", "day 1", *url, input="y\n", expect=2)
     assert "pass --yes" in refused.stderr  # from a pipe, not without --yes

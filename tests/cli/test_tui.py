@@ -628,3 +628,20 @@ def test_tui_survives_replies_of_the_wrong_shape_and_recovers(terminal) -> None:
         terminal.wait(lambda s: "queue running" in s and "⚠" not in s)
         terminal.press("q")
         terminal.wait(lambda s: "[exited 0]" in s)
+
+
+def test_render_a_waiting_job_no_node_can_run_and_a_node_that_runs_none() -> None:
+    why = "no node can run this: no live node takes jobs (edge-1 runs no jobs (...))"
+    nodes = [
+        {"id": "edge-1", "host": "a", "active": 0, "max_concurrent": 0, "worker": "off"},
+        {"id": "studio", "host": "b", "active": 0, "max_concurrent": 2, "online": False}
+        | {"last_seen": "2026-03-24T11:55:10Z", "processors": ["steps"]},
+    ]
+    stuck = job("task_b", "bravo.mp4", "pending", position=1, estimated_start=None, stranded=why)
+    snap = snapshot(status=status_json(nodes=nodes, queue=[stuck]), details={})
+    screen = text_of(snap, selected="task_b")
+    assert "NO NODE CAN RUN IT" in line(screen, "bravo.mp4"), screen
+    assert "runs no jobs" in line(screen, "edge-1") and "OFFLINE" in line(screen, "studio")
+    opened = Console(width=100, height=30, file=io.StringIO(), record=True)
+    opened.print(render(snap, "task_b", "", 30, NOW, opened="task_b"))
+    assert why in opened.export_text().replace("\n", " ")

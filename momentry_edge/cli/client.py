@@ -120,6 +120,7 @@ DEAD: Shape = {
     "jobs": ListOf(JOB | {"processors": ListOf(str), "error_message": Maybe(str), "failed": dict}),
     "total": int,
 }
+JOB_LOG: Shape = {"task_id": str, "lines": ListOf(str)}
 CANCELLED: Shape = {"success": bool, "message": str, "status": str}
 FORGOTTEN: Shape = {
     "success": bool,
@@ -254,6 +255,11 @@ class ApiClient:
 
     def retry(self, ref: str) -> dict[str, Any]:
         return self._call("POST", f"/api/v1/jobs/{_seg(ref)}/retry", PLACED)
+
+    def job_log(self, ref: str, limit: int) -> dict[str, Any]:
+        """The job's log lines, the service's own and those other nodes kept."""
+        params = {"limit": limit}
+        return self._call("GET", f"/api/v1/jobs/{_seg(ref)}/log", JOB_LOG, params=params)
 
     def cancel(self, ref: str) -> dict[str, Any]:
         return self._call("POST", f"/api/v1/jobs/{_seg(ref)}/cancel", CANCELLED)

@@ -12,6 +12,7 @@ from playhouse.migrate import migrate as run_migrations
 from .schema import (
     BaseModel,
     Job,
+    JobLog,
     MediaFile,
     Node,
     ProcessorRun,
@@ -205,6 +206,11 @@ def _v14_search(db: pw.Database) -> None:
         )
 
 
+def _v15_job_log(db: pw.Database) -> None:
+    # Each job's log lines in the database, read by every node (JobLog).
+    db.create_tables([JobLog])
+
+
 # Append-only: each entry moves the schema one version forward.
 
 MIGRATIONS: list[Callable[[pw.Database], None]] = [
@@ -222,6 +228,7 @@ MIGRATIONS: list[Callable[[pw.Database], None]] = [
     _v12_file_picture,
     _v13_result_parts,
     _v14_search,
+    _v15_job_log,
 ]
 
 

@@ -351,4 +351,30 @@ class SearchIndexed(BaseModel):
         indexes = ((("file", "processor"), True),)
 
 
-MODELS = (QueueState, MediaFile, Job, ProcessorRun, Node, ResultPart, SearchEntry, SearchIndexed)
+class JobLog(BaseModel):
+    """The log lines a node wrote about a job (JSON lines, as in its log file), its last
+    JOB_LOG_BYTES of them: nodes share no disk, so a job's log is read from here by every
+    node, also while the node that ran it is off. Kept on PostgreSQL only (a SQLite queue
+    has one node, whose log file holds them all)."""
+
+    job = pw.ForeignKeyField(Job, on_delete="CASCADE")
+    job_id: Any  # the foreign key's column, as peewee adds it
+    node = pw.CharField(max_length=120)
+    lines = pw.TextField(default="")
+    updated_at = pw.DoubleField(default=time.time)
+
+    class Meta:
+        indexes = ((("job", "node"), True),)
+
+
+MODELS = (
+    QueueState,
+    MediaFile,
+    Job,
+    ProcessorRun,
+    Node,
+    ResultPart,
+    SearchEntry,
+    SearchIndexed,
+    JobLog,
+)

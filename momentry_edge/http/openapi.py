@@ -517,7 +517,9 @@ def _list(key: str, item: str) -> Schema:
 _CHANGED = "404 409"
 OPERATIONS: dict[str, Schema] = {  # "method path": operation, one per route in http/app.py
     "get /healthz": _op(
-        "healthz", "Liveness and version", _obj({"status": _enum("ok"), "version": STR})
+        "healthz",
+        "Liveness and version; to a loopback client also whose service it is",
+        _obj({"status": _enum("ok"), "version": STR, "account": STR, "data_dir": STR}),
     ),
     "get /openapi.json": _op("openapi", "This OpenAPI document", {"type": "object"}),
     "get /metrics": _op("metrics", "Prometheus metrics", _text("text/plain", "Prometheus text")),

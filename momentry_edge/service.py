@@ -217,6 +217,9 @@ class Service:
             "disk": disk_space(self.config, *outputs.written_folders(self.config.data_dir)),
             "last_backup": backup.last_backup(self.config.data_dir),
             "drained": self.workers.drained,  # this node's: it starts no job (drain)
+            # Where files go, for the console to say while it has none.
+            "drop_folders": [str(folder) for folder in self.config.service.watch],
+            "upload_address": self.config.service.upload_address or None,
         }
         limit_now = self.workers.effective_limit()
         stall = self.config.queue.stall_seconds

@@ -194,6 +194,8 @@ SCHEMAS: dict[str, Schema] = {
             ),
             "drained": BOOL
             | {"description": "the node answering is drained: it starts no job (POST /node/drain)"},
+            "drop_folders": _arr(STR | {"description": "the folders the node answering watches"}),
+            "upload_address": _null(STR | {"description": "where uploaders reach them"}),
         },
         "active_count max_concurrent effective_concurrency dynamic_concurrency pending_count"
         " paused queue statistics resources",

@@ -53,8 +53,10 @@ class JsonLines(logging.Formatter):
 
 
 class Readable(logging.Formatter):
+    converter = staticmethod(time.gmtime)  # UTC, as the log file and `logs` say it
+
     def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        super().__init__("%(asctime)s UTC %(levelname)s %(name)s: %(message)s")
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         # One line: messages quote file names, and a name with a line break in it must not
@@ -313,7 +315,17 @@ def setup(data_dir: Path, level: str) -> Path:
     root.handlers[:] = [to_file, to_stderr]
     root.setLevel(level.upper())
     logging.getLogger("huey").setLevel(logging.WARNING)
+    logging.getLogger("waitress").addFilter(_closed_streams_are_debug)
     return path
+
+
+def _closed_streams_are_debug(record: logging.LogRecord) -> bool:
+    """waitress says at INFO each reader that went away mid-answer: every closed console tab
+    (its event stream). Routine: DEBUG."""
+    if record.levelno == logging.INFO and str(record.msg).startswith("Client disconnected"):
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger().isEnabledFor(logging.DEBUG)
+    return True
 
 
 # -- reading it, as `momentry-edge logs` and a job's log route do ----------------------------
@@ -326,7 +338,7 @@ def readable(raw: str) -> str:
     try:
         entry: dict[str, Any] = json.loads(raw)
         stamp = str(entry["time"]).replace("T", " ")[:19]
-        text = f"{stamp} {str(entry['level']).upper()} {entry['logger']}: {entry['message']}"
+        text = f"{stamp} UTC {str(entry['level']).upper()} {entry['logger']}: {entry['message']}"
     except (ValueError, KeyError, TypeError):
         return printable(raw.rstrip("\n"))
     task = entry.get("task_id")

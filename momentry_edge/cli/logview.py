@@ -1,6 +1,7 @@
 """`momentry-edge logs [-f] [--job ID]`: the service's JSON-lines log as readable lines,
-``2026-12-04 23:06:20 INFO service: message [task]``, times in UTC. The rotated files
-(.1 to .5) are read too, oldest first; -f follows the live file across a rotation."""
+``2026-12-04 23:06:20 UTC INFO service: message [task]``, times in UTC, labelled so. The
+rotated files (.1 to .5) are read too, oldest first; -f follows the live file across a
+rotation."""
 
 from __future__ import annotations
 

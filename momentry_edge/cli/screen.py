@@ -588,4 +588,6 @@ def _ago(stamp: str | None, now: float) -> str:
 
 
 def _clock(at: float | None) -> str:
-    return "—" if at is None else time.strftime("%H:%M:%S", time.localtime(at))
+    # The terminal's local time, labelled with its zone (the CLI's commands and the logs
+    # say UTC, labelled so: docs/console.md, Times).
+    return "—" if at is None else time.strftime("%H:%M:%S %Z", time.localtime(at))

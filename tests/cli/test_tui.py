@@ -365,8 +365,11 @@ def test_tui_at_200x50_and_80x24_says_the_estimate_whole(start_service, terminal
     wait_for(lambda: svc.job(task).get("estimated_end"))
     terminal.start("tui", "--url", svc.url, columns=200, lines=50)
     # The estimate (or start) and the node it runs on are whole, beside the whole name.
-    row = line(terminal.wait(lambda s: "processing" in line(s, name)), name)
+    screen = terminal.wait(lambda s: "processing" in line(s, name))
+    row = line(screen, name)
     assert re.search(rf"ends in \S+( \S+)? on {re.escape(node)}\s*$", row), row
+    # The terminal's local time, labelled with its zone.
+    assert re.search(r"updated \d\d:\d\d:\d\d [A-Z]{2,5}\b", line(screen, "momentry-edge"))
     terminal.press("q")
     terminal.wait(lambda s: "[exited 0]" in s)
 

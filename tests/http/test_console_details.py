@@ -4,11 +4,13 @@ In a real browser (test_console.py says how), against a real service."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 
 import pytest
 from audio_media import music, write
+from conftest import wait_for
 from playwright.sync_api import Browser, sync_playwright
 from playwright.sync_api import expect as page_expect
 from test_console import FLAGS, _chromium, link
@@ -68,3 +70,23 @@ def test_an_empty_console_says_where_files_go_and_a_sound_files_page_what_was_sk
         assert not errors, errors
     finally:
         context.close()
+
+
+@SQLITE
+def test_a_closed_console_tab_is_logged_at_debug_not_info(start_service, browser):
+    # Keep-alives every 0.1 s: the service finds the tab's stream gone at once.
+    svc = start_service(service={"log_level": "debug", "event_keepalive": 0.1})
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(link(svc))
+    page_expect(page.locator("#live")).to_contain_text("live")
+    page.close()
+    log = svc.data_dir / "logs" / "momentry-edge.log"
+
+    def said() -> list[dict]:
+        lines = [json.loads(raw) for raw in log.read_text().splitlines()]
+        return [e for e in lines if e["message"].startswith("Client disconnected")]
+
+    closed = wait_for(said)
+    assert {e["level"] for e in closed} == {"debug"}, closed
+    context.close()

@@ -507,10 +507,11 @@ class Owner(NamedTuple):
 
 def owner(api: ApiClient) -> Owner:
     """Whose the service behind ``api`` is (its /healthz says so to a loopback client);
-    Owner("", "") when it does not say or cannot be asked."""
+    Owner("", "") when it does not say. ServiceUnreachable goes through: what was to be
+    asked next would wait for it again."""
     try:
         health = api.health()
-    except (ApiError, ServiceUnreachable, UnexpectedReply):
+    except (ApiError, UnexpectedReply):
         return Owner("", "")
     account, data_dir = health.get("account"), health.get("data_dir")
     if not isinstance(account, str) or not isinstance(data_dir, str):

@@ -139,6 +139,12 @@ def _node_id(name: str) -> str | None:
     return None
 
 
+def _upload_address(text: str) -> str | None:
+    if len(text) > 500 or _has_control(text):
+        return "at most 500 characters, without control characters"
+    return None
+
+
 @dataclass(frozen=True)
 class ServiceConfig:
     data_dir: Path = _setting(Path(DEFAULT_DATA_DIR), env="MOMENTRY_DATA_DIR")
@@ -172,6 +178,9 @@ class ServiceConfig:
     # Seconds between keep-alive comments on an idle event stream (GET /api/v1/events):
     # under a proxy's idle timeout.
     event_keepalive: float = _setting(5.0, minimum=0.1, maximum=300)
+    # Where uploaders reach the drop folders (e.g. sftp://studio-mini.local:2022/), said by
+    # the console while it has no file; empty: the folders' paths alone.
+    upload_address: str = _setting("", check=_upload_address)
 
 
 @dataclass(frozen=True)

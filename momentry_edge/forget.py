@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 # keeps a file's content (search entries, ...) adds its line here.
 ROWS_OF_FILE: tuple[tuple[str, str], ...] = (
     ("processor_run", "job_id IN (SELECT id FROM job WHERE file_id = ?)"),
+    ("job_log", "job_id IN (SELECT id FROM job WHERE file_id = ?)"),  # its jobs' log lines
     ("job", "file_id = ?"),
     ("result_part", "file_id = ?"),  # its results as the database keeps them
     ("search_entry", "file_id = ?"),  # its moments in the search index (triggers: FTS5)

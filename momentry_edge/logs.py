@@ -12,6 +12,7 @@ import json
 import logging
 import logging.handlers
 import os
+import re
 import sys
 import threading
 import time
@@ -52,8 +53,10 @@ class JsonLines(logging.Formatter):
 
 
 class Readable(logging.Formatter):
+    converter = staticmethod(time.gmtime)  # UTC, as the log file and `logs` say it
+
     def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        super().__init__("%(asctime)s UTC %(levelname)s %(name)s: %(message)s")
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         # One line: messages quote file names, and a name with a line break in it must not
@@ -164,6 +167,67 @@ class RotatingFile(logging.handlers.RotatingFileHandler):
         return self.maxBytes > 0 and self._regular and self.stream.tell() >= self.maxBytes
 
 
+TASK_ID = re.compile(r"task_[0-9a-f]{12}")
+JOB_LOG_BYTES = 64 << 10  # of each job's lines, per node, kept for the other nodes to read
+JOB_LOG_TASKS = 256  # jobs whose lines wait to be kept, at most (the database may be down)
+
+
+class JobLines(logging.Handler):
+    """Holds the lines logged about each job (its task id set, or named in the message)
+    until the service takes them into the queue database (jobs.job_log), so that every
+    node can read them. Bounded: the last JOB_LOG_BYTES of a job, the last JOB_LOG_TASKS jobs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(JsonLines())
+        self._pending: dict[str, deque[str]] = {}
+        self._sizes: dict[str, int] = {}
+        self._guard = threading.Lock()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.name == "peewee":  # its queries name the task ids this keeps
+            return
+        tasks = set(TASK_ID.findall(record.getMessage()))
+        if task := _task_id(record):
+            tasks.add(task)
+        if not tasks:
+            return
+        line = self.format(record)
+        with self._guard:
+            for task in tasks:
+                self._add(task, [line])
+
+    def _add(self, task: str, lines: Iterable[str]) -> None:
+        held = self._pending.setdefault(task, deque())
+        size = self._sizes.get(task, 0)
+        for line in lines:
+            held.append(line)
+            size += len(line) + 1
+        while size > JOB_LOG_BYTES and len(held) > 1:
+            size -= len(held.popleft()) + 1
+        self._sizes[task] = size
+        while len(self._pending) > JOB_LOG_TASKS:
+            oldest = next(iter(self._pending))
+            del self._pending[oldest], self._sizes[oldest]
+
+    def take(self) -> dict[str, list[str]]:
+        """The lines held, each job's oldest first; held no more."""
+        with self._guard:
+            taken = {task: list(lines) for task, lines in self._pending.items()}
+            self._pending.clear()
+            self._sizes.clear()
+        return taken
+
+    def put_back(self, lines: dict[str, list[str]]) -> None:
+        """Lines taken but not kept (the database failed): held again, before newer ones."""
+        with self._guard:
+            newer = {task: list(held) for task, held in self._pending.items()}
+            self._pending.clear()
+            self._sizes.clear()
+            for task in {**lines, **newer}:
+                self._add(task, [*lines.get(task, ()), *newer.get(task, ())])
+
+
 class Repeats:
     """Says a recurring failure when it first happens, then the same one again at most
     every ``every`` seconds (a resource run out fails the same way at every tick), and
@@ -251,7 +315,17 @@ def setup(data_dir: Path, level: str) -> Path:
     root.handlers[:] = [to_file, to_stderr]
     root.setLevel(level.upper())
     logging.getLogger("huey").setLevel(logging.WARNING)
+    logging.getLogger("waitress").addFilter(_closed_streams_are_debug)
     return path
+
+
+def _closed_streams_are_debug(record: logging.LogRecord) -> bool:
+    """waitress says at INFO each reader that went away mid-answer: every closed console tab
+    (its event stream). Routine: DEBUG."""
+    if record.levelno == logging.INFO and str(record.msg).startswith("Client disconnected"):
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger().isEnabledFor(logging.DEBUG)
+    return True
 
 
 # -- reading it, as `momentry-edge logs` and a job's log route do ----------------------------
@@ -264,7 +338,7 @@ def readable(raw: str) -> str:
     try:
         entry: dict[str, Any] = json.loads(raw)
         stamp = str(entry["time"]).replace("T", " ")[:19]
-        text = f"{stamp} {str(entry['level']).upper()} {entry['logger']}: {entry['message']}"
+        text = f"{stamp} UTC {str(entry['level']).upper()} {entry['logger']}: {entry['message']}"
     except (ValueError, KeyError, TypeError):
         return printable(raw.rstrip("\n"))
     task = entry.get("task_id")
@@ -276,11 +350,21 @@ def readable(raw: str) -> str:
     return line
 
 
-def job_lines(folder: Path, task_id: str, most: int) -> list[str]:
-    """The last ``most`` readable lines of the log in ``folder`` about the job ``task_id``."""
-    return list(
-        deque((line for line in read_lines(log_files(folder)) if task_id in line), maxlen=most)
-    )
+def job_lines(folder: Path, task_id: str, most: int, others: Iterable[str] = ()) -> list[str]:
+    """The last ``most`` readable lines about the job ``task_id``: those of the log in
+    ``folder`` and ``others`` (JSON lines other nodes wrote), in the order of their times."""
+    mine = (raw for raw in raw_lines(log_files(folder)) if task_id in raw)
+    return [readable(raw) for raw in deque(merged(mine, others), maxlen=most)]
+
+
+def merged(*logs: Iterable[str]) -> list[str]:
+    """JSON lines of several logs, each in its order, as one log in the order of their times."""
+    return sorted((raw for log in logs for raw in log), key=_time_of)
+
+
+def _time_of(raw: str) -> str:
+    # Each line begins {"time": "<ISO 8601, UTC>", (JsonLines): compared as text.
+    return raw[10:34] if raw.startswith('{"time": "') else ""
 
 
 def log_files(folder: Path) -> list[Path]:
@@ -291,10 +375,14 @@ def log_files(folder: Path) -> list[Path]:
 
 def read_lines(files: Iterable[Path]) -> Iterator[str]:
     """Every line of ``files`` as a person reads it (readable)."""
+    return (readable(raw) for raw in raw_lines(files))
+
+
+def raw_lines(files: Iterable[Path]) -> Iterator[str]:
+    """Every line of ``files``, as written."""
     for path in files:
         try:
             with path.open(encoding="utf-8", errors="replace") as stream:
-                for raw in stream:
-                    yield readable(raw)
+                yield from stream
         except FileNotFoundError:
             continue  # rotated away meanwhile

@@ -81,6 +81,7 @@ class Service:
         self.registry = _registry(config)
         self.gate = Gate(config.queue)
         self._failing = logs.Repeats(log)  # housekeeping steps failing at every tick
+        self.job_lines = logs.JobLines()  # each job's lines, for the database (PostgreSQL)
         # Missing models the processors need are pulled in the background (provision.py);
         # a node that runs no jobs has no use for them.
         auto_pull = config.models.auto_pull and config.queue.worker_enabled
@@ -232,6 +233,9 @@ class Service:
             "last_backup": backup.last_backup(self.config.data_dir),
             "drained": self.workers.drained,  # this node's: it starts no job (drain)
             "worker_enabled": self.config.queue.worker_enabled,  # this node's
+            # Where files go, for the console to say while it has none.
+            "drop_folders": [str(folder) for folder in self.config.service.watch],
+            "upload_address": self.config.service.upload_address or None,
         }
         stall = self.config.queue.stall_seconds
         return views.queue_status(
@@ -306,6 +310,8 @@ class Service:
         except (OSError, sqlite3.OperationalError, *store.OUTAGE_ERRORS) as exc:
             raise database_error(self.config, exc) from None
         self.token = self._api_token()  # after the database: a full disk is said of it first
+        if store.is_postgres(database):  # nodes share no disk: each job's lines go there too
+            logging.getLogger().addHandler(self.job_lines)
         self.notifier = cluster.Notifier(database, on_wake=self.workers.kick)
         bus.listen(self.notifier.on_event)
         bus.listen(self.callbacks.on_event)
@@ -399,6 +405,7 @@ class Service:
             "health": HEALTH_EVERY,
             "rescan": self.config.ingest.rescan_interval,
             "sweep": SWEEP_EVERY,
+            "job_log": TICK,
         }
         if self.config.service.backup_interval:
             every["backup"] = self.config.service.backup_interval
@@ -460,6 +467,8 @@ class Service:
                 self.watcher.request_rescan()  # runs on the ingest thread, not this one
             elif task == "backup":
                 self._start_backup()
+            elif task == "job_log":
+                jobs.keep_log(self.job_lines, self.node)
         except Exception as exc:
             if store.disk_full(exc) and task not in ("sweep", "run_file"):
                 # The queue database's disk: said by the gate (once a minute), which holds
@@ -526,6 +535,8 @@ class Service:
             for job in list(held):
                 jobs.requeue(job, self.owner)
             cluster.leave(self.node, self.owner)
+            logging.getLogger().removeHandler(self.job_lines)
+            jobs.keep_log(self.job_lines, self.node)  # the last lines, their stop's too
         except store.OUTAGE_ERRORS as exc:
             # The next start-up (or another node, once the leases run out) recovers them.
             log.error("could not return running jobs to the line at stop: %s", exc)

@@ -573,3 +573,31 @@ def test_estimates_follow_the_nodes_that_run_jobs_and_a_job_none_can_run_says_so
             a.wait_status(task, "completed", timeout=60)
         assert a.job(first)["stranded"] is None
         assert len(stranded_alerts()) == 1
+
+
+def test_a_jobs_log_reads_on_every_node_also_once_the_node_that_ran_it_is_off(start_service):
+    # Node a runs no jobs; node b, with its own data dir (no shared disk), runs the job.
+    a = node(start_service, "a", queue={"worker_enabled": False})
+    b = node(start_service, "b")
+    task = a.submit("elsewhere.mp4", ["steps"])["task_id"]
+    assert a.wait_status(task, "completed")["node"] == "node-b"
+    ran = f"job {task}: steps completed"
+    wait_for(lambda: any(ran in line for line in a.get(f"/api/v1/jobs/{task}/log")["lines"]))
+    b.kill()  # off, and its disk out of reach
+
+    command = [sys.executable, "-m", "momentry_edge.cli", "--config", str(a.config_path)]
+    shown = subprocess.run(
+        [*command, "logs", "--job", task],
+        env=a.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert any(ran in line for line in lines), shown.stdout
+    assert all(task in line for line in lines)
+    stamps = [line[:19] for line in lines]
+    assert stamps == sorted(stamps), "one log, in the order of its times"
+    # The page's log (the console reads this route) says the same.
+    assert a.get(f"/api/v1/jobs/{task}/log", params={"limit": 1000})["lines"] == lines

@@ -233,6 +233,8 @@ def test_logs_reads_the_json_lines_log(start_service, home) -> None:
     svc = start_service(env={"HOME": str(home)})
     said = fresh_shell(home, "logs").stdout
     assert "INFO momentry_edge.service: momentry-edge" in said and svc.url in said
+    # Times in UTC, labelled so (the console shows local time with its zone).
+    assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC INFO ", said), said
     assert '"level"' not in said  # readable lines, not JSON
     task = svc.submit("a.mp4", ["noop"])["task_id"]
     svc.wait_status(task, "completed")

@@ -23,6 +23,7 @@ from .client import (
     UnexpectedReply,
     find_service,
     find_token,
+    owner,
 )
 
 OK, WARNING, PROBLEM = "ok", "warning", "problem"
@@ -138,11 +139,16 @@ def _port(cfg: Config, running: dict[str, str]) -> dict[str, str]:
         try:
             probe.bind((host, port))
         except OSError as exc:
+            whose = (
+                "another account's service"
+                if "not this account's" in running["detail"]
+                else "another program"
+            )
             return _check(
                 "port",
                 PROBLEM,
-                f"{host}:{port} cannot be used ({exc.strerror}): another "
-                "program listens there; set service.port",
+                f"{host}:{port} cannot be used ({exc.strerror}): {whose} listens there;"
+                " set service.port",
             )
     return _check("port", OK, f"{host}:{port} is free")
 
@@ -185,6 +191,9 @@ def _service(cfg: Config) -> dict[str, str]:
     found = find_service(cfg)
     try:
         with ApiClient(found.url, find_token(cfg, found).value, timeout=5) as api:
+            whose = owner(api)
+            if not whose.mine:  # e.g. a fresh account's default port, another's service
+                return _check("service", WARNING, f"{found.url} answers: {whose.said(found.url)}")
             api.queue_status()
     except ServiceUnreachable:
         return _check(
@@ -195,7 +204,8 @@ def _service(cfg: Config) -> dict[str, str]:
         )
     except (UnexpectedReply, ApiError, ValueError) as exc:
         return _check("service", PROBLEM, f"{found.url} answers, but: {exc}")
-    return _check("service", OK, f"running at {found.url} (found through {found.how})")
+    said = f"running at {found.url} (found through {found.how})"
+    return _check("service", OK, f"{said}; {whose.said(found.url)}" if whose.account else said)
 
 
 def _existing(path: Path) -> Path:

@@ -120,6 +120,7 @@ DEAD: Shape = {
     "jobs": ListOf(JOB | {"processors": ListOf(str), "error_message": Maybe(str), "failed": dict}),
     "total": int,
 }
+JOB_LOG: Shape = {"task_id": str, "lines": ListOf(str)}
 CANCELLED: Shape = {"success": bool, "message": str, "status": str}
 FORGOTTEN: Shape = {
     "success": bool,
@@ -260,6 +261,15 @@ class ApiClient:
 
     def retry(self, ref: str) -> dict[str, Any]:
         return self._call("POST", f"/api/v1/jobs/{_seg(ref)}/retry", PLACED)
+
+    def health(self) -> dict[str, Any]:
+        """Liveness, and (asked on loopback) the service's account and data dir."""
+        return self._call("GET", "/healthz", {"status": str})
+
+    def job_log(self, ref: str, limit: int) -> dict[str, Any]:
+        """The job's log lines, the service's own and those other nodes kept."""
+        params = {"limit": limit}
+        return self._call("GET", f"/api/v1/jobs/{_seg(ref)}/log", JOB_LOG, params=params)
 
     def cancel(self, ref: str) -> dict[str, Any]:
         return self._call("POST", f"/api/v1/jobs/{_seg(ref)}/cancel", CANCELLED)
@@ -472,6 +482,47 @@ def _data_dir_of(cfg: Config, found: Found) -> Path | None:
     if local.url.rstrip("/") == url:
         return _data_dir_of(cfg, local)
     return None
+
+
+class Owner(NamedTuple):
+    account: str  # the service's account, as the service says it ("" when it does not)
+    data_dir: str
+
+    @property
+    def mine(self) -> bool:
+        import getpass
+
+        return not self.account or self.account == getpass.getuser()
+
+    def said(self, url: str) -> str:
+        """Whose service answers at ``url``, for a line of status or doctor."""
+        import getpass
+
+        if not self.account:
+            return ""
+        whose = "this account's" if self.mine else f"account {self.account}'s"
+        text = f"{whose}, data dir {self.data_dir}"
+        if not self.mine:
+            text += (
+                f"; not this account's ({getpass.getuser()}): this account's service is not"
+                f" running, and another's holds {url} (start your own on another port:"
+                " service.port)"
+            )
+        return text
+
+
+def owner(api: ApiClient) -> Owner:
+    """Whose the service behind ``api`` is (its /healthz says so to a loopback client);
+    Owner("", "") when it does not say. ServiceUnreachable goes through: what was to be
+    asked next would wait for it again."""
+    try:
+        health = api.health()
+    except (ApiError, UnexpectedReply):
+        return Owner("", "")
+    account, data_dir = health.get("account"), health.get("data_dir")
+    if not isinstance(account, str) or not isinstance(data_dir, str):
+        return Owner("", "")
+    return Owner(account, data_dir)
 
 
 def refused_hint(token: Token) -> str:

@@ -17,6 +17,7 @@ from ..terminal import printable, scrub
 from .client import (
     ApiClient,
     ApiError,
+    owner,
 )
 
 if TYPE_CHECKING:
@@ -38,9 +39,17 @@ class UsageError(Exception):
 
 
 def cmd_status(api: ApiClient, args: argparse.Namespace) -> int:
+    whose = owner(api)
+    if not whose.mine:  # said first: the queue below (or a refusal) is not this account's
+        print_error(f"note: the service at {api.base_url} is {whose.said(api.base_url)}")
     status = api.queue_status(args.limit, args.offset)
     if not args.json and not args.url:  # which service answered, when it was looked for
-        print(printable(f"service {api.base_url}, found through {args.found.how}"))
+        said = f"service {api.base_url}, found through {args.found.how}"
+        print(
+            printable(
+                f"{said}; {whose.said(api.base_url)}" if whose.mine and whose.account else said
+            )
+        )
     return _show(args, status, render_status)
 
 

@@ -1,6 +1,7 @@
 """`momentry-edge logs [-f] [--job ID]`: the service's JSON-lines log as readable lines,
-``2026-12-04 23:06:20 INFO service: message [task]``, times in UTC. The rotated files
-(.1 to .5) are read too, oldest first; -f follows the live file across a rotation."""
+``2026-12-04 23:06:20 UTC INFO service: message [task]``, times in UTC, labelled so. The
+rotated files (.1 to .5) are read too, oldest first; -f follows the live file across a
+rotation."""
 
 from __future__ import annotations
 
@@ -30,6 +31,19 @@ FOLLOW_EVERY = 0.25  # seconds between looks at the live file
 
 
 def command(cfg: Config, args: argparse.Namespace) -> int:
+    if args.job and not args.follow:
+        # Through the service: the job may have run on another node (nodes share the
+        # database, not a disk), whose lines the service reads from there.
+        try:
+            lines = _from_service(cfg, args.job, args.lines)
+        except ApiError as exc:
+            print(printable(f"error: --job {args.job}: {exc.message}"), file=sys.stderr)
+            return 1
+        if lines is not None:
+            for line in lines:
+                print(line, flush=False)
+            sys.stdout.flush()
+            return 0
     folder = log_folder(cfg)
     live = folder / NAME
     if not live.exists():
@@ -52,6 +66,23 @@ def command(cfg: Config, args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             return 0
     return 0
+
+
+def _from_service(cfg: Config, ref: str, most: int) -> list[str] | None:
+    """The job's last ``most`` lines as the service gives them; None when it cannot be asked
+    (the local log file is read then)."""
+    if most == 0:
+        return []
+    found = find_service(cfg)
+    try:
+        with ApiClient(found.url, find_token(cfg, found).value, timeout=5) as api:
+            return [str(line) for line in api.job_log(ref.strip(), min(most, 1000))["lines"]]
+    except ApiError as exc:
+        if exc.status in (400, 404):
+            raise  # no such job
+        return None  # e.g. another account's service: this account's own log file
+    except (ServiceUnreachable, UnexpectedReply):
+        return None
 
 
 def log_folder(cfg: Config) -> Path:

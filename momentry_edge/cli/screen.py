@@ -338,7 +338,8 @@ def _queue(
         title += f" (the first {sum(j['status'] != 'processing' for j in shown)} shown)"
     table = _table(widths, title=title)
     for job in shown:
-        table.add_row(*_pick(_job_cells(job, selected, now, widths), columns))
+        cells = _job_cells(job, selected, now, widths if width is not None else None)
+        table.add_row(*_pick(cells, columns))
         for name, run in (snap.details.get(job["task_id"], {}).get("processors") or {}).items():
             table.add_row(*_pick(_processor_cells(name, run), columns))
     if not entries:
@@ -365,14 +366,8 @@ def _job_cells(
     job: Job, selected: str | None, now: float, widths: dict[str, int] | None = None
 ) -> dict[str, RenderableType]:
     status = job["status"]
-    if status == "processing" and job.get("stalled"):
-        when = f"STALLED: no progress {_ago(job.get('progress_at'), now)}"
-    elif status == "processing":
-        if job.get("estimated_end"):
-            when = f"ends {_until(job['estimated_end'], now)}"
-        else:
-            when = f"started {_ago(job.get('started_at'), now)}"
-        when += f" on {job['node']}" if job.get("node") else ""
+    if status == "processing":
+        when = _fit(_running_when(job, now), (widths or {}).get("when"))
     elif status == "retrying":
         when = f"retry {_until(job.get('next_attempt_at'), now)}"
     elif job.get("stranded"):
@@ -395,6 +390,26 @@ def _job_cells(
             when, style="bold red" if job.get("stalled") or job.get("stranded") else "bright_black"
         ),
     }
+
+
+def _running_when(job: Job, now: float) -> list[str]:
+    """What a running job's estimate column says, the whole first, then shorter forms."""
+    on = f" on {job['node']}" if job.get("node") else ""
+    if job.get("stalled"):
+        ago = _ago(job.get("progress_at"), now)
+        span = ago.removesuffix(" ago")
+        return [f"STALLED: no progress {ago}", f"STALLED {span}"]
+    if job.get("estimated_end"):
+        until = _until(job["estimated_end"], now)
+        return [f"ends {until}{on}", f"ends {until}", until]
+    ago = _ago(job.get("started_at"), now)
+    return [f"started {ago}{on}", f"started {ago}", ago]
+
+
+def _fit(forms: list[str], width: int | None) -> str:
+    """The first of ``forms`` that fits ``width`` whole (a cut "ends in 1m 59s o…" says
+    less than "ends in 1m 59s"); the last, cut, when none does."""
+    return next((form for form in forms if width is None or len(form) <= width), forms[-1])
 
 
 def _processor_cells(name: str, run: dict[str, Any]) -> dict[str, RenderableType]:
@@ -589,4 +604,6 @@ def _ago(stamp: str | None, now: float) -> str:
 
 
 def _clock(at: float | None) -> str:
-    return "—" if at is None else time.strftime("%H:%M:%S", time.localtime(at))
+    # The terminal's local time, labelled with its zone (the CLI's commands and the logs
+    # say UTC, labelled so: docs/console.md, Times).
+    return "—" if at is None else time.strftime("%H:%M:%S %Z", time.localtime(at))

@@ -201,6 +201,8 @@ SCHEMAS: dict[str, Schema] = {
             | {"description": "false: the node answering runs no jobs (queue.worker_enabled)"},
             "shown_count": INT
             | {"description": "the waiting jobs that ?status and ?folder select, for paging"},
+            "drop_folders": _arr(STR | {"description": "the folders the node answering watches"}),
+            "upload_address": _null(STR | {"description": "where uploaders reach them"}),
         },
         "active_count max_concurrent effective_concurrency dynamic_concurrency pending_count"
         " paused queue statistics resources",
@@ -539,7 +541,9 @@ def _list(key: str, item: str) -> Schema:
 _CHANGED = "404 409"
 OPERATIONS: dict[str, Schema] = {  # "method path": operation, one per route in http/app.py
     "get /healthz": _op(
-        "healthz", "Liveness and version", _obj({"status": _enum("ok"), "version": STR})
+        "healthz",
+        "Liveness and version; to a loopback client also whose service it is",
+        _obj({"status": _enum("ok"), "version": STR, "account": STR, "data_dir": STR}),
     ),
     "get /openapi.json": _op("openapi", "This OpenAPI document", {"type": "object"}),
     "get /metrics": _op("metrics", "Prometheus metrics", _text("text/plain", "Prometheus text")),

@@ -32,7 +32,9 @@ def add(app: bottle.Bottle, service: Core) -> None:
     def job_log(job: str) -> dict:
         found = jobs.find_job(job)
         limit, _ = paging()
-        lines = logs.job_lines(service.config.data_dir / "logs", found.task_id, limit)
+        folder = service.config.data_dir / "logs"
+        others = jobs.other_nodes_log(found.id, service.node)  # nodes share no disk
+        lines = logs.job_lines(folder, found.task_id, limit, others)
         return {"task_id": found.task_id, "node": service.node, "lines": lines}
 
     @app.post("/api/v1/jobs/<job>/retry")

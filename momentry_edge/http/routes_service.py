@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import getpass
+import ipaddress
 import json
 import queue
 from collections.abc import Callable, Iterator
@@ -27,9 +29,17 @@ MAX_EVENT_STREAMS = 16
 
 
 def add(app: bottle.Bottle, service: Core) -> None:
+    account = getpass.getuser()
+    data_dir = str(service.config.data_dir)
+
     @app.get("/healthz")
     def healthz() -> dict:
-        return {"status": "ok", "version": __version__}
+        if not _loopback(request.environ.get("REMOTE_ADDR")):
+            return {"status": "ok", "version": __version__}
+        # Whose service this is, for the CLI of another account on this machine, which
+        # would take it for its own (a fresh account's default port is taken): `ps` shows
+        # every local account the same (the process's owner and command line).
+        return {"status": "ok", "version": __version__, "account": account, "data_dir": data_dir}
 
     @app.get("/openapi.json")
     def openapi() -> dict:
@@ -73,3 +83,11 @@ def event_stream(service: Core, gone: Callable[[], bool]) -> Iterator[str]:
                 continue
             quiet = 0.0
             yield f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
+
+
+def _loopback(address: str | None) -> bool:
+    try:
+        ip = ipaddress.ip_address((address or "").split("%")[0])
+    except ValueError:
+        return False
+    return (getattr(ip, "ipv4_mapped", None) or ip).is_loopback

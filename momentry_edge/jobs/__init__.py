@@ -68,6 +68,12 @@ from .common import (
 from .common import (
     parse_priority as parse_priority,
 )
+from .job_log import (
+    keep_log as keep_log,
+)
+from .job_log import (
+    other_nodes_log as other_nodes_log,
+)
 from .order import pending_in_order as pending_in_order
 from .order import position as position
 from .runs import (

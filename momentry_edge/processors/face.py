@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import native_stderr
 from .backends import Backend
 from .base import PermanentError, Readiness
 from .frames import SampledProcessor, settings_number
@@ -86,10 +87,13 @@ class FaceProcessor(SampledProcessor):
         if not state.ready:
             raise PermanentError(state.reason or "face: not ready")
         mp = import_mediapipe()
-        self._detector = mp.solutions.face_detection.FaceDetection(
-            model_selection=MODELS[self.model],  # type: ignore[index]  # set: its readiness says
-            min_detection_confidence=self.own_settings()["min_confidence"],
-        )
+        # MediaPipe's own lines (its graph starting, its first run) go to our log, not stderr.
+        with native_stderr.held():
+            self._detector = mp.solutions.face_detection.FaceDetection(
+                model_selection=MODELS[self.model],  # type: ignore[index]  # its readiness says
+                min_detection_confidence=self.own_settings()["min_confidence"],
+            )
+            self._detector.process(np.zeros((64, 64, 3), np.uint8))
         super().load()
 
     def detect(self, image: np.ndarray) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import native_stderr
 from .backends import Backend
 from .base import PermanentError
 from .face import import_mediapipe
@@ -80,17 +81,27 @@ class PoseProcessor(SampledProcessor):
     def load(self) -> None:
         self.require_backend()
         mp = import_mediapipe()
-        self._pose = mp.solutions.pose.Pose(
-            static_image_mode=True,
-            model_complexity=1,  # the only bundled landmark model (see above)
-            enable_segmentation=False,
-            min_detection_confidence=self.own_settings()["min_confidence"],
-        )
+        # MediaPipe's own lines (its graphs starting, their first runs) go to our log, not
+        # stderr: until the first person is found, some are still to come.
+        with native_stderr.held():
+            self._pose = mp.solutions.pose.Pose(
+                static_image_mode=True,
+                model_complexity=1,  # the only bundled landmark model (see above)
+                enable_segmentation=False,
+                min_detection_confidence=self.own_settings()["min_confidence"],
+            )
+            self._pose.process(np.zeros((64, 64, 3), np.uint8))
+        self._first_found = False
         super().load()
 
     def detect(self, image: np.ndarray) -> list[dict[str, Any]]:
         height, width = image.shape[:2]
-        landmarks = self._pose.process(image).pose_landmarks
+        if self._first_found:
+            landmarks = self._pose.process(image).pose_landmarks
+        else:
+            with native_stderr.held():
+                landmarks = self._pose.process(image).pose_landmarks
+            self._first_found = landmarks is not None
         if landmarks is None:
             return []
         points = [(lm.x * width, lm.y * height, float(lm.visibility)) for lm in landmarks.landmark]

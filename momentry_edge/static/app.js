@@ -457,7 +457,16 @@ function span(seconds) {
 function when(iso) {
   if (!iso) return "not known";
   const t = new Date(iso);
-  return t.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" });
+  // The console's rule: this browser's local time, labelled with its zone (the CLI and the
+  // logs say UTC, and label it so too).
+  return t.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" })
+    + " " + zoneOf(t);
+}
+
+function zoneOf(t) {
+  const part = new Intl.DateTimeFormat(undefined, { timeZoneName: "short" }).formatToParts(t)
+    .find((p) => p.type === "timeZoneName");
+  return part ? part.value : "";
 }
 
 function ago(iso) {
@@ -471,6 +480,12 @@ function bytes(mb) {
 const now = () => (Date.now() + state.skew) / 1000;
 const statusWord = (s) => el("span", { class: "status status-" + s, text: s });
 const folderOf = (path) => (path && path.includes("/") ? path.slice(0, path.lastIndexOf("/")) : ".");
+// "in <folder>" beside a file in a folder of the drop folder; nothing for one at its top
+// ("in ." said nothing a person could use).
+function inFolderOf(path) {
+  const folder = folderOf(path);
+  return folder === "." ? null : el("span", { class: "muted", text: "in " + folder });
+}
 
 function pager(id, offset, total, onPage) {
   const nav = $(id);
@@ -603,7 +618,7 @@ function runningItem(job, detail) {
     el("div", { class: "row" },
       el("a", { class: "name", href: "#/file/" + job.file_uuid, text: job.file_name }),
       statusWord(job.status),
-      el("span", { class: "muted", text: "in " + folderOf(path) }),
+      inFolderOf(path),
       job.stalled ? el("span", { class: "status status-failed", text: "stalled" }) : null,
       el("span", { class: "muted", text: detail ? remaining(detail) : "" }),
       el("button", { type: "button", "aria-label": "Cancel " + job.file_name, text: "Cancel",
@@ -793,7 +808,7 @@ async function drawFailed() {
     el("div", { class: "row" },
       el("a", { class: "name", href: "#/file/" + j.file_uuid, text: j.file_name }),
       statusWord(j.status),
-      el("span", { class: "muted", text: "in " + folderOf(state.places[j.file_uuid] || j.file_name) }),
+      inFolderOf(state.places[j.file_uuid] || j.file_name),
       el("span", { class: "muted", text: "ended " + when(j.completed_at) }),
       el("button", { type: "button", "aria-label": "Retry " + j.file_name, text: "Retry",
         onclick: () => act("POST", `/api/v1/jobs/${j.task_id}/retry`) }),
@@ -832,9 +847,24 @@ async function drawFiles() {
       el("a", { class: "name", href: "#/file/" + f.file_uuid, text: f.file_name }),
       f.status ? statusWord(f.status) : el("span", { class: "muted", text: "no job" }),
       f.state !== "present" ? el("span", { class: "muted", text: f.state }) : null,
-      el("span", { class: "muted", text: "in " + folderOf(f.path) }))));
-  $("files").replaceChildren(...(items.length ? items : [el("li", { class: "muted", text: state.search ? "No file by that name." : "No file yet." })]));
+      inFolderOf(f.path))));
+  $("files").replaceChildren(...(items.length ? items : [state.search ? el("li", { class: "muted", text: "No file by that name." }) : whereFilesGo(state.status)]));
   pager("files-pager", state.filesOffset, list.total, (o) => { state.filesOffset = o; refresh("all", true); });
+}
+
+// The empty console says where files go: the drop folders, and how uploaders reach them.
+function whereFilesGo(status) {
+  const folders = (status && status.drop_folders) || [];
+  if (!folders.length) {
+    return el("li", { class: "muted", id: "where-files-go",
+      text: "No file yet. This node watches no folder: files come from the nodes that do, or `momentry-edge submit`." });
+  }
+  const address = status.upload_address;
+  return el("li", { id: "where-files-go" },
+    el("p", { text: `No file yet. Put video or audio files in ${folders.length > 1 ? "one of the drop folders" : "the drop folder"} (any folder in it too); each is taken once its upload has finished:` }),
+    el("ul", {}, ...folders.map((f) => el("li", {}, el("code", { text: f })))),
+    address ? el("p", {}, "Uploaders reach it at ", el("code", { text: address }), ".")
+      : el("p", { class: "muted", text: "Copy files there on this machine, or upload them to it (SFTP, a shared folder); service.upload_address names the address here." }));
 }
 
 $("search").addEventListener("submit", (event) => {
@@ -895,14 +925,15 @@ async function drawFile(uuid) {
   const file = await get(base(uuid));
   $("file-name").textContent = file.file_name;
   const facts = [
-    ["Folder", folderOf(file.path)], ["State", file.state + (file.reason ? ": " + file.reason : "")],
+    ["Folder", folderOf(file.path) === "." ? "the drop folder itself" : folderOf(file.path)],
+    ["State", file.state + (file.reason ? ": " + file.reason : "")],
     ["Status", file.status || "no job"],
     ["Duration", file.duration ? clockTime(file.duration) : "not known"],
-    ["Picture", file.width ? `${file.width}×${file.height}, ${file.fps} fps, ${file.video_codec}` : "not known"],
+    ["Picture", pictureOf(file)],
     ["Sound", file.audio_codec || "none"], ["Registered", when(file.registered_at)],
   ];
   $("file-facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: v })]));
-  await drawJobs(file);
+  state.skipped = skippedOf(await drawJobs(file));
   // Only what has a document is asked for: a 404 would be logged by the browser.
   const shown = file.results || {};
   const [cut, asr, asrx, yolo, ocr, face, pose] = await Promise.all(
@@ -912,7 +943,23 @@ async function drawFile(uuid) {
   drawTranscript(uuid, file, asrx && asrx.result ? ["asrx", asrx] : ["asr", asr]);
   drawFound("objects", yolo, (frame) => (frame.detections || []).map((d) => d.label), "No objects found", "yolo");
   drawFound("text", ocr, (frame) => (frame.lines || []).map((l) => l.text), "No text found", "ocr");
-  drawPeople(face, pose);
+  drawPeople(face, pose, file.duration);
+}
+
+// A sound file has no picture (none, not "not known"), and a file not probed yet one not known.
+function pictureOf(file) {
+  if (file.width) return `${file.width}×${file.height}, ${file.fps} fps, ${file.video_codec}`;
+  return file.audio_codec && !file.video_codec ? "none (a sound file)" : "not known";
+}
+
+// The processors the file's newest job skipped, with why: "cut was skipped", not "has not run".
+function skippedOf(jobs) {
+  const newest = (jobs || []).find((j) => j);
+  const skipped = {};
+  for (const [name, run] of Object.entries((newest && newest.processors) || {})) {
+    if (run.status === "skipped") skipped[name] = run.reason || "nothing to do";
+  }
+  return skipped;
 }
 
 async function drawFileJobs() {
@@ -971,6 +1018,7 @@ function runNote(doc, what, tag) {
 const noted = (note, items) => (note ? [note, ...items] : items);
 
 function notRun(doc, what) {
+  if (!doc && state.skipped && state.skipped[what]) return `${what} was skipped: ${state.skipped[what]}.`;
   if (!doc) return `${what} has not run on this file.`;
   if (doc.status !== "completed" && !doc.result) return `${what} ${doc.status}: ${doc.error || ""}`;
   return null;
@@ -1036,33 +1084,44 @@ function drawFound(id, doc, namesOf, none, what) {
     el("time", { text: spans(times) }))) : [el("li", { class: "muted", text: none })]));
 }
 
-function drawPeople(face, pose) {
+function drawPeople(face, pose, duration) {
   const parts = [];
   for (const [what, doc, key] of [["Faces", face, "faces"], ["People (poses)", pose, "people"]]) {
     const why = notRun(doc, what === "Faces" ? "face" : "pose");
     if (why) { parts.push(el("p", { class: "muted", text: why })); continue; }
     const note = runNote(doc, what === "Faces" ? "face" : "pose", "p");
     if (note) parts.push(note);
-    const frames = doc.result.frames || [];
+    const frames = doc.result.frames || [];  // those with one at least
+    const sampled = doc.result.frames_sampled ?? frames.length;  // every frame looked at
     const counts = frames.map((f) => (f[key] || []).length);
     let most = 0;  // a loop: Math.max(...counts) throws past ~125,000 frames
     for (const c of counts) if (c > most) most = c;
     const at = frames[counts.indexOf(most)];
-    parts.push(el("p", { text: `${what}: at most ${most} at once` + (most && at ? ` (first at ${clockTime(at.timestamp)})` : "") + `, over ${frames.length} sampled frames.` }));
-    if (most) {
-      const step = Math.max(1, Math.ceil(frames.length / 120));
-      const bars = [];
-      for (let i = 0; i < frames.length; i += step) {
-        let c = 0;
-        for (let j = i; j < Math.min(i + step, counts.length); j++) if (counts[j] > c) c = counts[j];
-        const bar = el("span", { title: `${clockTime(frames[i].timestamp)}: ${c}` });
-        bar.style.height = (100 * c / most) + "%";
-        bars.push(bar);
-      }
-      parts.push(el("div", { class: "bars", role: "img", "aria-label": `${what} count over time, from 0 to ${most}` }, ...bars));
-    }
+    parts.push(el("p", { text: `${what}: at most ${most} at once` + (most && at ? ` (first at ${clockTime(at.timestamp)})` : "")
+      + `, over ${sampled} sampled frame${sampled === 1 ? "" : "s"}` + (sampled > frames.length ? `, ${frames.length} of them with any` : "") + "." }));
+    if (most) parts.push(timeline(frames, counts, most, duration, doc.result.sample_fps, what));
   }
   $("people").replaceChildren(...parts);
+}
+
+// How many at once over the file's whole duration: a bar per stretch of time, empty where
+// none was seen (two faces at 0:38 are a mark at 0:38, not a full strip).
+function timeline(frames, counts, most, duration, fps, what) {
+  const last = frames.length ? frames[frames.length - 1].timestamp : 0;
+  const length = Math.max(duration || 0, last, 0.001);
+  const n = Math.max(1, Math.min(120, Math.round(length * (fps || 1))));
+  const peak = new Array(n).fill(0);
+  frames.forEach((f, i) => {
+    const bin = Math.min(n - 1, Math.floor(f.timestamp / (length / n)));
+    if (counts[i] > peak[bin]) peak[bin] = counts[i];
+  });
+  const bars = peak.map((c, i) => {
+    const bar = el("span", { title: `${clockTime(i * length / n)}–${clockTime((i + 1) * length / n)}: ${c}` });
+    bar.style.height = (100 * c / most) + "%";
+    return bar;
+  });
+  return el("div", { class: "bars", role: "img",
+    "aria-label": `${what} count over time, from 0 to ${most}, over 0:00–${clockTime(length)}` }, ...bars);
 }
 
 start();

@@ -90,6 +90,9 @@ from .schema import (
     Job as Job,
 )
 from .schema import (
+    JobLog as JobLog,
+)
+from .schema import (
     JobStatus as JobStatus,
 )
 from .schema import (

@@ -12,6 +12,7 @@ from playhouse.migrate import migrate as run_migrations
 from .schema import (
     BaseModel,
     Job,
+    JobLog,
     MediaFile,
     Node,
     ProcessorRun,
@@ -220,6 +221,11 @@ def _v16_node_worker(db: pw.Database) -> None:
         run_migrations(migrator.add_column("node", "worker", Node.worker))
 
 
+def _v17_job_log(db: pw.Database) -> None:
+    # Each job's log lines in the database, read by every node (JobLog).
+    db.create_tables([JobLog])
+
+
 # Append-only: each entry moves the schema one version forward.
 
 MIGRATIONS: list[Callable[[pw.Database], None]] = [
@@ -239,6 +245,7 @@ MIGRATIONS: list[Callable[[pw.Database], None]] = [
     _v14_search,
     _v15_search_vectors,
     _v16_node_worker,
+    _v17_job_log,
 ]
 
 

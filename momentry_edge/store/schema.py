@@ -364,6 +364,22 @@ class SearchVector(BaseModel):
     vector = pw.BlobField()
 
 
+class JobLog(BaseModel):
+    """The log lines a node wrote about a job (JSON lines, as in its log file), its last
+    JOB_LOG_BYTES of them: nodes share no disk, so a job's log is read from here by every
+    node, also while the node that ran it is off. Kept on PostgreSQL only (a SQLite queue
+    has one node, whose log file holds them all)."""
+
+    job = pw.ForeignKeyField(Job, on_delete="CASCADE")
+    job_id: Any  # the foreign key's column, as peewee adds it
+    node = pw.CharField(max_length=120)
+    lines = pw.TextField(default="")
+    updated_at = pw.DoubleField(default=time.time)
+
+    class Meta:
+        indexes = ((("job", "node"), True),)
+
+
 MODELS = (
     QueueState,
     MediaFile,
@@ -374,4 +390,5 @@ MODELS = (
     SearchEntry,
     SearchIndexed,
     SearchVector,
+    JobLog,
 )

@@ -356,16 +356,27 @@ def test_tui_at_80x24_reaches_every_waiting_job_and_enter_shows_one_whole(
 
 @needs_tmux
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
-def test_tui_at_200x50_has_room_for_the_estimate_and_the_name(start_service, terminal) -> None:
+def test_tui_at_200x50_and_80x24_says_the_estimate_whole(start_service, terminal) -> None:
     steps = {"steps": 600, "step_seconds": 0.1}
     svc = start_service(service={"node_id": "studio-b"}, **{"processors.steps": steps})
     name = "ACME_wedding_2026-05-01_ceremony_and_speeches_camera_B_take01.mp4"
     task = svc.submit(name, ["steps"])["task_id"]
     node = svc.wait_status(task, "processing")["node"]
+    wait_for(lambda: svc.job(task).get("estimated_end"))
     terminal.start("tui", "--url", svc.url, columns=200, lines=50)
     # The estimate (or start) and the node it runs on are whole, beside the whole name.
-    row = line(terminal.wait(lambda s: "processing" in line(s, name)), name)
-    assert re.search(rf"(ends in|started) \S+( \S+)? (ago )?on {re.escape(node)}\s*$", row), row
+    screen = terminal.wait(lambda s: "processing" in line(s, name))
+    row = line(screen, name)
+    assert re.search(rf"ends in \S+( \S+)? on {re.escape(node)}\s*$", row), row
+    # The terminal's local time, labelled with its zone.
+    assert re.search(r"updated \d\d:\d\d:\d\d [A-Z]{2,5}\b", line(screen, "momentry-edge"))
+    terminal.press("q")
+    terminal.wait(lambda s: "[exited 0]" in s)
+
+    # At 80 columns the estimate is still whole, without the node (not "ends in 1m 59s o…").
+    terminal.start("tui", "--url", svc.url, columns=80, lines=24)
+    row = line(terminal.wait(lambda s: "processing" in line(s, "take01.mp4")), "take01.mp4")
+    assert re.search(r"processing .* ends in \d+(s|m \d\ds)\s*$", row), row
     terminal.press("q")
     terminal.wait(lambda s: "[exited 0]" in s)
 
@@ -478,10 +489,14 @@ def snapshot(**extra: object) -> Snapshot:
 
 
 def text_of(
-    snap: Snapshot, selected: str | None = None, message: str = "", height: int = 40
+    snap: Snapshot,
+    selected: str | None = None,
+    message: str = "",
+    height: int = 40,
+    width: int | None = None,
 ) -> str:
     console = Console(width=150, height=height, file=io.StringIO(), record=True)
-    console.print(render(snap, selected, message, height, NOW))
+    console.print(render(snap, selected, message, height, NOW, width))
     return console.export_text()
 
 

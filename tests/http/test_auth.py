@@ -4,6 +4,7 @@ that needed it is left in a cache; off only when said so, with a warning."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import pty
@@ -133,6 +134,36 @@ def test_the_cli_finds_the_token_and_another_account_is_told_whose_service_it_is
         assert "this service belongs to account nobody" in refused.stderr
         assert "run the command as nobody, or pass --token" in refused.stderr
         assert svc.token not in refused.stdout + refused.stderr
+
+
+@SQLITE
+def test_doctor_and_status_of_a_fresh_account_say_whose_service_answers(start_service, tmp_path):
+    svc = start_service()
+    me = getpass.getuser()
+    home = tmp_path / "fresh"
+    home.mkdir()
+    port = svc.url.rsplit(":", 1)[1]
+    # A fresh account "nobody": a home of its own with nothing in it, and the default port
+    # (here the service's) taken by another account's service. The account is the one
+    # its login names (USER, LOGNAME), as for any account: this machine's Python is not
+    # one another account may run.
+    login = {"USER": "nobody", "LOGNAME": "nobody"}
+    fresh = {"HOME": str(home), "MOMENTRY_SERVICE_PORT": port} | login
+
+    doctor = cli("doctor", env=fresh)
+    service = next(line for line in doctor.stdout.splitlines() if "service" in line[:12])
+    assert "running at" not in service and "another account's service" in doctor.stdout
+    assert f"account {me}'s, data dir {svc.data_dir}" in service, doctor.stdout
+    assert "not this account's (nobody)" in service, doctor.stdout
+
+    status = cli("status", env=fresh)
+    assert f"the service at {svc.url} is account {me}'s, data dir {svc.data_dir}" in status.stderr
+    assert "not this account's (nobody)" in status.stderr
+    assert status.returncode == 1 and "bearer token" in status.stderr  # and its queue unseen
+
+    # Its own account is told it is its own, and where its data is.
+    mine = cli("--config", str(svc.config_path), "status")
+    assert f"this account's, data dir {svc.data_dir}" in mine.stdout.splitlines()[0], mine.stdout
 
 
 def test_the_run_command_on_a_terminal_prints_the_console_link(tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import threading
@@ -763,7 +764,19 @@ def test_a_files_page_shows_the_objects_text_faces_and_people_found(
     people = page.locator("#people")
     page_expect(people).to_contain_text("Faces: at most 1 at once (first at 0:00.0)")
     page_expect(people).to_contain_text("People (poses): at most 1 at once")
-    page_expect(page.get_by_role("img", name="Faces count over time, from 0 to 1")).to_be_visible()
+    strip = page.get_by_role("img", name="Faces count over time, from 0 to 1")
+    page_expect(strip).to_be_visible()
+    # Every frame looked at is counted, not only those with a face; the strip is a timeline
+    # of the whole file, empty where no face was (the text and the flat colour, 5 to 15 s).
+    face = svc.get(f"/api/v1/files/{task['file_uuid']}/results/face")["result"]
+    sampled, with_face = face["frames_sampled"], len(face["frames"])
+    assert sampled > with_face > 0
+    page_expect(people).to_contain_text(
+        f"over {sampled} sampled frames, {with_face} of them with any."
+    )
+    page_expect(strip).to_have_attribute("aria-label", re.compile(r"over 0:00–0:(19|20)\.\d$"))
+    page_expect(strip.locator('span[title^="0:10.0–"]')).to_have_attribute("style", "height: 0%;")
+    page_expect(strip.locator('span[title^="0:00.0–"]')).to_have_attribute("style", "height: 100%;")
     page_expect(page.locator("#scenes")).to_contain_text("cut has not run on this file.")
     view.check_clean()
 

@@ -296,5 +296,11 @@ def test_one_job_runs_every_frame_processor_through_the_service(
     assert set(person) == {"box", "confidence", "keypoints"} and len(person["keypoints"]) == 33
     assert pose["frames"][0]["timestamp"] == 0.0
 
+    # MediaPipe's own lines (TensorFlow Lite's, absl's "W0000 00:00:… file.cc:114] …") go
+    # to the service's log at DEBUG, not to its stderr.
+    stderr = (svc.root / "service.log").read_text(errors="replace")
+    for raw in ("TensorFlow Lite", "absl::InitializeLog", "inference_feedback_manager.cc"):
+        assert raw not in stderr, stderr[-3000:]
+
     # The job's events tell progress as current/total frames for each processor.
     wait_for(lambda: svc.job(task["task_id"])["progress"] == 100)

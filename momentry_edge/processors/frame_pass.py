@@ -26,7 +26,7 @@ from momentry_edge import media
 from momentry_edge.pictures import Converter
 
 from .base import PermanentError, Processor, ProcessorError, RunContext, Stop
-from .frames import FramePlan, FrameProcessor, Outcome, probe, video_geometry
+from .frames import CARRIED, FramePlan, FrameProcessor, Outcome, probe, video_geometry
 
 CHECKPOINT_SECONDS = 2.0  # of video between checkpoints: a resume redoes at most this much
 
@@ -482,6 +482,10 @@ class _Parallel:
                     cost = collections.Counter[int]()
                     for m in wanting:
                         if m.wants(index, seconds):
+                            if m.lanes and m.processor.unchanged(seconds, images[m.key]):
+                                with self.lock:  # not analysed: taken in order as the rest
+                                    m.found[index] = (seconds, CARRIED)
+                                continue
                             thread = self._thread_for(m, cost)
                             tasks.setdefault(thread, []).append(m)
                     for thread, members in sorted(tasks.items()):

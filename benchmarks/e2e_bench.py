@@ -253,7 +253,10 @@ def through_service(
     shutil.rmtree(root, ignore_errors=True)
     (root / "data").mkdir(parents=True)
     (root / "data" / "models").symlink_to(models_dir)
-    with service_process(root, extra_config) as (url, proc), httpx.Client(base_url=url, timeout=30) as client:
+    with (
+        service_process(root, extra_config) as (url, proc),
+        httpx.Client(base_url=url, timeout=30) as client,
+    ):
         warm_seconds, _ = scan(client, root / "drop", warmup)
         print(f"service warm-up job: {warm_seconds:.1f} s", file=sys.stderr)
         ps = psutil.Process(proc.pid)

@@ -37,10 +37,8 @@ from typing import Any
 
 import httpx
 import numpy as np
-from e2e_bench import WARMUP_SECONDS as E2E_WARMUP
 from e2e_bench import make_bench_video
-from frame_media import box_iou, photo_frame, portrait_frame, pull_models, scenes_video
-from frame_media import still_video
+from frame_media import box_iou, photo_frame, portrait_frame, pull_models, scenes_video, still_video
 from PIL import Image
 from studio_bench import FRAME_PROCESSORS, SAVINGS_OFF, make_studio_video
 
@@ -101,8 +99,14 @@ def service(checkout: Path, root: Path, models: Path, extra: str) -> Iterator[ht
     env = {k: v for k, v in os.environ.items() if not k.startswith("MOMENTRY_")}
     env["PYTHONPATH"] = str(checkout)
     proc = subprocess.Popen(
-        [str(checkout / ".venv/bin/python"), "-m", "momentry_edge.cli", "--config", str(config)]
-        + ["run"],
+        [
+            str(checkout / ".venv/bin/python"),
+            "-m",
+            "momentry_edge.cli",
+            "--config",
+            str(config),
+            "run",
+        ],
         cwd=checkout,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -297,7 +301,7 @@ def report(work: Path, files: dict[str, Path], pairs: list[tuple[str, str]]) -> 
                 sampled, skipped = doc["frames_sampled"], doc.get("frames_skipped", 0)
                 cells.append(f"{name} {sampled - skipped}/{sampled}")
         print(f"  {key:<11}" + ", ".join(cells))
-    print("\nface and pose only where yolo sees a person (item 3, measured on the base's documents):")
+    print("\nface and pose only where yolo sees a person (measured on the base's documents):")
     for key in files:
         gate = person_gate(load(work / "base" / key))
         cells = [f"{n}: {lost} of {found} frames lost" for n, (found, lost) in gate.items()]
@@ -315,15 +319,16 @@ def main() -> None:
     args = parser.parse_args()
     work = args.work
     files = media(work, args.seconds)
-    del E2E_WARMUP
     models = pull_models(work / "models", AsrOptions().model, YOLO_MODEL)
     sides = {"base": (args.base.resolve(), ""), "off": (ROOT, SAVINGS_OFF), "on": (ROOT, "")}
     for side in args.only.split(","):
         if side:
             checkout, extra = sides[side]
             collect(checkout, work / side, files, models, extra)
-    print(f"git {ROOT}: {subprocess.getoutput(f'git -C {ROOT} rev-parse --short HEAD')}; base "
-          f"{args.base}: {subprocess.getoutput(f'git -C {args.base} rev-parse --short HEAD')}")
+    print(
+        f"git {ROOT}: {subprocess.getoutput(f'git -C {ROOT} rev-parse --short HEAD')}; base "
+        f"{args.base}: {subprocess.getoutput(f'git -C {args.base} rev-parse --short HEAD')}"
+    )
     print(f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     report(work, files, [("base", "on"), ("off", "on")])
 

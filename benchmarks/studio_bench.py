@@ -58,9 +58,7 @@ WARMUP_SECONDS = 6.0
 VIDEO_VERSION = 1  # bump when the pictures or the speech change: cached videos are remade
 FRAME_PROCESSORS = ("yolo", "ocr", "face", "pose")
 # The savings turned off, for the "before" run: every sampled frame analysed.
-SAVINGS_OFF = "".join(
-    f"[processors.{name}]\nskip_unchanged = false\n" for name in FRAME_PROCESSORS
-)
+SAVINGS_OFF = "".join(f"[processors.{name}]\nskip_unchanged = false\n" for name in FRAME_PROCESSORS)
 PEOPLE = (
     ("Dr. Eileen Collins", "Astronaut, NASA"),
     ("Ansel Weston", "Photographer"),
@@ -104,7 +102,7 @@ class StudioPictures:
     def _shot(self, person: int, captioned: bool) -> np.ndarray:
         width, height = SIZE
         rows = np.linspace(0, 1, height)[:, None, None]
-        backdrop = (np.array([30, 40, 70]) * (1 - rows) + np.array([70, 80, 110]) * rows)
+        backdrop = np.array([30, 40, 70]) * (1 - rows) + np.array([70, 80, 110]) * rows
         frame = np.broadcast_to(backdrop, (height, width, 3)).astype(np.uint8).copy()
         x = 640 if person == 0 else 180
         frame[120:632, x : x + 512] = self.photos[person]

@@ -1,7 +1,7 @@
 """The frame pass: one decode of a video feeding every frame processor of a job, on one
 thread or shared out over several threads (``run_shared``); frames.py is the contract."""
 
-# One piece (~760 lines): the serial and the parallel feeders share the members'
+# One piece (~770 lines): the serial and the parallel feeders share the members'
 # bookkeeping, reports and checkpoints.
 
 from __future__ import annotations

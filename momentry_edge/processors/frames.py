@@ -298,9 +298,9 @@ class SampledProcessor(FrameProcessor):
             return False
         glance = Glance(image)
         seen = self._seen
-        if seen is not None and seconds - seen[1] < self._run["recheck_seconds"]:
-            if glance.same(seen[0]):
-                return True
+        recent = seen is not None and seconds - seen[1] < self._run["recheck_seconds"]
+        if recent and glance.same(seen[0]):  # type: ignore[index]  # recent: seen is set
+            return True
         self._seen = (glance, seconds)  # this frame is analysed: the next compare with it
         return False
 

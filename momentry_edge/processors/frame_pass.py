@@ -482,7 +482,7 @@ class _Parallel:
                     cost = collections.Counter[int]()
                     for m in wanting:
                         if m.wants(index, seconds):
-                            if m.lanes and m.processor.unchanged(seconds, images[m.key]):
+                            if m.lanes and m.processor.unchanged(index, seconds, images[m.key]):
                                 with self.lock:  # not analysed: taken in order as the rest
                                     m.found[index] = (seconds, CARRIED)
                                 continue

@@ -12,6 +12,7 @@ from frame_media import Reports, context, write_video
 from PIL import Image, ImageDraw, ImageFont
 
 from momentry_edge.processors import frame_pass
+from momentry_edge.processors.base import Stop
 from momentry_edge.processors.frames import Glance
 from momentry_edge.processors.ocr import OcrProcessor
 
@@ -88,6 +89,19 @@ def test_frames_shared_out_over_threads_skip_alike(interview, every_frame):
 
     assert result["frames_skipped"] == 14
     assert seen(result) == seen(every_frame)
+
+
+def test_a_resumed_run_skips_what_an_uninterrupted_one_skips(interview):
+    alone = ocr().run(context(interview, Reports()))
+    first = Reports(stop_at=45)
+    with pytest.raises(Stop):
+        ocr().run(context(interview, first))
+    checkpoint = first.checkpoints[-1]
+    assert checkpoint["frame"] > CAPTION_AT * FPS  # past the last frame analysed
+
+    resumed = ocr().run(context(interview, Reports(), checkpoint))
+
+    assert resumed == alone and resumed["frames_skipped"] == 14
 
 
 def test_noise_is_no_change_a_small_mark_is():

@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FINAL = {"completed", "partial", "failed", "cancelled"}
 SPEECH_SAME = "[processors.asr]\ntemperature_fallback = false\n"
 IOU = 0.9
+SHOWN = 4  # differences listed per file and processor
 
 
 def media(work: Path, seconds: float) -> dict[str, Path]:
@@ -286,7 +287,9 @@ def report(work: Path, files: dict[str, Path], pairs: list[tuple[str, str]]) -> 
                     continue
                 diffs = compare(name, a.get(name, {}), b.get(name, {}))
                 cells.append(f"{'same' if not diffs else len(diffs):>7}")
-                details += [f"{key} {first}/{second} {name}: {d}" for d in diffs]
+                details += [f"{key} {first}/{second} {name}: {d}" for d in diffs[:SHOWN]]
+                if len(diffs) > SHOWN:
+                    details.append(f"{key} {first}/{second} {name}: {len(diffs) - SHOWN} more")
             print(f"{key:<11}{first + '/' + second:<10}" + "".join(cells))
     print("same: equal as the module docstring says; a number: that many differences, below")
     for line in details:

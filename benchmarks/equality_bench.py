@@ -280,6 +280,8 @@ def report(work: Path, files: dict[str, Path], pairs: list[tuple[str, str]]) -> 
     for key in files:
         for first, second in pairs:
             a, b = load(work / first / key), load(work / second / key)
+            if not a or not b:
+                continue  # a side not collected for this file
             cells = []
             for name in names:
                 if name not in a and name not in b:
@@ -319,6 +321,7 @@ def main() -> None:
     )
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--only", default="base,off,on", help="sides to collect now")
+    parser.add_argument("--files", default="", help="collect only these files (default: all)")
     args = parser.parse_args()
     work = args.work
     files = media(work, args.seconds)
@@ -327,7 +330,8 @@ def main() -> None:
     for side in args.only.split(","):
         if side:
             checkout, extra = sides[side]
-            collect(checkout, work / side, files, models, extra)
+            wanted = {k: p for k, p in files.items() if k in args.files.split(",")}
+            collect(checkout, work / side, wanted if args.files else files, models, extra)
     print(
         f"git {ROOT}: {subprocess.getoutput(f'git -C {ROOT} rev-parse --short HEAD')}; base "
         f"{args.base}: {subprocess.getoutput(f'git -C {args.base} rev-parse --short HEAD')}"

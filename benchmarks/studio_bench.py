@@ -179,13 +179,18 @@ def _table(off: dict[str, Any], on: dict[str, Any], parts: dict[str, Any]) -> No
         print(f"{name:<6}{run:>10.1f}{done:>10}{cells[0]}{cells[1][1:]}")
     run_sum = sum(p[1] for p in parts.values())
     load_sum = sum(p[0] for p in parts.values())
-    print(f"direct sum: runs {run_sum:.1f} s, with the loads {run_sum + load_sum:.1f} s")
+    cpu_sum = sum(p[2] for p in parts.values())
+    print(
+        f"direct sum: runs {run_sum:.1f} s, with the loads {run_sum + load_sum:.1f} s;"
+        f" the runs' CPU {cpu_sum:.1f} s"
+    )
     for label, service in (("savings off", off), ("savings on", on)):
         wall = service["wall"]
         print(
             f"service wall, {label}: {wall:.1f} s, ratio {wall / run_sum:.2f} against the runs"
             f" alone, {wall / (run_sum + load_sum):.2f} with the loads; CPU {service['cpu']:.1f}"
-            f" s, peak RSS {service['peak_rss'] / 2**20:.0f} MiB"
+            f" s ({service['cpu'] / cpu_sum:.2f} of the direct runs'), peak RSS"
+            f" {service['peak_rss'] / 2**20:.0f} MiB"
         )
     print("bar: savings on <= 0.4 of the direct runs' sum")
     print(

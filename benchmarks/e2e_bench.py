@@ -239,15 +239,24 @@ def scan(client: httpx.Client, drop: Path, video: Path) -> tuple[float, dict[str
 
 
 def through_service(
-    work: Path, models_dir: Path, warmup: Path, video: Path, results: Path | None = None
+    work: Path,
+    models_dir: Path,
+    warmup: Path,
+    video: Path,
+    results: Path | None = None,
+    extra_config: str = "",
 ) -> dict[str, Any]:
-    """The default deep scan of ``video`` on a fresh `momentry-edge run`, after a warm-up job;
-    each processor's result saved in ``results`` (``<name>.json``) when given."""
+    """The default deep scan of ``video`` on a fresh `momentry-edge run` (``extra_config``:
+    TOML added to its config), after a warm-up job; each processor's result saved in
+    ``results`` (``<name>.json``) when given."""
     root = work / "service"
     shutil.rmtree(root, ignore_errors=True)
     (root / "data").mkdir(parents=True)
     (root / "data" / "models").symlink_to(models_dir)
-    with service_process(root) as (url, proc), httpx.Client(base_url=url, timeout=30) as client:
+    with (
+        service_process(root, extra_config) as (url, proc),
+        httpx.Client(base_url=url, timeout=30) as client,
+    ):
         warm_seconds, _ = scan(client, root / "drop", warmup)
         print(f"service warm-up job: {warm_seconds:.1f} s", file=sys.stderr)
         ps = psutil.Process(proc.pid)
@@ -255,11 +264,12 @@ def through_service(
         with PeakRss(proc.pid) as rss:
             wall, job = scan(client, root / "drop", video)
         cpu = sum(ps.cpu_times()[:2]) - cpu
-        counts, spans = {}, {}
+        counts, spans, skipped = {}, {}, {}
         for name, run in job["processors"].items():
             spans[name] = _seconds(run["completed_at"]) - _seconds(run["started_at"])
             reply = client.get(f"/api/v1/files/{job['file_uuid']}/results/{name}")
             counts[name] = count(name, reply.json()["result"])
+            skipped[name] = int(reply.json()["result"].get("frames_skipped", 0))
             if results is not None:
                 results.mkdir(parents=True, exist_ok=True)
                 result = json.dumps(reply.json()["result"], indent=1, sort_keys=True)
@@ -270,6 +280,7 @@ def through_service(
             "peak_rss": rss.peak,
             "vm_hwm": vm_hwm(proc.pid),
             "counts": counts,
+            "skipped": skipped,
             "spans": spans,
         }
 

@@ -1,7 +1,7 @@
 """The frame pass: one decode of a video feeding every frame processor of a job, on one
 thread or shared out over several threads (``run_shared``); frames.py is the contract."""
 
-# One piece (~760 lines): the serial and the parallel feeders share the members'
+# One piece (~780 lines): the serial and the parallel feeders share the members'
 # bookkeeping, reports and checkpoints.
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from momentry_edge import media
 from momentry_edge.pictures import Converter
 
 from .base import PermanentError, Processor, ProcessorError, RunContext, Stop
-from .frames import FramePlan, FrameProcessor, Outcome, probe, video_geometry
+from .frames import CARRIED, FramePlan, FrameProcessor, Outcome, probe, video_geometry
 
 CHECKPOINT_SECONDS = 2.0  # of video between checkpoints: a resume redoes at most this much
 
@@ -482,6 +482,8 @@ class _Parallel:
                     cost = collections.Counter[int]()
                     for m in wanting:
                         if m.wants(index, seconds):
+                            if m.lanes and self._unchanged(m, index, seconds, images[m.key]):
+                                continue
                             thread = self._thread_for(m, cost)
                             tasks.setdefault(thread, []).append(m)
                     for thread, members in sorted(tasks.items()):
@@ -495,6 +497,19 @@ class _Parallel:
         except BaseException as exc:  # MediaError for the caller, or a bug: raised there
             self.error = exc
         self._mark(self.done, last=True)
+
+    def _unchanged(self, m: _Member, index: int, seconds: float, image: np.ndarray) -> bool:
+        """Whether ``m`` skips this frame (it is then found CARRIED, taken in order as the
+        rest); asked here, in frame order. A failure to tell is ``m``'s from this frame."""
+        try:
+            if not m.processor.unchanged(index, seconds, image):
+                return False
+        except BaseException as exc:
+            self._fail(m, index, frame_failure(m.processor, index, seconds, exc))
+            return True
+        with self.lock:
+            m.found[index] = (seconds, CARRIED)
+        return True
 
     def _thread_for(self, m: _Member, cost: collections.Counter[int]) -> int:
         """The thread to give ``m`` a frame: its owner, or with lanes the one with the least

@@ -11,11 +11,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import av
-import numpy as np
+if TYPE_CHECKING:
+    import av
+    import numpy as np
 
-from .media import _AV_ERRORS, MediaError, MediaNotFoundError, _message, _open, decode_tolerant
+from .media import MediaError, MediaNotFoundError, _message, _open, av_errors, decode_tolerant
 
 SAMPLE_RATE = 16_000
 _BLOCK = 500_000  # source samples per resample call
@@ -34,6 +36,9 @@ def decode(path: Path | str, track: int = 0, *, stereo: bool = False) -> np.ndar
 
     Raises ``MediaError`` (``MediaNotFoundError`` for a missing file).
     """
+    import av
+    import numpy as np
+
     with _open(path) as container:
         if track >= len(container.streams.audio):
             return None
@@ -74,7 +79,7 @@ def decode(path: Path | str, track: int = 0, *, stereo: bool = False) -> np.ndar
             resample(None)
         except FileNotFoundError:
             raise MediaNotFoundError(f"file not found: {path}") from None
-        except _AV_ERRORS as e:
+        except av_errors() as e:
             reason = f"truncated or corrupt: decoding audio failed: {_message(e)}"
             raise MediaError(reason) from None
     samples = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
@@ -104,6 +109,8 @@ def channels_apart(pair: np.ndarray) -> bool:
     match (correlation below 0.5 at any delay up to 1.5 ms: two people at once); or each
     channel is the louder by 10 dB or more in that many (one after the other). Dual mono,
     one microphone heard on both sides (bleed) or sound on one side only: not apart."""
+    import numpy as np
+
     length = pair.shape[1] // _WINDOW * _WINDOW
     if not length:
         return False
@@ -132,6 +139,8 @@ def louder_elsewhere(pair: np.ndarray, channel: int, start: float, end: float) -
     """Whether, between ``start`` and ``end`` seconds, the other channel of ``pair`` is
     the louder by 10 dB or more: what ``channel`` has there is the other microphone's
     speech bleeding in."""
+    import numpy as np
+
     a, b = max(0, round(start * SAMPLE_RATE)), min(pair.shape[1], round(end * SAMPLE_RATE))
     if b <= a:
         return False

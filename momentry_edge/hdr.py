@@ -12,9 +12,11 @@ BT.2390's EETF on the brightest channel (hue kept), and is encoded with a 2.4 ga
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 PQ, HLG = "pq", "hlg"
 # FFmpeg's AVColorTransferCharacteristic values that say a frame is HDR.
@@ -25,11 +27,12 @@ HLG_PEAK = 1000.0  # the nominal display HLG is shown on (system gamma 1.2)
 PQ_PEAK = 1000.0  # the mastering peak assumed for PQ (most content is graded to it)
 
 # BT.2087: linear BT.2020 RGB -> linear BT.709 RGB.
-_BT2020_TO_BT709 = np.array(
-    [[1.6605, -0.5876, -0.0728], [-0.1246, 1.1329, -0.0083], [-0.0182, -0.1006, 1.1187]],
-    np.float32,
+_BT2020_TO_BT709 = (
+    (1.6605, -0.5876, -0.0728),
+    (-0.1246, 1.1329, -0.0083),
+    (-0.0182, -0.1006, 1.1187),
 )
-_BT2020_LUMA = np.array([0.2627, 0.6780, 0.0593], np.float32)
+_BT2020_LUMA = (0.2627, 0.6780, 0.0593)
 
 _M1, _M2 = 2610 / 16384, 2523 / 4096 * 128
 _C1, _C2, _C3 = 3424 / 4096, 2413 / 4096 * 32, 2392 / 4096 * 32
@@ -43,18 +46,24 @@ def transfer(frame: Any) -> str | None:
 
 def pq_to_nits(signal: np.ndarray) -> np.ndarray:
     """SMPTE ST 2084's EOTF: a PQ signal in [0, 1] to display light in nits."""
+    import numpy as np
+
     p = np.power(np.clip(signal, 0, 1), 1 / _M2)
     return 10000 * np.power(np.maximum(p - _C1, 0) / (_C2 - _C3 * p), 1 / _M1)
 
 
 def nits_to_pq(nits: np.ndarray) -> np.ndarray:
     """The inverse of ``pq_to_nits``."""
+    import numpy as np
+
     y = np.power(np.clip(nits, 0, 10000) / 10000, _M1)
     return np.power((_C1 + _C2 * y) / (1 + _C3 * y), _M2)
 
 
 def hlg_to_scene(signal: np.ndarray) -> np.ndarray:
     """BT.2100's inverse HLG OETF: a signal in [0, 1] to scene light in [0, 1]."""
+    import numpy as np
+
     e = np.clip(signal, 0, 1)
     high = (np.exp((e - _HLG_C) / _HLG_A) + _HLG_B) / 12
     return np.where(e <= 0.5, e * e / 3, high)
@@ -63,6 +72,8 @@ def hlg_to_scene(signal: np.ndarray) -> np.ndarray:
 def _eetf_table(peak: float, size: int = 1024) -> tuple[np.ndarray, np.ndarray, float]:
     """BT.2390's EETF from [0, ``peak``] nits to [0, SDR_WHITE], as (in, out, knee) in
     units of SDR white, sampled evenly in PQ: below its knee (about 95 nits) light is kept."""
+    import numpy as np
+
     top = nits_to_pq(np.array(peak))
     e = np.linspace(0, 1, size)  # the source's PQ range, normalised
     target = nits_to_pq(np.array(SDR_WHITE)) / top
@@ -84,7 +95,11 @@ def _eetf_table(peak: float, size: int = 1024) -> tuple[np.ndarray, np.ndarray, 
 _STEPS = 4096
 
 
+# Made at the first HDR frame, not at import: probing a file (hdr.transfer) needs none of it.
+@functools.cache
 def _tables() -> dict[str, Any]:
+    import numpy as np
+
     codes = np.arange(65536, dtype=np.float64) / 65535
     light_in, light_out, knee = _eetf_table(max(PQ_PEAK, HLG_PEAK))
     # The brightest channel's light, on a square-root scale up to the peak -> the factor
@@ -105,25 +120,27 @@ def _tables() -> dict[str, Any]:
         "rolloff_scale": np.float32((_STEPS - 1) / np.sqrt(top)),
         # Light in [0, 1] on a square-root scale (fine steps near black) -> 8-bit, gamma 2.4.
         "encode": np.round(255 * np.power(codes, 2 / 2.4)).astype(np.uint8),
+        "to_bt709": np.array(_BT2020_TO_BT709, np.float32).T,
+        "luma": np.array(_BT2020_LUMA, np.float32),
     }
-
-
-_TABLES = _tables()
 
 
 def to_sdr(rgb48: np.ndarray, kind: str) -> np.ndarray:
     """An HxWx3 uint16 RGB frame in ``kind`` ("pq" or "hlg", BT.2020) as HxWx3 uint8
     SDR BT.709 RGB."""
-    light = _TABLES[kind][rgb48]  # float32, per channel
+    import numpy as np
+
+    tables = _tables()
+    light = tables[kind][rgb48]  # float32, per channel
     if kind == HLG:
         # The OOTF: a 1000-nit display lifts light by its luminance to the power 0.2.
-        luma = np.minimum(light @ _BT2020_LUMA, 1)
-        light *= _TABLES["ootf"][(np.sqrt(luma) * (_STEPS - 1) + 0.5).astype(np.int32)][..., None]
-    light = light @ _BT2020_TO_BT709.T
+        luma = np.minimum(light @ tables["luma"], 1)
+        light *= tables["ootf"][(np.sqrt(luma) * (_STEPS - 1) + 0.5).astype(np.int32)][..., None]
+    light = light @ tables["to_bt709"]
     np.maximum(light, 0, out=light)  # colours outside BT.709: clipped
     brightest = np.maximum(np.maximum(light[..., 0], light[..., 1]), light[..., 2])
     # Highlights rolled off on the brightest channel, the others scaled alike (hue kept).
-    steps = np.minimum(np.sqrt(brightest) * _TABLES["rolloff_scale"] + 0.5, _STEPS - 1)
-    light *= _TABLES["rolloff"][steps.astype(np.int32)][..., None]
+    steps = np.minimum(np.sqrt(brightest) * tables["rolloff_scale"] + 0.5, _STEPS - 1)
+    light *= tables["rolloff"][steps.astype(np.int32)][..., None]
     np.minimum(light, 1, out=light)
-    return _TABLES["encode"][(np.sqrt(light) * 65535 + 0.5).astype(np.int32)]
+    return tables["encode"][(np.sqrt(light) * 65535 + 0.5).astype(np.int32)]

@@ -20,19 +20,18 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import av
-import numpy as np
-from av.container import InputContainer
-from av.video.frame import VideoFrame
-from av.video.stream import VideoStream
+# PyAV and numpy load on first use, not with this module: the service imports it at start
+# (ingest probes uploads) and serves a long time before the first upload arrives.
+if TYPE_CHECKING:
+    import numpy as np
+    from av.container import InputContainer
+    from av.video.frame import VideoFrame
+    from av.video.stream import VideoStream
 
-from momentry_edge import hdr
-from momentry_edge.pictures import Converter, display_size, orientation, upright_size, usable_sar
-
-# What PyAV raises for unreadable, odd or vanished input.
-_AV_ERRORS = (av.FFmpegError, OSError, ValueError, EOFError)
+# FFmpeg's AV_TIME_BASE: a container's start_time and duration are in its units.
+_AV_TIME_BASE = 1_000_000
 
 EMPTY = "file is empty (0 bytes)"
 
@@ -122,6 +121,13 @@ class MediaNotFoundError(MediaError):
     """The file is not there. Often transient: uploads on network storage briefly vanish."""
 
 
+def av_errors() -> tuple[type[BaseException], ...]:
+    """What PyAV raises for unreadable, odd or vanished input."""
+    import av
+
+    return (av.FFmpegError, OSError, ValueError, EOFError)
+
+
 def probe(path: Path | str) -> MediaInfo:
     """Read the container and decode the first (and a late) video frame; a file with
     audio but no video track (an audio file) has its first audio frame decoded instead.
@@ -146,7 +152,7 @@ def probe(path: Path | str) -> MediaInfo:
         raise
     except FileNotFoundError:
         raise MediaNotFoundError(f"file not found: {path}") from None
-    except _AV_ERRORS as e:
+    except av_errors() as e:
         if is_transient(e):
             raise MediaError(f"cannot read file: {_message(e)}", transient=True) from None
         raise MediaError(f"truncated or corrupt: {_message(e)}") from None
@@ -167,6 +173,8 @@ def iter_frames(
     Starting later seeks to the keyframe before ``start_frame`` and decodes forward.
     Raises ``MediaError`` for unreadable input.
     """
+    from momentry_edge.pictures import Converter
+
     if start_frame < 0 or step < 1:
         raise ValueError("start_frame must be >= 0 and step >= 1")
     with _open(path) as container:
@@ -196,6 +204,8 @@ def iter_decoded(
 def sample_aspect_ratio(stream: VideoStream) -> Fraction:
     """The width / height of the stream's stored pixels (the container's, else the
     codec's, as FFmpeg guesses it); square when unset or implausible (see usable_sar)."""
+    from momentry_edge.pictures import usable_sar
+
     return usable_sar(stream.sample_aspect_ratio)
 
 
@@ -222,7 +232,7 @@ def _decode_indexed(
             if index < start_frame:
                 continue
             yield index, clock.seconds(frame.pts, index), frame
-    except _AV_ERRORS as e:
+    except av_errors() as e:
         raise MediaError(
             f"truncated or corrupt: decoding failed after frame {index}: {_message(e)}"
         ) from None
@@ -287,6 +297,8 @@ def _decode_from(
 def decode_tolerant(container: InputContainer, stream: Any) -> Iterator[Any]:
     """``container.decode(stream)``, but a damaged stretch mid-file is skipped, as
     players do, instead of ending the run; indices stay exact (they come from pts)."""
+    import av
+
     bad = 0  # consecutive packets the decoder rejected
     for packet in container.demux(stream):
         try:
@@ -303,13 +315,15 @@ def decode_tolerant(container: InputContainer, stream: Any) -> Iterator[Any]:
 
 
 def _open(path: Path | str) -> InputContainer:
+    import av
+
     try:
         return av.open(str(path), metadata_errors="replace")
     except FileNotFoundError:
         raise MediaNotFoundError(f"file not found: {path}") from None
     except PermissionError:
         raise MediaError(f"cannot read file: permission denied: {path}", transient=True) from None
-    except _AV_ERRORS as e:
+    except av_errors() as e:
         if is_transient(e):
             raise MediaError(f"cannot read file: {_message(e)}", transient=True) from None
         if _looks_like_media(Path(path)):
@@ -322,6 +336,8 @@ def _open(path: Path | str) -> InputContainer:
 def video_stream(container: InputContainer) -> VideoStream | None:
     """The first video track that moves: cover art (an mp3's or m4a's attached picture)
     is a still image that players show beside the sound, not video."""
+    import av
+
     for stream in container.streams.video:
         if not stream.disposition & av.stream.Disposition.attached_pic:
             return stream
@@ -333,11 +349,16 @@ def has_video(path: Path | str) -> bool | None:
     try:
         with _open(path) as container:
             return video_stream(container) is not None
-    except (MediaError, *_AV_ERRORS):
+    except MediaError:
+        return None
+    except av_errors():
         return None
 
 
 def _probe_open(container: InputContainer, size: int) -> MediaInfo:
+    from momentry_edge import hdr
+    from momentry_edge.pictures import display_size, orientation, upright_size
+
     video = video_stream(container)
     audio = container.streams.audio[0] if container.streams.audio else None
     if video is None:
@@ -348,7 +369,7 @@ def _probe_open(container: InputContainer, size: int) -> MediaInfo:
     fps = float(clock.rate)
 
     if container.duration:
-        duration = container.duration / av.time_base
+        duration = container.duration / _AV_TIME_BASE
     elif video.duration:
         duration = float(video.duration * clock.time_base)
     else:
@@ -393,7 +414,7 @@ def codec_name(ctx: Any) -> str:
 def _probe_audio(container: InputContainer, audio: Any, size: int) -> MediaInfo:
     """An audio file: its length and codec, once a frame of it decodes."""
     if container.duration:
-        duration = container.duration / av.time_base
+        duration = container.duration / _AV_TIME_BASE
     elif audio.duration and audio.time_base:
         duration = float(audio.duration * audio.time_base)
     else:
@@ -417,6 +438,8 @@ def _probe_audio(container: InputContainer, audio: Any, size: int) -> MediaInfo:
 
 def _first_frame(container: InputContainer, stream: Any) -> Any:
     """The first frame that decodes (within _PROBE_PACKETS), or None."""
+    import av
+
     try:
         for n, packet in enumerate(container.demux(stream)):
             if n >= _PROBE_PACKETS:
@@ -426,7 +449,7 @@ def _first_frame(container: InputContainer, stream: Any) -> Any:
                     return frames[0]
             except av.InvalidDataError:
                 continue  # a damaged packet; a later keyframe may still decode
-    except _AV_ERRORS:
+    except av_errors():
         pass  # demuxing failed: judged as undecodable
     return None
 
@@ -441,9 +464,9 @@ def _ends_early(
     """
     try:
         container.seek(clock.pts_at(Fraction(duration) - 1), stream=video, backward=True)
-    except _AV_ERRORS:
+    except av_errors():
         return False  # not seekable: cannot tell cheaply, so accept
-    start = (container.start_time or 0) / av.time_base
+    start = (container.start_time or 0) / _AV_TIME_BASE
     end = 0.0
     decoded = keyed = False
     try:
@@ -454,7 +477,7 @@ def _ends_early(
             if packet.pts is not None and packet.time_base is not None:
                 stop = float((packet.pts + (packet.duration or 0)) * packet.time_base) - start
                 end = max(end, stop)
-    except _AV_ERRORS:
+    except av_errors():
         pass  # reading failed part way: judge by what was read
     # A seek that lands between keyframes (MPEG-TS is sought by bytes) reads no keyframe
     # before the end: nothing can decode from there, which says nothing of the file.

@@ -17,12 +17,11 @@ import math
 import struct
 from collections.abc import Sequence
 from fractions import Fraction
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import numpy as np
-from av.sidedata.sidedata import Type
-from av.video.frame import VideoFrame
-from av.video.reformatter import VideoReformatter
+if TYPE_CHECKING:
+    import numpy as np
+    from av.video.frame import VideoFrame
 
 from momentry_edge import hdr
 
@@ -63,6 +62,8 @@ UPRIGHT = Orientation()
 def orientation(frame: VideoFrame) -> Orientation:
     """The frame's display matrix as quarter turns and a flip (UPRIGHT without one).
     PyAV's ``rotation`` alone reads a flipped matrix as a half turn or as none."""
+    from av.sidedata.sidedata import Type
+
     side_data: Any = frame.side_data  # PyAV's stubs know only its motion vectors
     if not side_data:  # most video: none at all, and this is the cheap test
         return UPRIGHT
@@ -115,11 +116,15 @@ class Converter:
     """
 
     def __init__(self, size: tuple[int, int] | None, fmt: str, sar: Fraction = SQUARE) -> None:
+        from av.video.reformatter import VideoReformatter
+
         self.size, self.fmt, self.sar = size, fmt, sar
         self._scale = VideoReformatter()
         self._convert = VideoReformatter()
 
     def __call__(self, frame: VideoFrame) -> np.ndarray:
+        import numpy as np
+
         turns, mirrored = orientation(frame)
         if self.size is None:
             width, height = display_size(frame.width, frame.height, self.sar)

@@ -16,7 +16,7 @@ import sqlite3
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import (
     __version__,
@@ -52,11 +52,13 @@ from .search import index as search_index
 from .search import meaning as search_meaning
 from .sidecars.alerts import AlertSender
 from .sidecars.callbacks import CallbackSender
-from .sidecars.mirror import RedisMirror
 from .store import Job, JobStatus, MediaFile
 from .upkeep import backup, dbcheck, housekeeping
 from .worker.dispatch import Workers
 from .worker.gate import Gate, disk_space
+
+if TYPE_CHECKING:
+    from .sidecars.mirror import RedisMirror
 
 log = logging.getLogger(__name__)
 
@@ -746,7 +748,9 @@ def _registry(config: Config) -> Registry:
 
 def _redis_mirror(url: str) -> RedisMirror | None:
     if not url:
-        return None
+        return None  # redis-py not loaded either
+    from .sidecars.mirror import RedisMirror
+
     try:
         return RedisMirror(url)
     except ValueError as exc:  # redis-py's word for a URL it cannot use

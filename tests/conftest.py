@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from databases import scratch_postgres
+from databases import drop_emptied, queue_postgres
 from frame_media import pull_models
 from media_factory import make_video
 
@@ -277,12 +277,17 @@ class ServiceProcess:
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def database_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    """An empty database of each kind the service supports."""
+    """An empty queue database of each kind the service supports: SQLite's is made in the
+    data dir at the service's first start; PostgreSQL's holds the schema and no rows."""
     if request.param == "sqlite":
         yield ""
         return
-    with scratch_postgres() as url:
+    with queue_postgres() as url:
         yield url
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    drop_emptied()  # the PostgreSQL databases this process kept for its next tests
 
 
 @pytest.fixture

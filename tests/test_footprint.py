@@ -7,9 +7,10 @@ import pytest
 from conftest import ServiceProcess
 
 # Not for an idle service: an HTTP client (callbacks, alerts and model pulls load it when
-# they post), the terminal tables of the CLI, and OpenCV (the cut processor's, per job).
+# they post), the terminal tables of the CLI, OpenCV (the cut processor's, per job), numpy
+# and PyAV (a probe's and a job's), Pillow (thumbnails).
 NOT_AT_START = (
-    *("httpx", "click", "rich", "pygments", "scenedetect", "cv2"),
+    *("httpx", "click", "rich", "pygments", "scenedetect", "cv2", "numpy", "av", "PIL"),
     *("tokenizers", "safetensors"),  # the sentence model: on first search by meaning
 )
 

@@ -99,6 +99,9 @@ class Processor:
 
     name: ClassVar[str]
     version: ClassVar[str] = "1"
+    # Fed decoded frames, in one decode pass with the job's other frame processors
+    # (frames.FrameProcessor sets it; sharing.py asks it without loading numpy and PyAV).
+    frame_pass: ClassVar[bool] = False
     backend: str = "builtin"
     model: str | None = None
 

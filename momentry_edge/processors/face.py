@@ -15,9 +15,10 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 from .. import native_stderr
 from .backends import Backend
@@ -97,6 +98,8 @@ class FaceProcessor(SampledProcessor):
         super().load()
 
     def detect(self, image: np.ndarray) -> list[dict[str, Any]]:
+        import numpy as np
+
         height, width = image.shape[:2]
         found: list[tuple[Box, float]] = list(self._look(image, 0, 0))
         if self._run.get("tiles", True):

@@ -17,10 +17,11 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-from av.video.frame import VideoFrame
+if TYPE_CHECKING:
+    import numpy as np
+    from av.video.frame import VideoFrame
 
 from momentry_edge import media
 from momentry_edge.pictures import Converter
@@ -681,6 +682,7 @@ def _convert(
 ) -> dict[tuple[Any, str], np.ndarray]:
     """The frame converted once per (size, pixel format) that a member wants at ``index``
     (upright, contiguous, read-only: see pictures.py)."""
+
     images: dict[tuple[Any, str], np.ndarray] = {}
     for m in members:
         if m.wants(index, seconds) and m.key not in images:

@@ -32,9 +32,10 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 from momentry_edge import media
 
@@ -112,6 +113,8 @@ class FramePlan:
 
 class FrameProcessor(Processor):
     """A processor fed decoded frames; several share one decode (see ``run_shared``)."""
+
+    frame_pass: ClassVar[bool] = True
 
     # Where this run may write files beside its result (``run_shared`` sets it before ``plan``).
     output_dir: Path | None = None

@@ -17,9 +17,10 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-from PIL import Image
+if TYPE_CHECKING:
+    import numpy as np
 
 from .. import durable, trees
 from ..outputs import THUMBNAILS, give_mode, make_dir
@@ -38,6 +39,7 @@ def work_folder(output_dir: Path) -> Path:
 
 class Keyframes:
     def __init__(self, output_dir: Path, max_side: int, *, fresh: bool) -> None:
+
         self.final = output_dir / THUMBNAILS
         self.work = work_folder(output_dir)
         if fresh:
@@ -72,6 +74,9 @@ class Keyframes:
 
     def close(self, end: int) -> None:
         """Write the thumbnail of the open scene, frames [start, end)."""
+        import numpy as np
+        from PIL import Image
+
         held = [(i, image) for i, image in self._samples if self.start <= i < end]
         if not held:
             return  # resumed inside this scene past its middle, or an empty scene

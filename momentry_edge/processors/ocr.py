@@ -10,9 +10,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 from .backends import Backend
 from .base import PermanentError
@@ -104,12 +105,16 @@ class DetInput:
     """
 
     def __init__(self, preprocess: Any) -> None:
+        import numpy as np
+
         self.resize = preprocess.resize
         levels = np.broadcast_to(np.arange(256, dtype=np.uint8)[:, None], (256, 3))
         normalized = preprocess.normalize(levels[None])[0]  # (level, channel)
         self.table = np.ascontiguousarray(normalized.astype(np.float32).T)
 
     def __call__(self, img: np.ndarray) -> np.ndarray | None:
+        import numpy as np
+
         resized = self.resize(img)
         if resized is None:
             return None

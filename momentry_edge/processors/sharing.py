@@ -8,9 +8,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import asr, frame_pass, transcription
 from .base import Processor, RunContext
-from .frames import FrameProcessor
+
+# The processors' own modules (numpy, PyAV, the model libraries) load when a job needs them:
+# a service that runs only other processors, or none yet, never loads them.
 
 # An instance of a processor to look at (its class, its settings), not to run; None if broken.
 Peek = Callable[[str], Processor | None]
@@ -19,7 +20,7 @@ Peek = Callable[[str], Processor | None]
 def groups(names: Sequence[str], peek: Peek) -> list[list[int]]:
     """The positions of a job's processors (``names``, in order), one per group, except
     for work that is shared: in one group, at its first member's place."""
-    frame = [i for i, name in enumerate(names) if isinstance(peek(name), FrameProcessor)]
+    frame = [i for i, name in enumerate(names) if _in_frame_pass(peek(name))]
     speech = [i for i, name in enumerate(names) if name in ("asr", "asrx")]
     if len(speech) != 2 or not _can_share(peek("asr"), peek("asrx")):
         speech = []
@@ -33,7 +34,13 @@ def groups(names: Sequence[str], peek: Peek) -> list[list[int]]:
     return grouped
 
 
+def _in_frame_pass(processor: Processor | None) -> bool:
+    return processor is not None and processor.frame_pass
+
+
 def _can_share(first: Processor | None, second: Processor | None) -> bool:
+    from . import asr
+
     return first is not None and second is not None and asr.can_share(first, second)
 
 
@@ -41,7 +48,7 @@ def frame_pass_threads(names: Sequence[str], peek: Peek, budget: int) -> int | N
     """The threads a group gets if it is the frame pass (None if it is not): the pass is a
     job's long part, so it gets the job's whole budget (frame_pass.run_shared adds its decode
     thread) when a member's frames are independent (shared out), else one per member."""
-    if not names or not isinstance(peek(names[0]), FrameProcessor):
+    if not names or not _in_frame_pass(peek(names[0])):
         return None
     if any(getattr(peek(name), "independent_frames", False) for name in names):
         return budget
@@ -56,7 +63,9 @@ def run_together(
 ) -> list[Any]:
     """Each member's result, or the exception it ended with: a group of ``groups`` run
     as one (``spare(i)`` another instance of member ``i``'s processor, for the frame pass)."""
-    if members and isinstance(members[0][0], FrameProcessor):
+    if members and members[0][0].frame_pass:
+        from . import frame_pass
+
         return frame_pass.run_shared(
             media_path,
             members,  # type: ignore[arg-type]
@@ -64,6 +73,8 @@ def run_together(
             spare=spare,  # type: ignore[arg-type]
         )
     if len(members) > 1:
+        from . import transcription
+
         return transcription.run_shared(media_path, members)  # type: ignore[arg-type]
     return [outcome(processor, ctx) for processor, ctx in members]
 

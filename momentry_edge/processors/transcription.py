@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 from momentry_edge import audio, media
 from momentry_edge.processors.base import PermanentError, ProcessorError, RunContext, Stop
@@ -101,6 +102,8 @@ class Chunk:
         return self.spans[-1][1] / SAMPLE_RATE
 
     def samples(self, pcm: np.ndarray) -> np.ndarray:
+        import numpy as np
+
         return np.concatenate([pcm[a:b] for a, b in self.spans])
 
     def to_file_time(self, t: float, *, is_end: bool = False) -> float:
@@ -191,6 +194,7 @@ class _Transcription:
     def __init__(
         self, media_path: Path, members: Sequence[tuple[AsrProcessor, RunContext]]
     ) -> None:
+
         self.media_path = media_path
         self.members = list(members)
         self.active = list(range(len(members)))  # slots still running
@@ -428,6 +432,8 @@ def _decode(path: Path) -> tuple[list[Source], list[np.ndarray], dict[int, np.nd
     track as one, its channels mixed; a stereo track whose channels carry different
     speech as two, left and right. 5.1 and other layouts are mixed into one (as
     FFmpeg mixes them, the centre's dialogue foremost)."""
+    import numpy as np
+
     try:
         tracks = audio.decode_tracks(path)
         channels = audio.channel_counts(path)

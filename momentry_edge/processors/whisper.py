@@ -11,9 +11,10 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 from momentry_edge.processors.backends import MLX_HINT, Backend
 from momentry_edge.processors.subtitles import Norms

@@ -16,9 +16,10 @@ import ast
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 from .. import weights
 from .backends import APPLE_HINT, Backend, resolve_model
@@ -122,6 +123,7 @@ class OrtYolo:
     backend = "onnxruntime"
 
     def __init__(self, path: Path, max_det: int = 300) -> None:
+        import numpy as np
         import onnxruntime as ort  # imported here: the service starts without [ml]
 
         options = ort.SessionOptions()
@@ -149,6 +151,8 @@ class OrtYolo:
         self.max_det = max_det
 
     def detect(self, rgb: np.ndarray, conf: float, iou: float) -> list[Detection]:
+        import numpy as np
+
         tensor, gain, pad = letterbox(rgb, self.shape)
         (output,) = self.session.run(None, {self.input_name: tensor.astype(self.dtype, copy=False)})
         boxes, scores, classes = decode(np.asarray(output, np.float32)[0], conf)
@@ -186,6 +190,8 @@ class UltralyticsYolo:
         self.names = {int(k): str(v) for k, v in self.model.names.items()}
 
     def detect(self, rgb: np.ndarray, conf: float, iou: float) -> list[Detection]:
+        import numpy as np
+
         result = self.model.predict(
             np.ascontiguousarray(rgb[:, :, ::-1]),  # ultralytics takes arrays as BGR
             imgsz=self.imgsz,
@@ -232,6 +238,7 @@ def letterbox(
     Returns the NCHW float tensor in [0, 1], the scale and the (left, top) padding.
     """
     import cv2
+    import numpy as np
 
     height, width = rgb.shape[:2]
     gain = min(shape[0] / height, shape[1] / width)
@@ -253,6 +260,8 @@ def letterbox(
 
 def decode(output: np.ndarray, conf: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A YOLOv8/11 head (4 + classes, anchors) -> xyxy boxes, scores, classes above ``conf``."""
+    import numpy as np
+
     rows = output.T  # (anchors, 4 + classes)
     scores_all = rows[:, 4:]
     classes = scores_all.argmax(axis=1)
@@ -265,6 +274,8 @@ def decode(output: np.ndarray, conf: float) -> tuple[np.ndarray, np.ndarray, np.
 
 def nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, iou: float) -> list[int]:
     """Greedy per-class non-maximum suppression; indices kept, best first."""
+    import numpy as np
+
     # Shifting each class far apart lets one pass suppress within classes only.
     shifted = boxes + (classes.astype(np.float32) * 7680.0)[:, None]
     order = list(np.argsort(-scores, kind="stable"))

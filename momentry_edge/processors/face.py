@@ -84,6 +84,8 @@ class FaceProcessor(SampledProcessor):
         return {"min_confidence": score, "tiles": use_tiles}
 
     def load(self) -> None:
+        import numpy as np
+
         state = self.readiness()
         if not state.ready:
             raise PermanentError(state.reason or "face: not ready")

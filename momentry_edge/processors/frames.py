@@ -75,6 +75,8 @@ class Glance:
         self.means = cv2.resize(image, size, interpolation=cv2.INTER_AREA)
 
     def same(self, other: Glance) -> bool:
+        import numpy as np
+
         if self.means.shape != other.means.shape:
             return False
         apart = np.abs(self.means.astype(np.int16) - other.means.astype(np.int16))
@@ -82,11 +84,15 @@ class Glance:
 
     def dump(self) -> dict[str, Any]:
         """JSON-able (for a checkpoint: 10.8 kB of means at 1280x720, base64)."""
+        import numpy as np
+
         data = base64.b64encode(np.ascontiguousarray(self.means, np.uint8).tobytes())
         return {"shape": list(self.means.shape), "means": data.decode("ascii")}
 
     @classmethod
     def load(cls, dumped: Mapping[str, Any]) -> Glance:
+        import numpy as np
+
         glance = cls.__new__(cls)
         means = np.frombuffer(base64.b64decode(dumped["means"]), np.uint8)
         glance.means = means.reshape([int(n) for n in dumped["shape"]])

@@ -39,7 +39,6 @@ def work_folder(output_dir: Path) -> Path:
 
 class Keyframes:
     def __init__(self, output_dir: Path, max_side: int, *, fresh: bool) -> None:
-
         self.final = output_dir / THUMBNAILS
         self.work = work_folder(output_dir)
         if fresh:

@@ -85,6 +85,8 @@ class PoseProcessor(SampledProcessor):
         return {"min_confidence": score}
 
     def load(self) -> None:
+        import numpy as np
+
         self.require_backend()
         mp = import_mediapipe()
         # MediaPipe's own lines (its graphs starting, their first runs) go to our log, not

@@ -22,13 +22,16 @@ samples) is indexed the way a completed run is (stored_results.keep's index step
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
 import random
 import statistics
 import string
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,7 +42,8 @@ from databases import scratch_postgres  # noqa: E402
 
 from momentry_edge import store  # noqa: E402
 from momentry_edge.search import index, query  # noqa: E402
-from momentry_edge.store import MediaFile  # noqa: E402
+from momentry_edge.store import MediaFile, SearchIndexed  # noqa: E402
+from momentry_edge.words import indexed  # noqa: E402
 
 SEGMENTS_PER_FILE = 200
 LABELS = ["person", "car", "chair", "cup", "laptop", "dog", "bottle", "tv", "book", "phone"]
@@ -86,64 +90,90 @@ def zipf_weights(size: int, s: float = 1.07) -> list[float]:
     return [1 / (rank**s) for rank in range(1, size + 1)]
 
 
-def fill(segments: int, rng: random.Random, words: list[str], weights: list[float]) -> list[str]:
-    """Index ``segments`` transcript segments (and their share of OCR lines and labels);
-    returns a sample of the segments' texts (for phrases)."""
+def fill(
+    segments: int, rng: random.Random, words: list[str], cum_weights: list[float]
+) -> list[str]:
+    """Put ``segments`` transcript segments (and their share of OCR lines and labels, as
+    the spans moments.py makes) in the index in bulk: the terms folded and stemmed as in
+    a job (words.indexed), the rows written by COPY (PostgreSQL, its GIN index made after)
+    or executemany in large transactions (SQLite, the FTS5 triggers kept). Returns a
+    sample of the segments' texts (for phrases)."""
     files = max(1, segments // SEGMENTS_PER_FILE)
     database = MediaFile._meta.database
-    samples = []
+    postgres = store.is_postgres(database)
+    now = time.time()
+    file_rows = [
+        {
+            "file_uuid": f"{f:032x}",
+            "path": f"/drop/day{f % 30}/clip{f}.mp4",
+            "watch_root": "/drop",
+            "rel_path": f"day{f % 30}/clip{f}.mp4",
+            "name": f"clip{f}.mp4",
+            "folded_name": f"clip{f}.mp4",
+            "registered_at": now - (files - f) * 60,
+        }
+        for f in range(files)
+    ]
+    with database.atomic():
+        for at in range(0, files, 500):
+            MediaFile.insert_many(file_rows[at : at + 500]).execute()
+    ids = [row[0] for row in store.execute("SELECT id FROM media_file ORDER BY id").fetchall()]
+    if postgres:  # one GIN index built at the end costs a fraction of one kept per row
+        database.execute_sql("DROP INDEX IF EXISTS search_entry_tsv")
+    samples: list[str] = []
     started = time.perf_counter()
-    for f in range(files):
-        record = MediaFile.create(
-            file_uuid=f"{f:032x}",
-            path=f"/drop/day{f % 30}/clip{f}.mp4",
-            watch_root="/drop",
-            rel_path=f"day{f % 30}/clip{f}.mp4",
-            name=f"clip{f}.mp4",
-            folded_name=f"clip{f}.mp4",
-        )
-        texts = [
-            " ".join(rng.choices(words, weights, k=rng.randint(8, 16)))
-            for _ in range(SEGMENTS_PER_FILE)
-        ]
+    batch: list[tuple] = []
+
+    def text(k: int) -> str:
+        return " ".join(rng.choices(words, cum_weights=cum_weights, k=k))
+
+    for done, file_id in enumerate(ids, start=1):
+        texts = [text(rng.randint(8, 16)) for _ in range(SEGMENTS_PER_FILE)]
         samples += texts[:2]
-        asr = {
-            "status": "completed",
-            "result": {
-                "segments": [
-                    {"start": i * 18.0, "end": i * 18.0 + 4, "text": t} for i, t in enumerate(texts)
-                ]
-            },
-        }
-        lines = [" ".join(rng.choices(words, weights, k=3)) for _ in range(SEGMENTS_PER_FILE // 10)]
-        ocr = {
-            "status": "completed",
-            "result": {
-                "sample_fps": 1,
-                "frames": [
-                    {"timestamp": i * 180.0 + k, "lines": [{"text": line}]}
-                    for i, line in enumerate(lines)
-                    for k in range(3)
-                ],
-            },
-        }
-        yolo = {
-            "status": "completed",
-            "result": {
-                "sample_fps": 1,
-                "frames": [
-                    {"timestamp": i * 360.0, "detections": [{"label": rng.choice(LABELS)}]}
-                    for i in range(SEGMENTS_PER_FILE // 20)
-                ],
-            },
-        }
-        with store.write_transaction(database):
-            for name, document in (("asr", asr), ("ocr", ocr), ("yolo", yolo)):
-                index.put(record.id, name, json.dumps(document).encode())
-        if f and f % 100 == 0:
-            rate = f * SEGMENTS_PER_FILE / (time.perf_counter() - started)
-            print(f"  {f * SEGMENTS_PER_FILE:,} segments indexed ({rate:,.0f}/s)", flush=True)
+        moments = [("asr", i * 18.0, i * 18.0 + 4, t) for i, t in enumerate(texts)]
+        moments += [
+            ("ocr", i * 180.0, i * 180.0 + 8, text(3)) for i in range(SEGMENTS_PER_FILE // 10)
+        ]
+        moments += [
+            ("yolo", i * 360.0, i * 360.0 + 30, rng.choice(LABELS))
+            for i in range(SEGMENTS_PER_FILE // 20)
+        ]
+        batch += [(file_id, name, a, b, t, indexed(t)) for name, a, b, t in moments]
+        if len(batch) >= 50_000 or done == len(ids):
+            _write(database, batch)
+            batch = []
+            rate = done * SEGMENTS_PER_FILE / (time.perf_counter() - started)
+            print(f"  {done * SEGMENTS_PER_FILE:,} segments indexed ({rate:,.0f}/s)", flush=True)
+    with database.atomic():
+        indexed_rows = [{"file": i, "processor": p} for i in ids for p in ("asr", "ocr", "yolo")]
+        for at in range(0, len(indexed_rows), 500):
+            SearchIndexed.insert_many(indexed_rows[at : at + 500]).execute()
+    if postgres:
+        at = time.perf_counter()
+        database.execute_sql("SET maintenance_work_mem = '256MB'")
+        database.execute_sql("CREATE INDEX search_entry_tsv ON search_entry USING GIN (tsv)")
+        print(f"  GIN index built in {time.perf_counter() - at:.0f} s", flush=True)
+        database.execute_sql("VACUUM ANALYZE search_entry, media_file")
     return samples
+
+
+COLUMNS = ("file_id", "processor", "start", "end", "text", "terms")
+
+
+def _write(database, batch: list[tuple]) -> None:
+    if store.is_postgres(database):
+        with database.atomic():
+            cursor = database.cursor()
+            columns = ", ".join(f'"{c}"' for c in COLUMNS)
+            with cursor.copy(f"COPY search_entry ({columns}) FROM STDIN") as copy:
+                for row in batch:
+                    copy.write_row(row)
+        return
+    with database.atomic():
+        columns = ", ".join(f'"{c}"' for c in COLUMNS)
+        database.cursor().executemany(
+            f"INSERT INTO search_entry ({columns}) VALUES (?, ?, ?, ?, ?, ?)", batch
+        )
 
 
 def queries(
@@ -162,6 +192,24 @@ def queries(
             word = rng.choices(words[30:], weights[30:])[0]
             drawn.append(("prefix", word[: max(3, len(word) - 2)] + "*"))
     return drawn
+
+
+def cpu_clock(database) -> Callable[[], float]:
+    """Seconds of CPU used so far by this process and, on PostgreSQL (a local server), by
+    the server process of its connection: what a query costs, whatever the load."""
+    if not store.is_postgres(database):
+        return time.process_time
+    backend = Path(f"/proc/{store.execute('SELECT pg_backend_pid()').fetchone()[0]}/stat")
+    ticks = os.sysconf("SC_CLK_TCK")
+
+    def used() -> float:
+        try:
+            fields = backend.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # a remote server
+            return time.process_time()
+        return time.process_time() + (int(fields[11]) + int(fields[12])) / ticks
+
+    return used
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -209,9 +257,7 @@ def run(kind: str, url: str, args: argparse.Namespace) -> None:
         empty = database_bytes(database, data_dir)
         print(f"\n{kind}: indexing {args.segments:,} segments ...", flush=True)
         started = time.perf_counter()
-        texts = fill(args.segments, rng, words, weights)
-        if store.is_postgres(database):
-            database.execute_sql("VACUUM ANALYZE search_entry")
+        texts = fill(args.segments, rng, words, list(itertools.accumulate(weights)))
         filled = time.perf_counter() - started
         grown = database_bytes(database, data_dir) - empty
         hours = max(1, args.segments // SEGMENTS_PER_FILE)
@@ -224,28 +270,21 @@ def run(kind: str, url: str, args: argparse.Namespace) -> None:
         drawn = queries(args.queries, rng, words, weights, texts)
         for q in drawn[:20]:  # warm the caches, as a running service has them
             query.search(q[1], query.Filters(), 20, 0)
-        times: dict[str, list[float]] = {"word": [], "phrase": [], "prefix": []}
+        cpu = cpu_clock(database)
+        walls: dict[str, list[float]] = {"word": [], "phrase": [], "prefix": []}
+        cpus: dict[str, list[float]] = {"word": [], "phrase": [], "prefix": []}
         estimated = 0
         for kind_of, q in drawn:
-            at = time.perf_counter()
+            at, used = time.perf_counter(), cpu()
             found = query.search(q, query.Filters(), 20, 0)
-            times[kind_of].append((time.perf_counter() - at) * 1000)
+            walls[kind_of].append((time.perf_counter() - at) * 1000)
+            cpus[kind_of].append((cpu() - used) * 1000)
             estimated += not found["total_exact"]
-        everything = [t for ts in times.values() for t in ts]
-        print(f"{'queries':<22}{'n':>6}{'p50 ms':>10}{'p95 ms':>10}{'max ms':>10}")
-        for name, ts in [*times.items(), ("all", everything)]:
-            if ts:
-                print(
-                    f"{name:<22}{len(ts):>6}{statistics.median(ts):>10.1f}"
-                    f"{percentile(ts, 95):>10.1f}{max(ts):>10.1f}"
-                )
-        print(
-            f"({estimated} of {len(drawn)} answers had more than {query.CANDIDATES:,} matches:"
-            " ranked among the newest, total a lower bound)"
-        )
-        like = []
+        walls["all"] = [t for ts in walls.values() for t in ts]
+        cpus["all"] = [t for ts in cpus.values() for t in ts]
+        like_walls, like_cpus = [], []
         for _, word in [d for d in drawn if d[0] == "word"][: args.like]:
-            at = time.perf_counter()
+            at, used = time.perf_counter(), cpu()
             store.execute(
                 "SELECT id FROM search_entry WHERE LOWER(text) LIKE ? ORDER BY id DESC LIMIT 20",
                 f"%{word}%",
@@ -253,12 +292,29 @@ def run(kind: str, url: str, args: argparse.Namespace) -> None:
             store.execute(
                 "SELECT COUNT(*) FROM search_entry WHERE LOWER(text) LIKE ?", f"%{word}%"
             ).fetchone()
-            like.append((time.perf_counter() - at) * 1000)
-        if like:
-            print(
-                f"{'LIKE %word% (+count)':<22}{len(like):>6}{statistics.median(like):>10.1f}"
-                f"{percentile(like, 95):>10.1f}{max(like):>10.1f}"
-            )
+            like_walls.append((time.perf_counter() - at) * 1000)
+            like_cpus.append((cpu() - used) * 1000)
+        walls["LIKE %word% (+count)"], cpus["LIKE %word% (+count)"] = like_walls, like_cpus
+        print(f"  load average {os.getloadavg()[0]:.1f} after the queries ({os.cpu_count()} cores)")
+        print(
+            f"{'queries':<22}{'n':>6}{'p50 ms':>9}{'p95 ms':>9}{'max ms':>9}"
+            f"{'CPU p50':>9}{'CPU p95':>9}{'p95 / LIKE':>12}"
+        )
+        like_p95 = percentile(like_walls, 95) if like_walls else float("nan")
+        for name, ts in walls.items():
+            if ts:
+                print(
+                    f"{name:<22}{len(ts):>6}{statistics.median(ts):>9.1f}"
+                    f"{percentile(ts, 95):>9.1f}{max(ts):>9.1f}"
+                    f"{statistics.median(cpus[name]):>9.1f}{percentile(cpus[name], 95):>9.1f}"
+                    f"{percentile(ts, 95) / like_p95:>12.3f}"
+                )
+        print(
+            f"({estimated} of {len(drawn)} answers had more than {query.CANDIDATES:,} matches,"
+            " or were phrases of common words: ranked among the newest, total a lower bound;"
+            f" the LIKE scan sampled: the first {len(like_walls)} words, each also counted;"
+            " CPU: this process's and, on PostgreSQL, its server process's)"
+        )
 
         documents = one_hour_documents(rng, words, weights)
         written = {name: len(json.dumps(doc, indent=2).encode()) for name, doc in documents.items()}

@@ -26,7 +26,7 @@ from ..errors import Invalid
 from ..store import MediaFile, ResultPart, SearchEntry
 from ..words import fold, is_cjk, stem, terms, word_terms, words
 from . import index
-from .moments import SEARCHED
+from .moments import SEARCHED, TRANSCRIPTS
 
 MAX_QUERY = 1000  # characters
 MAX_CLAUSES = 16
@@ -198,6 +198,7 @@ def _name_hits(query: Query, filters: Filters) -> list[dict[str, Any]]:
             "end": None,
             "text": name,
             "score": None,
+            "sources": ["name"],
         }
         for file_id, uuid, name, rel_path in store.rows(found)
     ]
@@ -226,8 +227,9 @@ def _moment_hits(
         'e.id, e.file_id, m.file_uuid, m.name, m.rel_path, e.processor, e.start, e."end", e.text'
     )
     # The candidates: the newest matches (the index read newest first, stopped at the
-    # bound); then scored, counted and the best ``wanted`` kept, before the rows are read
-    # whole and joined to their files.
+    # bound); then a transcript's twins made one, scored, counted and the best ``wanted``
+    # kept, before the rows are read whole and joined to their files.
+    moment = 'e.id, e.file_id, e.processor, e.start, e."end"'
     if store.is_postgres(database):
         # The tsquery is written as a constant (not a joined value), so that the planner
         # knows how common its words are: the newest matches of "the" are read off the
@@ -235,47 +237,54 @@ def _moment_hits(
         # after the bound: in the candidates' list it would be computed for every match.
         match = "to_tsquery('simple', ?)"
         expression = tsquery(query)
-        phrases = any(len(clause.terms) > 1 for clause in query.clauses)
-        if phrases:
+        if any(len(clause.terms) > 1 for clause in query.clauses):
             # GIN holds no positions: a phrase of common words ("and you") is rare, its
             # words are not, and the planner, taking it for its words, would read the
             # whole table for it. Its candidates are taken among the newest
             # PHRASE_SCAN moments holding all its words.
             found = (
-                f"c0 AS (SELECT e.id, e.tsv FROM search_entry e WHERE e.tsv @@ {match}{extra}"
-                " ORDER BY e.id DESC LIMIT ?),"
-                f" c AS (SELECT id, tsv FROM c0 WHERE tsv @@ {match} ORDER BY id DESC LIMIT ?),"
+                f"c0 AS (SELECT {moment}, e.tsv FROM search_entry e"
+                f" WHERE e.tsv @@ {match}{extra} ORDER BY e.id DESC LIMIT ?),"
+                f" c AS (SELECT * FROM c0 WHERE tsv @@ {match} ORDER BY id DESC LIMIT ?),"
             )
             args = [tsquery(query, phrases=False), *params, PHRASE_SCAN, expression, CANDIDATES]
             scanned = "(SELECT COUNT(*) FROM c0)"
         else:
             found = (
-                f"c AS (SELECT e.id, e.tsv FROM search_entry e WHERE e.tsv @@ {match}{extra}"
-                " ORDER BY e.id DESC LIMIT ?),"
+                f"c AS (SELECT {moment}, e.tsv FROM search_entry e"
+                f" WHERE e.tsv @@ {match}{extra} ORDER BY e.id DESC LIMIT ?),"
             )
             args = [expression, *params, CANDIDATES]
             scanned = "0"
-        candidates = (
-            f"WITH {found} r AS (SELECT c.id, ts_rank(c.tsv, {match}) AS score,"
-            f" COUNT(*) OVER () AS n, {scanned} AS scanned"
-            " FROM c ORDER BY score DESC, c.id DESC LIMIT ?)"
-        )
+        score = f"ts_rank(d.tsv, {match})"
         args.append(expression)
         join = "JOIN"
     else:
         # CROSS JOIN: SQLite joins in the order written, the full-text index first.
-        candidates = (
-            "WITH c AS (SELECT search_fts.rowid AS id, -bm25(search_fts) AS score"
+        found = (
+            f"c AS (SELECT {moment}, -bm25(search_fts) AS score"
             " FROM search_fts CROSS JOIN search_entry e ON e.id = search_fts.rowid"
             f" WHERE search_fts MATCH ?{extra} ORDER BY search_fts.rowid DESC LIMIT ?),"
-            " r AS (SELECT id, score, COUNT(*) OVER () AS n, 0 AS scanned FROM c"
-            " ORDER BY score DESC, id DESC LIMIT ?)"
         )
         args = [fts5(query), *params, CANDIDATES]
-        join = "CROSS JOIN"
+        score, scanned, join = "d.score", "0", "CROSS JOIN"
+    # asr and asrx of one file hold the same segments (one transcription, asrx's with
+    # word timings): a moment of both is one hit, asrx's, that names both.
+    twins = (
+        "PARTITION BY c.file_id, CASE WHEN c.processor IN ('asr', 'asrx') THEN 0 ELSE c.id END,"
+        ' c.start, c."end"'
+    )
+    candidates = (
+        f"WITH {found}"
+        f" d AS (SELECT c.*, ROW_NUMBER() OVER ({twins} ORDER BY c.processor DESC, c.id DESC)"
+        f" AS twin, COUNT(*) OVER ({twins}) AS twins FROM c),"
+        f" r AS (SELECT d.id, {score} AS score, d.twins, COUNT(*) OVER () AS n,"
+        f" {scanned} AS scanned FROM d WHERE d.twin = 1 ORDER BY score DESC, d.id DESC LIMIT ?)"
+    )
     ranked = (
-        f" SELECT {columns}, r.score, r.n, r.scanned FROM r {join} search_entry e ON e.id = r.id"
-        f" {join} media_file m ON m.id = e.file_id ORDER BY r.score DESC, e.id DESC"
+        f" SELECT {columns}, r.score, r.twins, r.n, r.scanned FROM r"
+        f" {join} search_entry e ON e.id = r.id {join} media_file m ON m.id = e.file_id"
+        " ORDER BY r.score DESC, e.id DESC"
     )
     # At least one row, for the count, when no moment is wanted on this page.
     rows = store.execute(candidates + ranked, *args, max(wanted, 1)).fetchall()
@@ -292,10 +301,22 @@ def _moment_hits(
             "end": end,
             "text": text,
             "score": round(float(score), 4),
+            "sources": list(TRANSCRIPTS) if twins > 1 else [processor],
         }
-        for entry_id, file_id, uuid, name, rel_path, processor, start, end, text, score, *_ in rows[
-            : max(wanted, 0)
-        ]
+        for (
+            entry_id,
+            file_id,
+            uuid,
+            name,
+            rel_path,
+            processor,
+            start,
+            end,
+            text,
+            score,
+            twins,
+            *_,
+        ) in rows[: max(wanted, 0)]
     ]
     return hits, counted, counted < CANDIDATES and scanned < PHRASE_SCAN
 
@@ -361,6 +382,7 @@ def _render(hit: dict[str, Any], query: Query) -> dict[str, Any]:
     return {
         "file": {"file_uuid": uuid, "name": hit["name"], "folder": folder},
         "processor": hit["processor"],
+        "sources": hit["sources"],
         "start": hit["start"],
         "end": hit["end"],
         "text": hit["text"],

@@ -443,6 +443,13 @@ def job_share(seconds: float) -> None:
                     time.sleep(0.2)
                 wall = time.perf_counter() - started
                 moments = store.execute("SELECT COUNT(*) FROM search_entry").fetchone()[0]
+                stored = store.execute(
+                    "SELECT processor, SUM(LENGTH(content)) FROM result_part GROUP BY processor"
+                    " ORDER BY processor"
+                ).fetchall()
+                entries = store.execute(
+                    "SELECT SUM(LENGTH(text) + LENGTH(terms)) FROM search_entry"
+                ).fetchone()[0]
         finally:
             runs._keep, runs.search_index.put = keep, put
     print(
@@ -451,6 +458,12 @@ def job_share(seconds: float) -> None:
         f" {spent['store and index'] * 1000:.0f} ms of which indexing {moments} moments"
         f" {spent['index'] * 1000:.0f} ms: {spent['store and index'] / wall:.2%} and"
         f" {spent['index'] / wall:.2%} of the job"
+    )
+    hour = 3600 / seconds
+    print(
+        "  its results kept in the database (result_part), per hour of such footage: "
+        + ", ".join(f"{name} {size * hour / 2**20:.2f} MiB" for name, size in stored)
+        + f"; its moments' text and terms {(entries or 0) * hour / 2**10:.0f} KiB"
     )
 
 

@@ -288,7 +288,7 @@ def _moment_hits(
     )
     # At least one row, for the count, when no moment is wanted on this page.
     rows = store.execute(candidates + ranked, *args, max(wanted, 1)).fetchall()
-    counted, scanned = (int(rows[0][-2]), int(rows[0][-1])) if rows else (0, 0)
+    counted, scanned_rows = (int(rows[0][-2]), int(rows[0][-1])) if rows else (0, 0)
     hits = [
         {
             "entry_id": entry_id,
@@ -318,7 +318,7 @@ def _moment_hits(
             *_,
         ) in rows[: max(wanted, 0)]
     ]
-    return hits, counted, counted < CANDIDATES and scanned < PHRASE_SCAN
+    return hits, counted, counted < CANDIDATES and scanned_rows < PHRASE_SCAN
 
 
 # -- thumbnails: the keyframe of the scene a hit starts in --------------------------------------

@@ -49,7 +49,7 @@ from databases import scratch_postgres  # noqa: E402
 
 from momentry_edge import store  # noqa: E402
 from momentry_edge.search import index, query  # noqa: E402
-from momentry_edge.store import MediaFile, SearchIndexed  # noqa: E402
+from momentry_edge.store import MediaFile, SearchIndexed, connection  # noqa: E402
 from momentry_edge.words import indexed  # noqa: E402
 
 SEGMENTS_PER_FILE = 200
@@ -131,21 +131,27 @@ def fill(
     started = time.perf_counter()
     batch: list[tuple] = []
 
-    def text(k: int) -> str:
-        return " ".join(rng.choices(words, cum_weights=cum_weights, k=k))
+    # A generated text's terms are its words' (plain lowercase words): made once a word,
+    # as words.indexed makes them, not once a segment.
+    term_of = {word: indexed(word) for word in words}
+
+    def text(k: int) -> tuple[str, str]:
+        chosen = rng.choices(words, cum_weights=cum_weights, k=k)
+        return " ".join(chosen), " ".join(term_of[word] for word in chosen)
 
     for done, file_id in enumerate(ids, start=1):
         texts = [text(rng.randint(8, 16)) for _ in range(SEGMENTS_PER_FILE)]
-        samples += texts[:2]
-        moments = [("asr", i * 18.0, i * 18.0 + 4, t) for i, t in enumerate(texts)]
+        samples += [t for t, _ in texts[:2]]
+        moments = [("asr", i * 18.0, i * 18.0 + 4, *t) for i, t in enumerate(texts)]
         moments += [
-            ("ocr", i * 180.0, i * 180.0 + 8, text(3)) for i in range(SEGMENTS_PER_FILE // 10)
+            ("ocr", i * 180.0, i * 180.0 + 8, *text(3)) for i in range(SEGMENTS_PER_FILE // 10)
         ]
+        labels = [rng.choice(LABELS) for _ in range(SEGMENTS_PER_FILE // 20)]
         moments += [
-            ("yolo", i * 360.0, i * 360.0 + 30, rng.choice(LABELS))
-            for i in range(SEGMENTS_PER_FILE // 20)
+            ("yolo", i * 360.0, i * 360.0 + 30, label, indexed(label))
+            for i, label in enumerate(labels)
         ]
-        batch += [(file_id, name, a, b, t, indexed(t)) for name, a, b, t in moments]
+        batch += [(file_id, *moment) for moment in moments]
         if len(batch) >= 50_000 or done == len(ids):
             _write(database, batch)
             batch = []
@@ -157,6 +163,7 @@ def fill(
             SearchIndexed.insert_many(indexed_rows[at : at + 500]).execute()
     if postgres:
         at = time.perf_counter()
+        connection.answer_timeout = None  # the index takes minutes at 2 million rows
         database.execute_sql("SET maintenance_work_mem = '256MB'")
         database.execute_sql("CREATE INDEX search_entry_tsv ON search_entry USING GIN (tsv)")
         print(f"  GIN index built in {time.perf_counter() - at:.0f} s", flush=True)

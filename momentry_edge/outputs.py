@@ -339,7 +339,7 @@ def result_folders(data_dir: Path, record: MediaFile) -> list[Path]:
 
 # What a document says of its run (all but its result), and what a newer run set aside
 # beside a complete result says of itself (``later_run``).
-_RUN_FIELDS = ("status", "task_id", "completed_at", "error", "last_checkpoint", "fingerprint")
+RUN_FIELDS = ("status", "task_id", "completed_at", "error", "last_checkpoint", "fingerprint")
 LATER_FIELDS = ("status", "task_id", "completed_at", "error", "last_checkpoint")
 
 
@@ -441,7 +441,7 @@ _runs_lock = threading.Lock()
 
 
 def _run_of(folder: Path, name: str) -> dict[str, Any] | None:
-    """What the document ``name`` in ``folder`` says of its run (_RUN_FIELDS); None when
+    """What the document ``name`` in ``folder`` says of its run (RUN_FIELDS); None when
     there is none, or it is not a document."""
     fd = _open_own(folder, name)
     if fd is None:
@@ -459,7 +459,7 @@ def _run_of(folder: Path, name: str) -> dict[str, Any] | None:
             document = None
     run = None
     if isinstance(document, dict) and isinstance(document.get("status"), str):
-        run = {k: document.get(k) for k in _RUN_FIELDS}
+        run = {k: document.get(k) for k in RUN_FIELDS}
     with _runs_lock:
         _RUNS[key] = run
         while len(_RUNS) > _RUNS_KEPT:

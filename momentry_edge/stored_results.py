@@ -22,6 +22,8 @@ import peewee as pw
 from . import clock, store
 from .outputs import (
     COMPLETED,
+    LATER_FIELDS,
+    RUN_FIELDS,
     THUMBNAILS,
     Staged,
     document_path,
@@ -29,7 +31,7 @@ from .outputs import (
     thumbnail_names,
     with_later_run,
 )
-from .store import MediaFile, ResultPart
+from .store import MediaFile, ProcessorRun, ResultPart
 
 # -- storing, as a run is recorded -------------------------------------------------------------
 
@@ -148,6 +150,77 @@ def read_document(record: MediaFile, processor: str) -> bytes | None:
             return content
         return with_later_run(document, _parsed(newest))
     return newest
+
+
+def summary(record: MediaFile, processors: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """For each of ``processors`` with a stored document, what the one read_document
+    serves says of its run, as outputs.results_summary gives it from a results folder:
+    the file page's list of results, the same on every node."""
+    names = {f"{processor}.json": processor for processor in processors}
+    rows: Any = (  # (row id, name, status, run id), newest first
+        ResultPart.select(ResultPart.id, ResultPart.name, ResultPart.status, ResultPart.run_id)
+        .where(ResultPart.file == record.id, ResultPart.name.in_(list(names)))
+        .order_by(ResultPart.id.desc())
+        .tuples()
+    )
+    by_processor: dict[str, list[tuple[int, str, int | None]]] = {}
+    for row_id, name, status, run_id in rows:
+        by_processor.setdefault(names[name], []).append((row_id, status, run_id))
+    found = {}
+    for processor, stored in by_processor.items():
+        shown, later = _shown(stored, record.fingerprint)
+        run = _run_brief(shown[0])
+        found[processor] = {k: run.get(k) for k in LATER_FIELDS} | {
+            "output_path": _output_path(shown[2]),
+            "later_run": None if later is None else {k: later.get(k) for k in LATER_FIELDS},
+        }
+    return found
+
+
+def _shown(
+    stored: list[tuple[int, str, int | None]], fingerprint: str | None
+) -> tuple[tuple[int, str, int | None], dict[str, Any] | None]:
+    """Of a processor's stored documents (newest first), the one shown and the brief of
+    the newer run beside it: read_document's rule."""
+    newest = stored[0]
+    for row in stored:
+        if row[1] != COMPLETED:
+            continue
+        if not of_content(_run_brief(row[0]), fingerprint):
+            break
+        return row, None if row is newest else _run_brief(newest[0])
+    return newest, None
+
+
+def _output_path(run_id: int | None) -> str | None:
+    """Where the run wrote the document, on the node that ran it."""
+    if run_id is None:
+        return None
+    path = ProcessorRun.select(ProcessorRun.output_path).where(ProcessorRun.id == run_id).scalar()
+    return None if path is None else str(path)
+
+
+# What stored documents say of their runs, by row (a row is never changed): the console
+# asks for a file's every processor each time it draws its page, and a document may be
+# megabytes.
+_BRIEFS: collections.OrderedDict[int, dict[str, Any]] = collections.OrderedDict()
+_BRIEFS_KEPT = 256
+_briefs_lock = threading.Lock()
+
+
+def _run_brief(row_id: int) -> dict[str, Any]:
+    with _briefs_lock:
+        if (brief := _BRIEFS.get(row_id)) is not None:
+            _BRIEFS.move_to_end(row_id)
+            return brief
+    content = ResultPart.select(ResultPart.content).where(ResultPart.id == row_id).scalar()
+    document = _parsed(bytes(content)) if content is not None else {}
+    brief = {k: document.get(k) for k in RUN_FIELDS}
+    with _briefs_lock:
+        _BRIEFS[row_id] = brief
+        while len(_BRIEFS) > _BRIEFS_KEPT:
+            _BRIEFS.popitem(last=False)
+    return brief
 
 
 def _parsed(content: bytes) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import pytest
 from frame_media import text_frame
 from media_factory import make_video
 
-from momentry_edge import jobs, store
+from momentry_edge import forget, jobs, outputs, store
 from momentry_edge.search import index, query
 from momentry_edge.upkeep import housekeeping
 
@@ -59,20 +59,30 @@ def marked(hit: dict) -> list[str]:
 
 @SQLITE  # PostgreSQL's search: the two nodes' test (test_shared_results.py) and those below
 def test_said_and_shown_are_found_each_as_one_moment(start_service, models_dir, tmp_path):
+    whisper = {"model": "whisper-tiny.en", "models_dir": str(models_dir)}
     svc = start_service(
         **{
-            "processors.asr": {"model": "whisper-tiny.en", "models_dir": str(models_dir)},
+            "processors.asr": whisper,
+            "processors.asrx": whisper,  # one transcription for both
             "processors.ocr": {"sample_fps": 1},
         }
     )
     meeting(svc, tmp_path)
-    task = svc.submit("meeting.mp4", ["cut", "asr", "ocr"])
+    task = svc.submit("meeting.mp4", ["cut", "asr", "asrx", "ocr"])
     uuid = task["file_uuid"]
     svc.wait_status(task["task_id"], "completed", timeout=240)
 
     found = search(svc, "budgets")  # word forms: "budget" is found too
-    said = [h for h in found["hits"] if h["processor"] == "asr"]
-    assert said, found
+    # asr and asrx hold the same segments: each moment is one hit, asrx's, naming both.
+    said = [h for h in found["hits"] if h["processor"] in ("asr", "asrx")]
+    assert said and {h["processor"] for h in said} == {"asrx"}, found
+    assert all(h["sources"] == ["asr", "asrx"] for h in said)
+    spans = [(h["start"], h["end"]) for h in said]
+    assert len(spans) == len(set(spans)) and found["total"] == len(found["hits"])
+    only_asr = search(svc, "budgets", source="asr")["hits"]
+    assert [(h["start"], h["end"], h["sources"]) for h in only_asr] == [
+        (*span, ["asr"]) for span in spans
+    ]
     assert found["index"] == {"complete": True, "waiting": 0}
     first = said[0]
     assert first["file"] == {"file_uuid": uuid, "name": "meeting.mp4", "folder": ""}
@@ -92,7 +102,7 @@ def test_said_and_shown_are_found_each_as_one_moment(start_service, models_dir, 
     assert shown["hits"][0]["thumbnail_url"] == f"/api/v1/files/{uuid}/thumbnails/0"
 
     # Phrases, prefixes, several words, case and accents.
-    assert search(svc, '"budget meeting"')["hits"][0]["processor"] == "asr"
+    assert search(svc, '"budget meeting"')["hits"][0]["processor"] == "asrx"
     assert search(svc, '"meeting budget"')["hits"] == []
     assert [h["processor"] for h in search(svc, "QUART*")["hits"]] == ["ocr"]
     assert search(svc, "figures quarterly")["total"] == 1
@@ -296,4 +306,64 @@ def test_results_removed_by_the_retention_sweep_leave_no_hit(tmp_path, database_
     assert query.search("budget", query.Filters(), 10, 0)["total"] == 0
     assert store.ResultPart.select().count() == 0
     assert store.SearchEntry.select().count() == 0
+    database.close()
+
+
+def transcript(*texts: str, status: str = "completed") -> bytes:
+    segments = [{"start": i * 2.0, "end": i * 2.0 + 2, "text": t} for i, t in enumerate(texts)]
+    return json.dumps({"status": status, "result": {"segments": segments}}).encode()
+
+
+def test_the_index_answers_while_rebuilt_and_stays_true_to_reruns_and_forget(
+    tmp_path, database_url
+):
+    data = tmp_path / "data"
+    database = store.connect(database_url, data)
+    jobs.init_queue_state(2, False)
+    indexed, earlier = (
+        store.MediaFile.create(
+            file_uuid=c * 32,
+            path=f"/drop/{name}",
+            watch_root="/drop",
+            rel_path=name,
+            name=name,
+            folded_name=name,
+        )
+        for c, name in (("a", "monday.mp4"), ("b", "tuesday.mp4"))
+    )
+    with database.atomic():
+        index.put(indexed.id, "asr", transcript("the budget of monday"))
+    # Tuesday's transcript, made before the index existed: in its results folder only.
+    job, _ = jobs.submit(earlier, ["asr"], max_retries=0)
+    document = outputs.document_path(outputs.results_dir(data, earlier.file_uuid), "asr")
+    document.parent.mkdir(parents=True)
+    document.write_bytes(transcript("the budget of tuesday"))
+    store.ProcessorRun.update(status=store.RunStatus.COMPLETED, output_path=str(document)).where(
+        store.ProcessorRun.job == job.id
+    ).execute()
+    index._waiting_count = None  # counted afresh, as a service that has just started
+
+    def said(q: str = "budget") -> tuple[list[str], dict]:
+        found = query.search(q, query.Filters(), 10, 0)
+        return [h["text"] for h in found["hits"]], found["index"]
+
+    # While it is being rebuilt, a search answers from what is there, and says so.
+    assert said() == (["the budget of monday"], {"complete": False, "waiting": 1})
+    assert index.Backfill(data).run_once() == 1
+    texts, state = said()
+    assert sorted(texts) == ["the budget of monday", "the budget of tuesday"]
+    assert state == {"complete": True, "waiting": 0}
+
+    # A failed run leaves the complete one's moments; a completed re-run replaces them.
+    with database.atomic():
+        index.put(indexed.id, "asr", transcript("nothing said", status="failed"))
+    assert "the budget of monday" in said()[0] and said("nothing")[0] == []
+    with database.atomic():
+        index.put(indexed.id, "asr", transcript("a new budget for monday"))
+    assert said("new budget") == (["a new budget for monday"], {"complete": True, "waiting": 0})
+
+    # A forgotten file leaves no hit (neither its moments nor its name).
+    forget.forget(data, earlier)
+    assert said("tuesday")[0] == [] and sorted(said()[0]) == ["a new budget for monday"]
+    assert store.SearchEntry.select().where(store.SearchEntry.file == earlier.id).count() == 0
     database.close()

@@ -43,6 +43,7 @@ def test_node_a_serves_what_node_b_made_while_b_is_off(start_service, models_dir
         "asr": b.get(f"{base}/results/asr"),
         "srt": b.client.get(f"{base}/results/asr.srt").text,
         "thumbnail": b.client.get(f"{base}/thumbnails/1").content,
+        "summary": b.get(base)["results"],
     }
     b.stop()
 
@@ -59,6 +60,13 @@ def test_node_a_serves_what_node_b_made_while_b_is_off(start_service, models_dir
     assert picture.status_code == 200 and picture.headers["content-type"] == "image/jpeg"
     assert picture.content == made["thumbnail"] and picture.content[:2] == b"\xff\xd8"
     assert a.client.get(f"{base}/thumbnails/3").status_code == 404  # three scenes: 0 to 2
+    # The file's page lists B's results as B did: "asr: completed", by B's job.
+    summary = a.get(base)["results"]
+    assert summary == made["summary"]
+    assert {p: (r["status"], r["task_id"]) for p, r in summary.items()} == {
+        "asr": ("completed", task),
+        "cut": ("completed", task),
+    }
 
     # Node A finds node B's moment by what was said, with its scene's picture.
     found = a.get("/api/v1/search", params={"q": "budgets"})

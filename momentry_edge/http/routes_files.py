@@ -87,11 +87,12 @@ def add(app: bottle.Bottle, service: Core) -> None:
     @app.get("/api/v1/files/<file_uuid>")
     def file_detail(file_uuid: str) -> dict:
         record = media_file(file_uuid)
-        folders = outputs.result_folders(service.config.data_dir, record)
         names = sorted(service.processor_names)
-        return views.file_detail(record) | {
-            "results": outputs.results_summary(folders, names, record.fingerprint)
-        }
+        summary = stored_results.summary(record, names)
+        if missing := [name for name in names if name not in summary]:  # results from before
+            folders = outputs.result_folders(service.config.data_dir, record)
+            summary |= outputs.results_summary(folders, missing, record.fingerprint)
+        return views.file_detail(record) | {"results": dict(sorted(summary.items()))}
 
     @app.get("/api/v1/files/<file_uuid>/results/<processor>")
     def results(file_uuid: str, processor: str) -> Any:

@@ -26,7 +26,7 @@ from ..errors import Invalid
 from ..store import MediaFile, ResultPart, SearchEntry
 from ..words import fold, is_cjk, stem, terms, word_terms, words
 from . import index
-from .moments import SEARCHED
+from .moments import SEARCHED, TRANSCRIPTS
 
 MAX_QUERY = 1000  # characters
 MAX_CLAUSES = 16
@@ -34,6 +34,9 @@ MAX_CLAUSES = 16
 # BM25 over every match of a common word costs about a microsecond a match. Beyond it,
 # the total is a lower bound ("total_exact": false).
 CANDIDATES = 2000
+# PostgreSQL: a phrase's candidates are looked for among the newest PHRASE_SCAN moments
+# that hold all its words (its GIN index knows words, not where they are).
+PHRASE_SCAN = 10_000
 SNIPPET = 160  # characters of text around the first match
 PROCESSORS = (*SEARCHED, "name")
 
@@ -106,14 +109,15 @@ def fts5(query: Query) -> str:
     return " AND ".join(parts)
 
 
-def tsquery(query: Query) -> str:
-    """The PostgreSQL tsquery text: each term quoted, phrases by <->, prefixes by :*."""
+def tsquery(query: Query, phrases: bool = True) -> str:
+    """The PostgreSQL tsquery text: each term quoted, phrases by <-> (by & without
+    ``phrases``: all its words, anywhere), prefixes by :*."""
     parts = []
     for clause in query.clauses:
         quoted = [f"'{term}'" for term in clause.terms]
         if clause.prefix:
             quoted[-1] += ":*"
-        parts.append("(" + " <-> ".join(quoted) + ")")
+        parts.append("(" + (" <-> " if phrases else " & ").join(quoted) + ")")
     return " & ".join(parts)
 
 
@@ -194,6 +198,7 @@ def _name_hits(query: Query, filters: Filters) -> list[dict[str, Any]]:
             "end": None,
             "text": name,
             "score": None,
+            "sources": ["name"],
         }
         for file_id, uuid, name, rel_path in store.rows(found)
     ]
@@ -221,38 +226,73 @@ def _moment_hits(
     columns = (
         'e.id, e.file_id, m.file_uuid, m.name, m.rel_path, e.processor, e.start, e."end", e.text'
     )
-    limit = max(wanted, 0)
     # The candidates: the newest matches (the index read newest first, stopped at the
-    # bound), each scored as it is read; then ordered by score.
+    # bound); then a transcript's twins made one, scored, counted and the best ``wanted``
+    # kept, before the rows are read whole and joined to their files.
+    moment = 'e.id, e.file_id, e.processor, e.start, e."end"'
     if store.is_postgres(database):
-        # Scored after the bound: a score in the candidates' list would be computed for
-        # every match before the newest are kept.
-        candidates = (
-            "WITH q AS (SELECT to_tsquery('simple', ?) AS q),"
-            " c AS (SELECT e.id FROM search_entry e, q"
-            f" WHERE e.tsv @@ q.q{extra} ORDER BY e.id DESC LIMIT ?)"
-        )
-        score = "ts_rank(e.tsv, q.q)"
+        # The tsquery is written as a constant (not a joined value), so that the planner
+        # knows how common its words are: the newest matches of "the" are read off the
+        # primary key backwards, a rare word's through the GIN index. The score is taken
+        # after the bound: in the candidates' list it would be computed for every match.
+        match = "to_tsquery('simple', ?)"
         expression = tsquery(query)
+        if any(len(clause.terms) > 1 for clause in query.clauses):
+            # GIN holds no positions: a phrase of common words ("and you") is rare, its
+            # words are not, and the planner, taking it for its words, would read the
+            # whole table for it. Its candidates are taken among the newest
+            # PHRASE_SCAN moments holding all its words.
+            found = (
+                f"c0 AS (SELECT {moment}, e.tsv FROM search_entry e"
+                f" WHERE e.tsv @@ {match}{extra} ORDER BY e.id DESC LIMIT ?),"
+                f" c AS (SELECT * FROM c0 WHERE tsv @@ {match} ORDER BY id DESC LIMIT ?),"
+            )
+            args = [tsquery(query, phrases=False), *params, PHRASE_SCAN, expression, CANDIDATES]
+            scanned = "(SELECT COUNT(*) FROM c0)"
+        else:
+            # The planner cannot tell how common a prefix is (it guesses 2 % of rows) and
+            # would read the table newest first for it, all of it for a rare one: "+ 0"
+            # keeps it off the primary key, on the GIN index.
+            order = "e.id + 0" if any(clause.prefix for clause in query.clauses) else "e.id"
+            found = (
+                f"c AS (SELECT {moment}, e.tsv FROM search_entry e"
+                f" WHERE e.tsv @@ {match}{extra} ORDER BY {order} DESC LIMIT ?),"
+            )
+            args = [expression, *params, CANDIDATES]
+            scanned = "0"
+        score = f"ts_rank(d.tsv, {match})"
+        args.append(expression)
+        join = "JOIN"
     else:
         # CROSS JOIN: SQLite joins in the order written, the full-text index first.
-        candidates = (
-            "WITH c AS (SELECT search_fts.rowid AS id, -bm25(search_fts) AS score"
+        found = (
+            f"c AS (SELECT {moment}, -bm25(search_fts) AS score"
             " FROM search_fts CROSS JOIN search_entry e ON e.id = search_fts.rowid"
-            f" WHERE search_fts MATCH ?{extra} ORDER BY search_fts.rowid DESC LIMIT ?)"
+            f" WHERE search_fts MATCH ?{extra} ORDER BY search_fts.rowid DESC LIMIT ?),"
         )
-        score = "c.score"
-        expression = fts5(query)
-    postgres = store.is_postgres(database)
-    join = "JOIN" if postgres else "CROSS JOIN"  # SQLite: in this order
-    ranked = (
-        f" SELECT {columns}, {score} AS score FROM c {join} search_entry e ON e.id = c.id"
-        f" {join} media_file m ON m.id = e.file_id{', q' if postgres else ''}"
-        " ORDER BY score DESC, e.id DESC LIMIT ?"
+        args = [fts5(query), *params, CANDIDATES]
+        score, scanned, join = "d.score", "0", "CROSS JOIN"
+    # asr and asrx of one file hold the same segments (one transcription, asrx's with
+    # word timings): a moment of both is one hit, asrx's, that names both.
+    twins = (
+        "PARTITION BY c.file_id, CASE WHEN c.processor IN ('asr', 'asrx') THEN 0 ELSE c.id END,"
+        ' c.start, c."end"'
     )
-    args = [expression, *params, CANDIDATES]
-    rows = store.execute(candidates + ranked, *args, limit).fetchall()
-    counted = int(store.execute(f"{candidates} SELECT COUNT(*) FROM c", *args).fetchone()[0])
+    candidates = (
+        f"WITH {found}"
+        f" d AS (SELECT c.*, ROW_NUMBER() OVER ({twins} ORDER BY c.processor DESC, c.id DESC)"
+        f" AS twin, COUNT(*) OVER ({twins}) AS twins FROM c),"
+        f" r AS (SELECT d.id, {score} AS score, d.twins, COUNT(*) OVER () AS n,"
+        f" {scanned} AS scanned FROM d WHERE d.twin = 1 ORDER BY score DESC, d.id DESC LIMIT ?)"
+    )
+    ranked = (
+        f" SELECT {columns}, r.score, r.twins, r.n, r.scanned FROM r"
+        f" {join} search_entry e ON e.id = r.id {join} media_file m ON m.id = e.file_id"
+        " ORDER BY r.score DESC, e.id DESC"
+    )
+    # At least one row, for the count, when no moment is wanted on this page.
+    rows = store.execute(candidates + ranked, *args, max(wanted, 1)).fetchall()
+    counted, scanned_rows = (int(rows[0][-2]), int(rows[0][-1])) if rows else (0, 0)
     hits = [
         {
             "entry_id": entry_id,
@@ -265,10 +305,24 @@ def _moment_hits(
             "end": end,
             "text": text,
             "score": round(float(score), 4),
+            "sources": list(TRANSCRIPTS) if twins > 1 else [processor],
         }
-        for entry_id, file_id, uuid, name, rel_path, processor, start, end, text, score in rows
+        for (
+            entry_id,
+            file_id,
+            uuid,
+            name,
+            rel_path,
+            processor,
+            start,
+            end,
+            text,
+            score,
+            twins,
+            *_,
+        ) in rows[: max(wanted, 0)]
     ]
-    return hits, counted, counted < CANDIDATES
+    return hits, counted, counted < CANDIDATES and scanned_rows < PHRASE_SCAN
 
 
 # -- thumbnails: the keyframe of the scene a hit starts in --------------------------------------
@@ -332,6 +386,7 @@ def _render(hit: dict[str, Any], query: Query) -> dict[str, Any]:
     return {
         "file": {"file_uuid": uuid, "name": hit["name"], "folder": folder},
         "processor": hit["processor"],
+        "sources": hit["sources"],
         "start": hit["start"],
         "end": hit["end"],
         "text": hit["text"],

@@ -232,15 +232,16 @@ def _hits(best: list[tuple[float, int]]) -> list[dict[str, Any]]:
         for entry_id, file_id, uuid, name, rel_path, processor, start, end, text in rows
     ]
     hits.sort(key=lambda h: (-h["score"], -h["entry_id"]))
-    # asr and asrx transcribe the same speech: one moment said twice is shown once.
-    seen: set[tuple[Any, ...]] = set()
-    kept = []
+    # asr and asrx transcribe the same speech: one moment said twice is shown once, with
+    # both as its sources (as word search shows it).
+    kept: dict[tuple[Any, ...], dict[str, Any]] = {}
     for hit in hits:
         same = (hit["file_id"], hit["start"], hit["end"], hit["text"])
-        if same not in seen:
-            seen.add(same)
-            kept.append(hit)
-    return kept
+        if same in kept:
+            kept[same]["sources"] = sorted({*kept[same]["sources"], hit["processor"]})
+        else:
+            kept[same] = hit | {"sources": [hit["processor"]]}
+    return list(kept.values())
 
 
 _WAITING_FOR = 5.0  # seconds a count is kept

@@ -152,6 +152,7 @@ class SampledProcessor(FrameProcessor):
     fmt: ClassVar[str] = "rgb24"
 
     _loaded = False
+    _frames: list[dict[str, Any]]
 
     def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
         super().__init__(settings)
@@ -171,6 +172,10 @@ class SampledProcessor(FrameProcessor):
 
     def load(self) -> None:
         self._loaded = True
+
+    def unload(self) -> None:
+        self._loaded = False
+        self._frames = []  # the last run's findings
 
     def detect(self, image: np.ndarray) -> list[dict[str, Any]]:
         raise NotImplementedError
@@ -214,7 +219,7 @@ class SampledProcessor(FrameProcessor):
         width, height = size or (source_width, source_height)
         self._scale = (source_width / width, source_height / height)
         self._bounds = (source_width, source_height)
-        self._frames: list[dict[str, Any]] = []
+        self._frames = []
         self._sampled = 0
         resume = 0
         if checkpoint and checkpoint.get("settings") == self._run and "partial" in checkpoint:

@@ -78,6 +78,10 @@ class OcrProcessor(SampledProcessor):
         detector.get_preprocess = lambda: fast
         super().load()
 
+    def unload(self) -> None:
+        self._engine = None
+        super().unload()
+
     def detect(self, image: np.ndarray) -> list[dict[str, Any]]:
         out = self._engine(image, text_score=self._run["min_confidence"])
         if not out.txts:

@@ -89,6 +89,12 @@ class PoseProcessor(SampledProcessor):
         )
         super().load()
 
+    def unload(self) -> None:
+        if self._pose is not None:
+            self._pose.close()  # its graph and threads, now rather than at collection
+        self._pose = None
+        super().unload()
+
     def detect(self, image: np.ndarray) -> list[dict[str, Any]]:
         height, width = image.shape[:2]
         landmarks = self._pose.process(image).pose_landmarks

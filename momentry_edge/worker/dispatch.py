@@ -70,7 +70,7 @@ class Workers:
         self.can_run: set[str] = set()
         self.coming: set[str] = set()
         self.update_processors()
-        self.pool = ProcessorPool(registry)
+        self.pool = ProcessorPool(registry, config.models.idle_release_seconds)
         self.runners = runners.Runners("model")
         self.hands = JobsInHand()
         self._claimed_state: QueueState | None = None  # as the latest claim read it
@@ -135,6 +135,10 @@ class Workers:
 
     def check_health(self) -> None:
         self.threads.check_health()
+
+    def release_models(self) -> None:
+        """Let the processors' models go once no job has run for models.idle_release_seconds."""
+        self.pool.release_idle()
 
     def _add_thread(self) -> None:
         """A drain found every worker thread busy: start one more, up to

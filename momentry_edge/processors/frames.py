@@ -70,6 +70,9 @@ class FrameProcessor(Processor):
     # instances of the processor (same settings, planned alike) on other threads,
     # handing each finding to this one's ``take`` in frame order.
     independent_frames: ClassVar[bool] = False
+    # Whether the parallel pass may give it spares (each another model and its working
+    # memory in the process): False keeps it to one instance, its frames on one thread.
+    spares: ClassVar[bool] = True
 
     def not_applicable(self, media_path: Path) -> str | None:
         # A file that cannot be read is left to the run, which says why.

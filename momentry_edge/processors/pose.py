@@ -66,6 +66,8 @@ class PoseProcessor(SampledProcessor):
     item_key = "people"
     backends = BACKENDS
     default_fps = 2.0
+    # A spare holds another graph and its working memory (~100 MiB): one instance.
+    spares = False
 
     def __init__(self, settings: Any = None) -> None:
         super().__init__(settings)

@@ -143,6 +143,18 @@ def _unload(idle: dict[str, list[Processor]]) -> int:
     return count
 
 
+M_ARENA_MAX = -8  # mallopt's parameter (glibc's malloc.h)
+
+
+def limit_heap_arenas(count: int = 2) -> None:
+    """Have glibc keep at most ``count`` heap arenas. By default a thread that finds the
+    heap busy gets an arena of its own, up to eight a core, and each keeps what was freed
+    in it: a job's threads (decode, members, runners, speech) held ~150 MiB more at its
+    peak that way. Elsewhere nothing to do."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, count)
+
+
 def give_back_memory() -> None:
     """Hand freed heap pages back to the system (glibc keeps them for reuse otherwise,
     and the process's resident size stays at its peak). Elsewhere nothing to do: macOS's

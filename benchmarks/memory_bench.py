@@ -60,6 +60,7 @@ def service(root: Path, checkout: Path, extra: str) -> Iterator[tuple[httpx.Clie
     proc = subprocess.Popen(
         [sys.executable, "-m", "momentry_edge.cli", "--config", str(config), "run"],
         env=env,
+        cwd=checkout,  # `-m` looks in the working directory first
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -242,6 +242,9 @@ class IngestConfig:
 class ModelsConfig:
     # Pull missing models the configured processors need at start, in the background.
     auto_pull: bool = _setting(True)
+    # Seconds without a job after which the loaded models are let go and their memory given
+    # back (the next job loads them again, a few seconds); 0 keeps them for good.
+    idle_release_seconds: float = _setting(600.0, minimum=0, maximum=MAX_SECONDS)
 
 
 @dataclass(frozen=True)

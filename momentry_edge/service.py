@@ -405,6 +405,7 @@ class Service:
             "reap": self.config.queue.poll_interval,
             "poll": self.config.queue.poll_interval,
             "health": HEALTH_EVERY,
+            "models": TICK,
             "rescan": self.config.ingest.rescan_interval,
             "sweep": SWEEP_EVERY,
             "job_log": TICK,
@@ -460,6 +461,8 @@ class Service:
                 self.workers.poll()
             elif task == "health" and self.config.queue.worker_enabled:
                 self.workers.check_health()
+            elif task == "models":
+                self.workers.release_models()
             elif task == "sweep":
                 # Also at the first tick, for what a crash left; retention_days 0 keeps all
                 # results, not the temp files.

@@ -3,8 +3,8 @@
 Nothing else runs them, and a script left behind by a change stops half way (a call
 whose arguments changed) or measures nothing (requests the service now refuses).
 Each runs here on a small workload; no figure is judged, only that it was measured.
-e2e_bench.py and frames_bench.py take minutes, and startup_bench.py needs the one-file
-build (test_executable.py makes and runs that).
+e2e_bench.py, frames_bench.py and memory_bench.py take minutes, and startup_bench.py
+needs the one-file build (test_executable.py makes and runs that).
 """
 
 from __future__ import annotations

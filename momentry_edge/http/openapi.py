@@ -349,6 +349,10 @@ SCHEMAS: dict[str, Schema] = {
             "version": _null(STR),
             "ready": BOOL,
             "reason": _null(STR),
+            "loaded": {
+                "type": "integer",
+                "description": "instances holding a loaded model in this process now",
+            },
             "pull": _ref("ModelPull") | {"description": "only while its model is pulled at start"},
         },
         "backend model version ready reason",

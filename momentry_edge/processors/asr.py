@@ -20,7 +20,7 @@ from momentry_edge.processors.base import (
     RunContext,
 )
 from momentry_edge.processors.transcription import run_shared
-from momentry_edge.processors.whisper import BACKENDS, ENGINES, Engine, Options
+from momentry_edge.processors.whisper import BACKENDS, ENGINES, Engine, Options, forget_vad
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +103,12 @@ class AsrProcessor(Processor):
                 + weights.unloadable_fix(self.spec, self.models_dir)
             ) from e
         log.info("%s: %s model %s loaded from %s", self.name, self.backend, self.model, folder)
+
+    def unload(self) -> None:
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.close()
+        forget_vad()
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
         outcome = run_shared(ctx.media_path, [(self, ctx)])[0]

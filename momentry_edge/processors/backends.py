@@ -12,9 +12,11 @@ from __future__ import annotations
 import importlib.util
 import platform as _platform
 import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from .. import weights
@@ -69,6 +71,28 @@ def importable(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
         return False
+
+
+def import_apart(name: str) -> ModuleType:
+    """``import name``, the first time on a short-lived thread of its own: whatever frames
+    a library's import keeps (a stored exception's traceback) then reach none of the
+    caller's, whose objects would live as long as the library."""
+    if (module := sys.modules.get(name)) is not None:
+        return module
+    done: list[BaseException | ModuleType] = []
+
+    def load() -> None:
+        try:
+            done.append(importlib.import_module(name))
+        except BaseException as exc:  # handed to the caller
+            done.append(exc.with_traceback(None))
+
+    thread = threading.Thread(target=load, name=f"import-{name}", daemon=True)
+    thread.start()
+    thread.join()
+    if isinstance(done[0], BaseException):
+        raise done[0]
+    return done[0]
 
 
 def choose(

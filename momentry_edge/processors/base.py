@@ -119,6 +119,10 @@ class Processor:
     def load(self) -> None:
         """Load models; called once per worker before the first run."""
 
+    def unload(self) -> None:
+        """Let go of what ``load`` loaded: the instance is not run again (the worker's pool
+        lets idle instances go, and a later run loads a new one)."""
+
     def not_applicable(self, media_path: Path) -> str | None:
         """Why this processor has nothing to do on the file (e.g. frames of an audio
         file), or None. The run is then skipped with that reason, not failed."""

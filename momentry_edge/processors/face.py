@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 from .. import native_stderr
-from .backends import Backend
+from .backends import Backend, import_apart
 from .base import PermanentError, Readiness
 from .frames import SampledProcessor, settings_number
 from .tiles import Box, cut_by_tile, merge, tiles
@@ -41,9 +41,11 @@ TILE_CONFIDENCE = 0.65
 def import_mediapipe() -> Any:
     # glog/absl chatter (one line per graph) would flood the service log.
     os.environ.setdefault("GLOG_minloglevel", "2")
-    import mediapipe
-
-    return mediapipe
+    # Imported apart: mediapipe keeps, for good, the error of its failed optional import of
+    # sounddevice, and with its traceback every frame of the import's caller, which pinned
+    # the first face or pose instance (and the job's objects on its stack) for the
+    # process's life, so that an idle service could not let it go.
+    return import_apart("mediapipe")
 
 
 class FaceProcessor(SampledProcessor):
@@ -98,6 +100,12 @@ class FaceProcessor(SampledProcessor):
             )
             self._detector.process(np.zeros((64, 64, 3), np.uint8))
         super().load()
+
+    def unload(self) -> None:
+        if self._detector is not None:
+            self._detector.close()  # its graph and threads, now rather than at collection
+        self._detector = None
+        super().unload()
 
     def detect(self, image: np.ndarray) -> list[dict[str, Any]]:
         import numpy as np

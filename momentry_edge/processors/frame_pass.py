@@ -236,7 +236,7 @@ def _lanes(
 ) -> list[FrameProcessor]:
     """The member and ``threads - 1`` spares planned alike, one per thread; [] when the
     member's frames are not independent or a spare cannot be had (it is fed on one thread)."""
-    if not m.processor.independent_frames:
+    if not (m.processor.independent_frames and m.processor.spares):
         return []
     lanes = [m.processor]
     for _ in range(threads - 1):

@@ -129,6 +129,9 @@ class FrameProcessor(Processor):
     # instances of the processor (same settings, planned alike) on other threads,
     # handing each finding to this one's ``take`` in frame order.
     independent_frames: ClassVar[bool] = False
+    # Whether the parallel pass may give it spares (each another model and its working
+    # memory in the process): False keeps it to one instance, its frames on one thread.
+    spares: ClassVar[bool] = True
 
     def not_applicable(self, media_path: Path) -> str | None:
         # A file that cannot be read is left to the run, which says why.
@@ -224,6 +227,7 @@ class SampledProcessor(FrameProcessor):
     default_skip_unchanged: ClassVar[bool] = True
 
     _loaded = False
+    _frames: list[dict[str, Any]]
 
     def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
         super().__init__(settings)
@@ -243,6 +247,10 @@ class SampledProcessor(FrameProcessor):
 
     def load(self) -> None:
         self._loaded = True
+
+    def unload(self) -> None:
+        self._loaded = False
+        self._frames = []  # the last run's findings
 
     def detect(self, image: np.ndarray) -> list[dict[str, Any]]:
         raise NotImplementedError
@@ -296,7 +304,7 @@ class SampledProcessor(FrameProcessor):
         width, height = size or (source_width, source_height)
         self._scale = (source_width / width, source_height / height)
         self._bounds = (source_width, source_height)
-        self._frames: list[dict[str, Any]] = []
+        self._frames = []
         self._sampled = self._skipped = 0
         # The last analysed frame: its glance and time (what the next frames are compared
         # with), and its answer (what an unchanged frame is given).

@@ -72,6 +72,8 @@ class PoseProcessor(SampledProcessor):
     # or two), so a carried box matched the frame's own at IoU 0.5-0.7 on the studio
     # benchmark (equality_bench.py); yolo and ocr gave the same answers, skipping.
     default_skip_unchanged = False
+    # A spare holds another graph and its working memory (~100 MiB): one instance.
+    spares = False
 
     def __init__(self, settings: Any = None) -> None:
         super().__init__(settings)
@@ -101,6 +103,12 @@ class PoseProcessor(SampledProcessor):
             self._pose.process(np.zeros((64, 64, 3), np.uint8))
         self._first_found = False
         super().load()
+
+    def unload(self) -> None:
+        if self._pose is not None:
+            self._pose.close()  # its graph and threads, now rather than at collection
+        self._pose = None
+        super().unload()
 
     def detect(self, image: np.ndarray) -> list[dict[str, Any]]:
         height, width = image.shape[:2]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import sys
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -168,6 +169,17 @@ class Engine(Protocol):
         self, samples: np.ndarray, *, language: str | None, word_timestamps: bool
     ) -> Transcript: ...
 
+    def close(self) -> None:
+        """Let go of the model (what the library keeps of it too)."""
+
+
+def forget_vad() -> None:
+    """faster-whisper keeps its Silero VAD session for the process's life (an lru_cache):
+    let it go with the models, if it was loaded at all."""
+    vad = sys.modules.get("faster_whisper.vad")
+    if vad is not None:
+        vad.get_vad_model.cache_clear()
+
 
 class FasterWhisperEngine:
     """faster-whisper (CTranslate2) on the CPU."""
@@ -236,6 +248,9 @@ class FasterWhisperEngine:
             for s in segments
         )
         return Transcript(info.language, info.language_probability, pieces)
+
+    def close(self) -> None:
+        self.model = None
 
 
 def _going_on_from(model: Any, last_speech: float) -> tuple[Any, dict[int, float], list[list[int]]]:
@@ -339,6 +354,14 @@ class MlxEngine:
             for s in result["segments"]
         ]
         return Transcript(result["language"], None, iter(pieces))
+
+    def close(self) -> None:
+        transcribe = sys.modules.get("mlx_whisper.transcribe")
+        with _MLX_LOCK:
+            holder = getattr(transcribe, "ModelHolder", None)
+            if holder is not None and holder.model is self.model:
+                holder.model = holder.model_path = None  # mlx-whisper's reference to it
+        self.model = None
 
 
 ENGINES: dict[str, type] = {"faster-whisper": FasterWhisperEngine, "mlx": MlxEngine}

@@ -95,6 +95,10 @@ class YoloProcessor(SampledProcessor):
             self._engine = OrtYolo(self._weights())
         super().load()
 
+    def unload(self) -> None:
+        self._engine = None
+        super().unload()
+
     def detect(self, image: np.ndarray) -> list[dict[str, Any]]:
         assert self._engine is not None
         names = self._engine.names

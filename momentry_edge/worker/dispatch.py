@@ -17,11 +17,10 @@ from ..events import Event, bus
 from ..processors import Registry
 from ..provision import Provisioner
 from ..store import Job, JobStatus, QueueState
-from . import runners, settle
+from . import pool, runners, settle
 from .gate import Gate
 from .hands import JobsInHand
 from .job_run import JobRun, job_threads
-from .pool import ProcessorPool
 from .progress import StartWriter
 from .wakeups import WorkerThreads
 
@@ -70,7 +69,8 @@ class Workers:
         self.can_run: set[str] = set()
         self.coming: set[str] = set()
         self.update_processors()
-        self.pool = ProcessorPool(registry)
+        pool.limit_heap_arenas()
+        self.pool = pool.ProcessorPool(registry, config.models.idle_release_seconds)
         self.runners = runners.Runners("model")
         self.hands = JobsInHand()
         self._claimed_state: QueueState | None = None  # as the latest claim read it
@@ -135,6 +135,10 @@ class Workers:
 
     def check_health(self) -> None:
         self.threads.check_health()
+
+    def release_models(self) -> None:
+        """Let the processors' models go once no job has run for models.idle_release_seconds."""
+        self.pool.release_idle()
 
     def _add_thread(self) -> None:
         """A drain found every worker thread busy: start one more, up to

@@ -1,0 +1,88 @@
+"""An idle service lets its models go (``models.idle_release_seconds``) and gives their
+memory back; the next job loads them again and completes."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+from conftest import ServiceProcess, wait_for
+from frame_media import photo_frame
+from media_factory import make_video
+from PIL import Image
+from test_asr import speech_track
+
+on_sqlite = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+
+# The frame pass on two threads (a spare of each frame processor) and asr with asrx (one
+# shared transcription): the parts whose finished runs once kept their models referenced.
+SCAN = ["asr", "asrx", "yolo", "face"]
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory) -> Path:
+    """4 s at 320x180, 5 fps: the astronaut, and a sentence spoken."""
+    folder = tmp_path_factory.mktemp("clip")
+    wav = speech_track(["Good morning."], folder, 4.0)
+    picture = np.asarray(Image.fromarray(photo_frame()).resize((320, 180)), np.uint8)
+    return make_video(
+        folder / "clip.mp4",
+        segments=1,
+        segment_seconds=4.0,
+        fps=5,
+        size=(320, 180),
+        speech_wav=wav,
+        picture=lambda i: picture,
+    )
+
+
+def loaded(svc: ServiceProcess) -> dict[str, int]:
+    """Processor -> instances holding a loaded model, as GET /api/v1/processors says."""
+    return {n: p["loaded"] for n, p in svc.get("/api/v1/processors")["processors"].items()}
+
+
+def scan(svc: ServiceProcess, clip: Path, name: str) -> None:
+    shutil.copy(clip, svc.drop / name)
+    with (svc.drop / name).open("ab") as f:
+        f.write(name.encode())  # another file's content: not a duplicate of the first
+    task = svc.submit(name, SCAN)["task_id"]
+    job = svc.wait_status(task, "completed", "partial", "failed", timeout=120)
+    assert job["status"] == "completed", job
+
+
+@on_sqlite
+def test_an_idle_service_lets_its_models_go_and_the_next_job_loads_them(
+    start_service, models_dir, clip
+) -> None:
+    whisper = {"model": "whisper-tiny.en", "models_dir": str(models_dir)}
+    svc = start_service(
+        queue={"job_threads": 2},
+        models={"idle_release_seconds": 1},
+        **{
+            "processors.asr": whisper,
+            "processors.asrx": whisper,
+            "processors.yolo": {"models_dir": str(models_dir)},
+        },
+    )
+    assert set(loaded(svc).values()) == {0}  # nothing loaded at start
+    process = psutil.Process(svc.proc.pid)
+
+    scan(svc, clip, "first.mp4")
+    # A second idle look finds the same: nothing of the finished job holds a model.
+    wait_for(lambda: set(loaded(svc).values()) == {0}, timeout=30)
+    peak = _high_water_mark(process)
+    assert process.memory_info().rss < peak - 100 * 2**20, (process.memory_info().rss, peak)
+
+    scan(svc, clip, "second.mp4")  # loads them again
+    wait_for(lambda: set(loaded(svc).values()) == {0}, timeout=30)
+
+
+def _high_water_mark(process: psutil.Process) -> int:
+    """The process's peak resident size over its life (Linux /proc), bytes."""
+    for line in Path(f"/proc/{process.pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")

@@ -3,6 +3,7 @@ a pure function of it (snapshot -> renderable; tests call it directly)."""
 
 # The columns give way on a narrow terminal and the lists shorten on a short one, so that
 # the screen fits whatever the terminal's size; tui.py draws it and reads the keys.
+# One piece: every part of the screen shares the widths the terminal leaves it.
 
 from __future__ import annotations
 

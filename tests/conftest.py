@@ -360,6 +360,8 @@ LONGEST_FIRST = (
     "test_redis_mirror.py",
     "test_cli.py",
     "test_mlx.py",
+    "test_console_queue.py",
+    "test_search.py",
 )
 
 

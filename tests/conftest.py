@@ -24,8 +24,9 @@ from momentry_edge import weights
 
 TESTS = Path(__file__).resolve().parent
 
-# Wall and CPU seconds per test (MOMENTRY_TEST_TIMINGS=FILE writes them; tests/README.md).
-pytest_plugins = ["timings"]
+# Wall and CPU seconds per test (MOMENTRY_TEST_TIMINGS=FILE writes them; tests/README.md);
+# the browser the console's tests drive (its fixtures playwright and browser).
+pytest_plugins = ["timings", "browser"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import socket
 import threading
 from collections.abc import Iterator
@@ -20,47 +19,15 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 import srt
+from browser import FLAGS, chromium
 from conftest import ServiceProcess, wait_for
 from frame_media import SENTENCE, scenes_video
 from media_factory import make_video
-from playwright.sync_api import Browser, ConsoleMessage, Page, Playwright, sync_playwright
+from playwright.sync_api import Browser, ConsoleMessage, Page
 from playwright.sync_api import expect as page_expect
 
-CHROMIUM = ("chromium-headless-shell", "chromium")
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 page_expect.set_options(timeout=30_000)
-
-
-def _chromium() -> str:
-    for name in CHROMIUM:
-        found = shutil.which(name) or shutil.which(name, path="/usr/lib/chromium")
-        if found:
-            return found
-    pytest.fail("no Chromium: scripts/test installs Debian's chromium-headless-shell")
-
-
-@pytest.fixture(scope="module")
-def playwright() -> Iterator[Playwright]:
-    with sync_playwright() as driver:
-        yield driver
-
-
-@pytest.fixture(scope="module")
-def browser(playwright: Playwright) -> Iterator[Browser]:
-    # Playwright gives each launch a fresh profile (user data dir) of its own.
-    launched = playwright.chromium.launch(executable_path=_chromium(), headless=True, args=FLAGS)
-    yield launched
-    launched.close()
 
 
 def link(svc: ServiceProcess) -> str:
@@ -971,7 +938,7 @@ def test_nothing_the_token_opened_stays_in_the_browser_cache(start_service, play
     svc.wait_status(task["task_id"], "completed")
     # A real profile on disk, with its HTTP cache, as a person's browser has.
     context = playwright.chromium.launch_persistent_context(
-        str(tmp_path / "profile"), executable_path=_chromium(), headless=True, args=FLAGS
+        str(tmp_path / "profile"), executable_path=chromium(), headless=True, args=FLAGS
     )
     try:
         page = context.new_page()

@@ -6,25 +6,15 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 
 import pytest
 from audio_media import music, write
 from conftest import wait_for
-from playwright.sync_api import Browser, sync_playwright
 from playwright.sync_api import expect as page_expect
-from test_console import FLAGS, _chromium, link
+from test_console import link
 
 SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 ZONE = "America/New_York"  # the browser's; EST in December, EDT in summer
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as driver:
-        launched = driver.chromium.launch(executable_path=_chromium(), headless=True, args=FLAGS)
-        yield launched
-        launched.close()
 
 
 @SQLITE

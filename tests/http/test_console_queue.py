@@ -14,20 +14,12 @@ from pathlib import Path
 
 import pytest
 from conftest import ServiceProcess, wait_for
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 from playwright.sync_api import expect as page_expect
-from test_console import FLAGS, _chromium, link
+from test_console import link
 
 SIZES = {"desktop": (1440, 900), "phone": (390, 844)}
 ALL = [f"workloads:{name}" for name in ("Noop", "Steps", "Flaky", "Crash", "Quiet")]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as driver:
-        launched = driver.chromium.launch(executable_path=_chromium(), headless=True, args=FLAGS)
-        yield launched
-        launched.close()
 
 
 @pytest.fixture

@@ -7,24 +7,14 @@ import csv
 import io
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from media_factory import make_video
-from playwright.sync_api import Browser, sync_playwright
 from playwright.sync_api import expect as page_expect
-from test_console import FLAGS, Console, _chromium
+from test_console import Console
 
 SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as driver:
-        launched = driver.chromium.launch(executable_path=_chromium(), headless=True, args=FLAGS)
-        yield launched
-        launched.close()
 
 
 @SQLITE

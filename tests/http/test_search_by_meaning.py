@@ -7,13 +7,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
 from conftest import wait_for
-from playwright.sync_api import Browser, sync_playwright
 from playwright.sync_api import expect as page_expect
-from test_console import FLAGS, Console, _chromium
+from test_console import Console
 from test_search_meaning import said, sentence_model
 
 from momentry_edge import store
@@ -21,14 +19,6 @@ from momentry_edge.search import encoder, index
 
 SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 __all__ = ["sentence_model"]  # the fixture, shared
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as driver:
-        launched = driver.chromium.launch(executable_path=_chromium(), headless=True, args=FLAGS)
-        yield launched
-        launched.close()
 
 
 def cli_search(svc, *args: str) -> subprocess.CompletedProcess[str]:

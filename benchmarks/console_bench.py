@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -30,18 +29,9 @@ from playwright.sync_api import expect, sync_playwright
 from momentry_edge.http.routes_service import SSE_KEEPALIVE
 
 sys.path.insert(0, str(ROOT / "tests"))
+from browser import FLAGS, chromium  # the tests' browser: Debian's Chromium
 from media_factory import make_video
 
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 STEP = 0.25  # seconds per step of the job: four progress events a second
 
 
@@ -50,7 +40,6 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--waiting", type=int, default=5000)
     args = parser.parse_args()
-    chromium = shutil.which("chromium-headless-shell") or shutil.which("chromium")
     os.environ["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")])
     )
@@ -68,7 +57,7 @@ def main() -> None:
     ):
         root = Path(tmp)
         client = httpx.Client(base_url=url, timeout=60)
-        browser = driver.chromium.launch(executable_path=chromium, headless=True, args=FLAGS)
+        browser = driver.chromium.launch(executable_path=chromium(), headless=True, args=FLAGS)
         service = psutil.Process(proc.pid)
         clip = make_video(
             root / "clip.mp4", segments=1, segment_seconds=0.4, fps=10, size=(64, 48), audio=False

@@ -26,7 +26,7 @@ import psutil
 from common import ROOT, service_process
 from playwright.sync_api import expect, sync_playwright
 
-from momentry_edge.http.routes_service import SSE_KEEPALIVE
+from momentry_edge.config import Config
 
 sys.path.insert(0, str(ROOT / "tests"))
 from browser import FLAGS, chromium  # the tests' browser: Debian's Chromium
@@ -87,7 +87,8 @@ def main() -> None:
                 page.close()
             if context:
                 context.close()
-            time.sleep(SSE_KEEPALIVE + 1)  # the service sees the closed pages' streams end
+            # The service sees the closed pages' streams end within its keep-alive.
+            time.sleep(Config().service.event_keepalive + 1)
         if args.waiting:
             long_line(browser, client, url, root, clip, args.waiting)
         browser.close()

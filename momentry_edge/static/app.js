@@ -801,6 +801,10 @@ function causes(failed) {
     el("pre", { class: "err", text: error })));
 }
 
+// A job's failed processors as the failed list gives them: name -> {error, attempts}.
+const failedRuns = (job) => Object.fromEntries(Object.entries(job.processors)
+  .filter(([, run]) => run.status === "failed"));
+
 async function drawFailed() {
   const dead = await get(`/api/v1/queue/dead?limit=${PAGE}&offset=${state.failedOffset}`);
   await Promise.all(dead.jobs.map((j) => placeOf(j.file_uuid)));
@@ -984,6 +988,7 @@ async function drawJobs(file) {
         text: "Cancel", onclick: () => cancelJob(job(j)) }) : null),
     jobs[i] ? el("div", { class: "muted", text: Object.entries(jobs[i].processors)
       .map(([name, run]) => `${name}: ${run.status}`).join(" · ") }) : null,
+    ...(jobs[i] ? causes(failedRuns(jobs[i])) : []),
     jobLog(j.task_id))));
   return jobs;
 }

@@ -825,6 +825,9 @@ def test_a_failure_says_its_cause_once_and_its_files_page_shows_the_jobs_log(
 
     failed.get_by_role("link", name="both.mp4").click()
     job = page.locator("#file-jobs li", has_text=task)
+    # The cause is on the job too, said once, not only in its log.
+    page_expect(job).to_contain_text("flaky, flaky_too failed:")
+    page_expect(job.locator("pre.err")).to_have_text("upstream storage unavailable (attempt 1)")
     job.locator("summary", has_text="Log").click()
     log = job.locator("pre.log")
     page_expect(log).to_contain_text(f"job {task}")

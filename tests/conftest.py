@@ -178,7 +178,11 @@ class ServiceProcess:
         log_file = self.data_dir / "logs" / "momentry-edge.log"
         if log_file.exists():
             for line in log_file.read_text(errors="replace").splitlines():
-                entry = json.loads(line)
+                try:
+                    entry = json.loads(line)
+                except ValueError:  # cut short: a full disk took the end of its write
+                    lines.append(line)
+                    continue
                 lines.append(f"{entry['level']} {entry['logger']}: {entry['message']}")
         stderr = (self.root / "service.log").read_text(errors="replace")
         return "\n".join(lines)[-8000:] + "\n--- stderr ---\n" + stderr[-4000:]

@@ -82,7 +82,9 @@ def test_the_executable_runs_a_default_scan_of_a_dropped_video(executable, model
         token = read_token(data)  # made at first start, read as its account's CLI does
         headers = {"Authorization": f"Bearer {token}"}
         with httpx.Client(base_url=url, timeout=30, headers=headers) as api:
-            assert api.get("/healthz").json() == {"status": "ok", "version": __version__}
+            health = api.get("/healthz").json()
+            assert (health["status"], health["version"]) == ("ok", __version__)
+            assert health["data_dir"] == str(data)  # its account's, said to loopback callers
             # The web console's files are inside the one file.
             page = api.get("/")
             assert page.status_code == 200 and "/console/static/app.js" in page.text

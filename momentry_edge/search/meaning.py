@@ -16,9 +16,10 @@ import heapq
 import logging
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 import peewee as pw
 
 from .. import store
@@ -162,6 +163,8 @@ def _nearest(
 ) -> tuple[list[tuple[float, int]], int]:
     """The ``count`` best (score, entry id) passing the filters, and how many are at least
     MIN_SCORE alike; the vectors read CHUNK at a time."""
+    import numpy as np
+
     select = SearchVector.select(SearchVector.entry, SearchVector.vector)
     conditions = query._files(filters)
     if filters.processor or conditions:

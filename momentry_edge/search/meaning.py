@@ -40,7 +40,8 @@ SWEEP_EVERY = 600.0  # seconds between full looks (a moment committed out of id 
 class Embedder:
     """Embeds, on one background thread, the moments that have no vector yet: new ones
     as their runs complete (within POLL seconds) and those indexed before the model was in
-    place. Idle, and loading nothing, while the model is not in place."""
+    place. Idle, and loading nothing, while no moment wants a vector or the model is not in
+    place."""
 
     def __init__(self) -> None:
         self._stop = threading.Event()
@@ -74,13 +75,6 @@ class Embedder:
     def step(self) -> int:
         """Embed the next BATCH moments that need it; how many (0: none waiting, or no
         model)."""
-        try:
-            model = encoder.load()
-        except encoder.MeaningUnavailable as exc:
-            if not self._said_missing:
-                log.info("search by meaning is off: %s", exc)
-                self._said_missing = True
-            return 0
         if time.monotonic() - self._swept > SWEEP_EVERY:
             self._after, self._swept = 0, time.monotonic()
         else:  # moments deleted and their ids used again (SQLite) are looked at anew
@@ -102,6 +96,13 @@ class Embedder:
         )
         if not todo:
             self._after = max(self._after, top)  # every moment up to top has its vector
+            return 0
+        try:  # loaded once a moment wants it: a service that indexes nothing never loads it
+            model = encoder.load()
+        except encoder.MeaningUnavailable as exc:
+            if not self._said_missing:
+                log.info("search by meaning is off: %s", exc)
+                self._said_missing = True
             return 0
         vectors = encoder.as_blob(model.encode([text for _, text in todo]))
         rows = [

@@ -27,6 +27,10 @@ from playwright.sync_api import Browser, ConsoleMessage, Page
 from playwright.sync_api import expect as page_expect
 
 SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+# Every scene picture loaded, not just its element placed.
+ALL_SCENES_LOADED = (
+    "[...document.querySelectorAll('#scenes img')].every(i => i.complete && i.naturalWidth > 0)"
+)
 page_expect.set_options(timeout=30_000)
 
 
@@ -268,10 +272,9 @@ def test_a_files_page_shows_its_scenes_and_transcript_and_the_srt_downloads(
     images = page.locator("#scenes img")
     page_expect(images).to_have_count(3)
     page_expect(page.get_by_role("img", name="Scene 2: 0:02.0–0:04.0")).to_be_visible()
-    # Each picture loaded, not just its element placed.
-    page.wait_for_function(
-        "[...document.querySelectorAll('#scenes img')].every(i => i.complete && i.naturalWidth > 0)"
-    )
+    # Polled from here: wait_for_function polls with an eval() the page's policy forbids
+    # (it failed so now and then, when its first look found a picture still loading).
+    wait_for(lambda: page.evaluate(ALL_SCENES_LOADED))
     page_expect(page.locator("#transcript")).to_contain_text("meeting")
     page_expect(page.locator("#transcript time").first).to_contain_text("→")
     page_expect(page.locator("#file-jobs")).to_contain_text(task)
@@ -890,9 +893,9 @@ def test_a_stopped_rerun_leaves_the_complete_result_shown_and_says_so(
     view = console(svc)
     page = view.open(f"#/file/{uuid}")
     page_expect(page.locator("#scenes img")).to_have_count(4)
-    page.wait_for_function(
-        "[...document.querySelectorAll('#scenes img')].every(i => i.complete && i.naturalWidth > 0)"
-    )
+    # Polled from here: wait_for_function polls with an eval() the page's policy forbids
+    # (it failed so now and then, when its first look found a picture still loading).
+    wait_for(lambda: page.evaluate(ALL_SCENES_LOADED))
     note = page.locator("#scenes [role=note]")
     page_expect(note).to_contain_text(f"A later cut run ({again}) was stopped at 0:0")
     page_expect(note).to_contain_text(f"Shown: the last complete result ({first['task_id']})")

@@ -142,7 +142,7 @@ def search(text: str, filters: query.Filters, limit: int, offset: int) -> dict[s
     # Twice the page: a moment both asr and asrx hold is shown once (_hits).
     best, total = _nearest(wanted, filters, 2 * (limit + offset))
     hits = _hits(best)[offset : offset + limit]
-    query._add_thumbnails(hits)
+    query.add_thumbnails(hits)
     try:
         words = query.parse(text)  # to mark the query's own words where a moment has them
     except Invalid:
@@ -150,7 +150,7 @@ def search(text: str, filters: query.Filters, limit: int, offset: int) -> dict[s
     waiting = _waiting()
     return {
         "query": text,
-        "hits": [query._render(hit, words) for hit in hits],
+        "hits": [query.render(hit, words) for hit in hits],
         "total": total,
         "total_exact": True,
         "limit": limit,
@@ -167,7 +167,7 @@ def _nearest(
     import numpy as np
 
     select = SearchVector.select(SearchVector.entry, SearchVector.vector)
-    conditions = query._files(filters)
+    conditions = query.file_conditions(filters)
     if filters.processor or conditions:
         select = select.join(SearchEntry)
         if filters.processor:
@@ -220,21 +220,7 @@ def _hits(best: list[tuple[float, int]]) -> list[dict[str, Any]]:
         .join(store.MediaFile)
         .where(SearchEntry.id.in_(list(score)))
     )
-    hits = [
-        {
-            "entry_id": entry_id,
-            "file_id": file_id,
-            "file_uuid": uuid,
-            "name": name,
-            "rel_path": rel_path,
-            "processor": processor,
-            "start": start,
-            "end": end,
-            "text": text,
-            "score": round(score[entry_id], 4),
-        }
-        for entry_id, file_id, uuid, name, rel_path, processor, start, end, text in rows
-    ]
+    hits = [query.moment_hit(row, score[row[0]], [row[5]]) for row in rows]
     hits.sort(key=lambda h: (-h["score"], -h["entry_id"]))
     # asr and asrx transcribe the same speech: one moment said twice is shown once, with
     # both as its sources (as word search shows it).
@@ -244,7 +230,7 @@ def _hits(best: list[tuple[float, int]]) -> list[dict[str, Any]]:
         if same in kept:
             kept[same]["sources"] = sorted({*kept[same]["sources"], hit["processor"]})
         else:
-            kept[same] = hit | {"sources": [hit["processor"]]}
+            kept[same] = hit
     return list(kept.values())
 
 

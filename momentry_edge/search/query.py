@@ -16,6 +16,7 @@ import io
 import json
 import re
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,11 +145,11 @@ def search(text: str, filters: Filters, limit: int, offset: int) -> dict[str, An
         hits += moments
         total += count
     page = hits[offset : offset + limit]
-    _add_thumbnails(page)
+    add_thumbnails(page)
     waiting = index.waiting()
     return {
         "query": text,
-        "hits": [_render(hit, query) for hit in page],
+        "hits": [render(hit, query) for hit in page],
         "total": total,
         "total_exact": exact,
         "limit": limit,
@@ -157,7 +158,7 @@ def search(text: str, filters: Filters, limit: int, offset: int) -> dict[str, An
     }
 
 
-def _files(filters: Filters) -> list[Any]:
+def file_conditions(filters: Filters) -> list[Any]:
     conditions = []
     if filters.file_uuid:
         conditions.append(MediaFile.file_uuid == filters.file_uuid)
@@ -184,7 +185,7 @@ def _name_hits(query: Query, filters: Filters) -> list[dict[str, Any]]:
                 (MediaFile.folded_name, pw.SQL("LIKE"), f"%{escaped}%", pw.SQL("ESCAPE '\\'"))
             )
         )
-    for condition in _files(filters):
+    for condition in file_conditions(filters):
         select = select.where(condition)
     found = select.order_by(MediaFile.id.desc()).limit(100)
     return [
@@ -214,10 +215,10 @@ def _moment_hits(
     if filters.processor:
         where.append("e.processor = ?")
         params.append(filters.processor)
-    file_conditions = _files(filters)
-    if file_conditions:
+    conditions = file_conditions(filters)
+    if conditions:
         files = MediaFile.select(MediaFile.id)
-        for condition in file_conditions:
+        for condition in conditions:
             files = files.where(condition)
         sql, file_params = files.sql()
         where.append(f"e.file_id IN ({sql.replace('%s', '?')})")
@@ -294,35 +295,29 @@ def _moment_hits(
     rows = store.execute(candidates + ranked, *args, max(wanted, 1)).fetchall()
     counted, scanned_rows = (int(rows[0][-2]), int(rows[0][-1])) if rows else (0, 0)
     hits = [
-        {
-            "entry_id": entry_id,
-            "file_id": file_id,
-            "file_uuid": uuid,
-            "name": name,
-            "rel_path": rel_path,
-            "processor": processor,
-            "start": start,
-            "end": end,
-            "text": text,
-            "score": round(float(score), 4),
-            "sources": list(TRANSCRIPTS) if twins > 1 else [processor],
-        }
-        for (
-            entry_id,
-            file_id,
-            uuid,
-            name,
-            rel_path,
-            processor,
-            start,
-            end,
-            text,
-            score,
-            twins,
-            *_,
-        ) in rows[: max(wanted, 0)]
+        moment_hit(row[:9], row[9], list(TRANSCRIPTS) if row[10] > 1 else [row[5]])
+        for row in rows[: max(wanted, 0)]
     ]
     return hits, counted, counted < CANDIDATES and scanned_rows < PHRASE_SCAN
+
+
+def moment_hit(row: Sequence[Any], score: float, sources: list[str]) -> dict[str, Any]:
+    """A moment's hit, before rendering, from its row: entry id, file id, file uuid, name,
+    rel_path, processor, start, end, text (the order both searches select them in)."""
+    entry_id, file_id, uuid, name, rel_path, processor, start, end, text = row
+    return {
+        "entry_id": entry_id,
+        "file_id": file_id,
+        "file_uuid": uuid,
+        "name": name,
+        "rel_path": rel_path,
+        "processor": processor,
+        "start": start,
+        "end": end,
+        "text": text,
+        "score": round(float(score), 4),
+        "sources": sources,
+    }
 
 
 # -- thumbnails: the keyframe of the scene a hit starts in --------------------------------------
@@ -331,7 +326,7 @@ _SCENES: collections.OrderedDict[int, list[tuple[float, int, bool]]] = collectio
 _scenes_lock = threading.Lock()
 
 
-def _add_thumbnails(hits: list[dict[str, Any]]) -> None:
+def add_thumbnails(hits: list[dict[str, Any]]) -> None:
     for hit in hits:
         hit["scene"] = None
         if hit["start"] is None:
@@ -379,7 +374,7 @@ def _scenes(file_id: int) -> list[tuple[float, int, bool]]:
 # -- a hit as the API gives it --------------------------------------------------------------------
 
 
-def _render(hit: dict[str, Any], query: Query) -> dict[str, Any]:
+def render(hit: dict[str, Any], query: Query) -> dict[str, Any]:
     uuid = hit["file_uuid"]
     folder = hit["rel_path"].rsplit("/", 1)[0] if "/" in hit["rel_path"] else ""
     scene = hit.get("scene")

@@ -65,9 +65,12 @@ def running_service(cfg: config_module.Config) -> Iterator[Service]:
 
 
 @contextlib.contextmanager
-def service_process(root: Path, extra_config: str = "") -> Iterator[tuple[str, subprocess.Popen]]:
-    """A real `momentry-edge run` of this checkout on a free loopback port, with its data
-    in ``root``/data and watching ``root``/drop; yields its URL and process.
+def service_process(
+    root: Path, extra_config: str = "", checkout: Path = ROOT, wait: float = 60
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A real `momentry-edge run` of ``checkout`` (this one unless told) on a free loopback
+    port, with its data in ``root``/data and watching ``root``/drop; yields its URL and
+    process. ``wait``: seconds it may take to start, and to stop.
 
     ``extra_config`` is TOML appended to the config file (after its [service] table).
     The process gets SIGTERM at the end.
@@ -81,16 +84,17 @@ def service_process(root: Path, extra_config: str = "") -> Iterator[tuple[str, s
         encoding="utf-8",
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("MOMENTRY_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(checkout), env.get("PYTHONPATH")]))
     proc = subprocess.Popen(
         [sys.executable, "-m", "momentry_edge.cli", "--config", str(config), "run"],
         env=env,
+        cwd=checkout,  # `-m` looks in the working directory first
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     try:
         run_file = root / "data" / "run.json"
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + wait
         while True:
             with contextlib.suppress(OSError, ValueError):
                 info = json.loads(run_file.read_text())
@@ -102,4 +106,4 @@ def service_process(root: Path, extra_config: str = "") -> Iterator[tuple[str, s
         yield info["url"], proc
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+        proc.wait(timeout=wait)

@@ -19,11 +19,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +30,7 @@ from typing import Any
 
 import httpx
 import psutil
-from common import ROOT
+from common import ROOT, service_process
 from e2e_bench import FINAL, FPS, PeakRss, load_average, make_bench_video, revision
 from frame_media import pull_models
 
@@ -48,38 +45,12 @@ PROCESSORS = ["asr", "cut", "yolo", "ocr", "face", "pose"]
 @contextlib.contextmanager
 def service(root: Path, checkout: Path, extra: str) -> Iterator[tuple[httpx.Client, int]]:
     """`momentry-edge run` of ``checkout`` on a free loopback port; a client and its pid."""
-    (root / "drop").mkdir(parents=True, exist_ok=True)
-    config = root / "momentry.toml"
-    config.write_text(
-        f'[service]\ndata_dir = "{root / "data"}"\nwatch = ["{root / "drop"}"]\nport = 0\n'
-        f"auth = false\n[queue]\ndynamic_concurrency = false\n{extra}",
-        encoding="utf-8",
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MOMENTRY_")}
-    env["PYTHONPATH"] = str(checkout)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "momentry_edge.cli", "--config", str(config), "run"],
-        env=env,
-        cwd=checkout,  # `-m` looks in the working directory first
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        run_file = root / "data" / "run.json"
-        deadline = time.monotonic() + 120
-        while True:
-            with contextlib.suppress(OSError, ValueError):
-                info = json.loads(run_file.read_text())
-                if info["pid"] == proc.pid:
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the service did not start")
-            time.sleep(0.1)
-        with httpx.Client(base_url=info["url"], timeout=60) as client:
-            yield client, proc.pid
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=120)
+    config = f"[queue]\ndynamic_concurrency = false\n{extra}"
+    with (
+        service_process(root, config, checkout=checkout, wait=120) as (url, proc),
+        httpx.Client(base_url=url, timeout=60) as client,
+    ):
+        yield client, proc.pid
 
 
 def resident(pid: int) -> tuple[int, int]:

@@ -150,22 +150,30 @@ class Pictures:
         return np.asarray(image)
 
 
-def make_bench_video(path: Path, seconds: float) -> Path:
-    """The benchmark's video (see the module docstring), made unless it exists."""
+def make_bench_video(
+    path: Path,
+    seconds: float,
+    picture: Any = None,
+    speech_every: float = SPEECH_EVERY,
+    size: tuple[int, int] = SIZE,
+    fps: int = FPS,
+) -> Path:
+    """The benchmark's video (see the module docstring), made unless it exists: its
+    pictures (``Pictures()`` unless told) with a sentence spoken every ``speech_every`` s."""
     if path.exists():
         return path
-    sentences = [SENTENCES[k % len(SENTENCES)] for k in range(math.ceil(seconds / SPEECH_EVERY))]
+    sentences = [SENTENCES[k % len(SENTENCES)] for k in range(math.ceil(seconds / speech_every))]
     with tempfile.TemporaryDirectory() as tmp:
-        wav = speech_track(sentences, Path(tmp), SPEECH_EVERY)
+        wav = speech_track(sentences, Path(tmp), speech_every)
         part = path.with_suffix(".part.mp4")
         make_video(
             part,
             segments=1,
             segment_seconds=seconds,
-            fps=FPS,
-            size=SIZE,
+            fps=fps,
+            size=size,
             speech_wav=wav,
-            picture=Pictures(),
+            picture=Pictures() if picture is None else picture,
         )
     part.rename(path)
     return path

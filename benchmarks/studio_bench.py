@@ -36,13 +36,12 @@ import numpy as np
 from e2e_bench import (
     direct,
     load_average,
+    make_bench_video,
     revision,
     through_service,
 )
 from frame_media import astronaut, pull_models
-from media_factory import make_video
 from PIL import Image, ImageDraw, ImageFont
-from test_asr import SENTENCES, speech_track
 
 from momentry_edge.processors.whisper import Options as AsrOptions
 from momentry_edge.processors.yolo import DEFAULT_MODEL as YOLO_MODEL
@@ -138,24 +137,7 @@ class StudioPictures:
 
 def make_studio_video(path: Path, seconds: float) -> Path:
     """The studio video (see the module docstring), made unless it exists."""
-    if path.exists():
-        return path
-    count = math.ceil(seconds / SPEECH_EVERY)
-    sentences = [SENTENCES[k % len(SENTENCES)] for k in range(count)]
-    with tempfile.TemporaryDirectory() as tmp:
-        wav = speech_track(sentences, Path(tmp), SPEECH_EVERY)
-        part = path.with_suffix(".part.mp4")
-        make_video(
-            part,
-            segments=1,
-            segment_seconds=seconds,
-            fps=FPS,
-            size=SIZE,
-            speech_wav=wav,
-            picture=StudioPictures(),
-        )
-    part.rename(path)
-    return path
+    return make_bench_video(path, seconds, StudioPictures(), SPEECH_EVERY, SIZE, FPS)
 
 
 def studio_paths(work: Path, seconds: float) -> tuple[Path, Path]:

@@ -73,8 +73,9 @@ def test_an_idle_service_lets_its_models_go_and_the_next_job_loads_them(
     scan(svc, clip, "first.mp4")
     # A second idle look finds the same: nothing of the finished job holds a model.
     wait_for(lambda: set(loaded(svc).values()) == {0}, timeout=30)
+    # The count drops as the last instance goes; the heap is handed back just after.
     peak = _high_water_mark(process)
-    assert process.memory_info().rss < peak - 100 * 2**20, (process.memory_info().rss, peak)
+    wait_for(lambda: process.memory_info().rss < peak - 100 * 2**20, timeout=30)
 
     scan(svc, clip, "second.mp4")  # loads them again
     wait_for(lambda: set(loaded(svc).values()) == {0}, timeout=30)

@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
@@ -115,7 +116,13 @@ def postgres(database_url: str) -> PooledPostgresqlDatabase:
     dbname = params.pop("dbname", None) or "postgres"
     # Threads borrow connections from a bounded pool and give them back when idle
     # (release_connection), so a node holds a few connections, not one per thread.
-    pool = type("Pool", (PooledPostgresqlDatabase,), {"psycopg3_adapter": _bounded_adapter()})
+    # Both names: peewee, imported without psycopg (imports.py), would take psycopg2's.
+    adapter = _bounded_adapter()
+    pool = type(
+        "Pool",
+        (PooledPostgresqlDatabase,),
+        {"psycopg3_adapter": adapter, "psycopg2_adapter": adapter},
+    )
     return pool(dbname, max_connections=POOL_SIZE, stale_timeout=300, timeout=30, **params)
 
 
@@ -132,6 +139,8 @@ def _bounded_adapter() -> type:
     (TCP keepalives see nothing wrong) would otherwise hold the thread, and peewee's
     database-wide lock that connect and close take, for as long as it lasts."""
     import psycopg
+    from psycopg.pq import TransactionStatus
+    from psycopg.types.json import Json, Jsonb
 
     class Connection(psycopg.Connection):
         def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
@@ -142,8 +151,27 @@ def _bounded_adapter() -> type:
                 raise
 
     class Adapter(pw.Psycopg3Adapter):
+        # peewee was imported without the driver (imports.py): what it would take from it.
+        txn_idle = TransactionStatus.IDLE
+        txn_inerror = TransactionStatus.INERROR
+        txn_unknown = TransactionStatus.UNKNOWN
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.json_type, self.jsonb_type = Json, Jsonb
+
+        def check_driver(self) -> None:
+            pass  # imported above
+
+        def get_binary_type(self) -> Any:
+            return psycopg.Binary
+
         def connect(self, db: pw.Database, **params: Any) -> Any:
             return Connection.connect(dbname=db.database, **params)
+
+        def server_side_cursor(self, conn: Any) -> Any:
+            in_txn = self.txn_status(conn) == TransactionStatus.INTRANS
+            return conn.cursor(name=str(uuid.uuid1()), withhold=not in_txn)
 
     return Adapter
 

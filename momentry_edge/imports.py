@@ -8,7 +8,6 @@ them (store.connection, the Redis mirror), after it."""
 
 from __future__ import annotations
 
-import importlib.abc
 import importlib.machinery
 import sys
 from collections.abc import Sequence
@@ -24,7 +23,7 @@ HIDDEN: dict[str, tuple[str, ...]] = {
 }
 
 
-class _Finder(importlib.abc.MetaPathFinder):
+class _Finder:  # a meta path finder (importlib.abc's would import importlib.resources)
     def find_spec(
         self, name: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
@@ -32,11 +31,11 @@ class _Finder(importlib.abc.MetaPathFinder):
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is not None and spec.loader is not None:
-            spec.loader = _Without(spec.loader, HIDDEN[name])
+            spec.loader = _Without(spec.loader, HIDDEN[name])  # type: ignore[assignment]
         return spec
 
 
-class _Without(importlib.abc.Loader):
+class _Without:
     """A loader that runs a module with ``hidden`` looking uninstalled."""
 
     def __init__(self, loader: Any, hidden: tuple[str, ...]) -> None:

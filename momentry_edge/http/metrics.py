@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import peewee as pw
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.core import (
-    CollectorRegistry,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
 
 from .. import store
 from ..events import bus
 from ..store import FileState, Job, JobStatus, MediaFile, RunStatus
+
+if TYPE_CHECKING:  # prometheus_client loads at the first scrape, not at every start
+    from prometheus_client.core import HistogramMetricFamily, Metric
 
 DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200)
 
@@ -26,6 +23,8 @@ class _Collector:
         self.effective_limit = effective_limit
 
     def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily
+
         by_status = GaugeMetricFamily("momentry_jobs", "Jobs by status.", labels=["status"])
         counts = dict(store.rows(Job.select(Job.status, pw.fn.COUNT(Job.id)).group_by(Job.status)))
         for status in (*store.ACTIVE_STATES, *store.FINAL_STATES):
@@ -62,6 +61,8 @@ class _Collector:
         yield self._durations()
 
     def _durations(self) -> HistogramMetricFamily:
+        from prometheus_client.core import HistogramMetricFamily
+
         histogram = HistogramMetricFamily(
             "momentry_processor_duration_seconds",
             "Time each completed processor run took.",
@@ -101,6 +102,9 @@ _BUCKET = (
 
 def render_metrics(effective_limit: Callable[[], int]) -> tuple[bytes, str]:
     """The scrape; ``effective_limit`` gives the jobs this node may run at once now."""
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+    from prometheus_client.core import CollectorRegistry
+
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector(effective_limit))
     return generate_latest(registry), CONTENT_TYPE_LATEST

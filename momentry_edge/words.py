@@ -14,8 +14,7 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
-
-import snowballstemmer
+from typing import Any
 
 # A run of word characters; CJK runs are cut into pairs below.
 _WORD = re.compile(r"[^\W_]+")
@@ -25,7 +24,12 @@ _CJK = re.compile(
 )
 MAX_TERM = 64  # longer "words" (a hash, a run of digits) are cut there
 
-_stemmer = snowballstemmer.stemmer("english")
+
+@functools.cache
+def _stemmer() -> Any:
+    import snowballstemmer  # here: a start that indexes and searches nothing needs none
+
+    return snowballstemmer.stemmer("english")
 
 
 def fold(text: str) -> str:
@@ -38,7 +42,7 @@ def fold(text: str) -> str:
 @functools.lru_cache(maxsize=65536)
 def stem(word: str) -> str:
     """A folded Latin (or other spaced script's) word's English stem."""
-    return str(_stemmer.stemWord(word)) if word.isascii() and word.isalpha() else word
+    return str(_stemmer().stemWord(word)) if word.isascii() and word.isalpha() else word
 
 
 def words(text: str) -> list[str]:

@@ -16,6 +16,7 @@ NOT_AT_START = (
     *("httpx", "click", "rich", "pygments", "scenedetect", "cv2", "numpy", "av", "PIL"),
     *("tokenizers", "safetensors"),  # the sentence model: on first search by meaning
     "prometheus_client",  # the first scrape of /metrics
+    "snowballstemmer",  # the first moment indexed or searched
 )
 # The drivers peewee and Huey import wherever installed, not on SQLite without a Redis
 # mirror. By a module of each: the packages' own names show in the report as the attempts

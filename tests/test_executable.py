@@ -41,10 +41,18 @@ def clean_env(home: Path) -> dict[str, str]:
     return {"HOME": str(home), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 
-def test_version_says_what_it_is(executable, tmp_path):
+@pytest.fixture(scope="module")
+def operator_home(tmp_path_factory) -> Path:
+    """One operator's HOME for the tests of what the executable says: the first of them
+    unpacks it there, the others start from that cache (each unpack costs seconds of CPU;
+    the tests below start from a fresh or damaged cache on purpose)."""
+    return tmp_path_factory.mktemp("operator-home")
+
+
+def test_version_says_what_it_is(executable, operator_home):
     reply = subprocess.run(
         [str(executable), "--version"],
-        env=clean_env(tmp_path),
+        env=clean_env(operator_home),
         capture_output=True,
         text=True,
         timeout=600,
@@ -136,10 +144,10 @@ def _run_url(run_file: Path, proc: subprocess.Popen) -> str | None:
     return info["url"] if info["pid"] == proc.pid else None  # the launcher execs the program
 
 
-def test_the_login_item_starts_the_copied_file_not_its_unpacked_folder(executable, tmp_path):
+def test_the_login_item_starts_the_copied_file_not_its_unpacked_folder(executable, operator_home):
     rendered = subprocess.run(
         [str(executable), "service", "render", "--platform", "macos"],
-        env=clean_env(tmp_path),
+        env=clean_env(operator_home),
         capture_output=True,
         text=True,
         timeout=600,

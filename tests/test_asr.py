@@ -344,7 +344,7 @@ def test_long_clip_is_one_model_call_checkpointed_between_windows(
 
 
 def test_by_default_no_more_whisper_windows_than_faster_whisper_on_its_own(
-    longer_clip, models_dir, tmp_path, monkeypatch
+    long_clip, models_dir, tmp_path, monkeypatch
 ):
     from faster_whisper import WhisperModel
 
@@ -357,15 +357,15 @@ def test_by_default_no_more_whisper_windows_than_faster_whisper_on_its_own(
 
     monkeypatch.setattr(WhisperModel, "encode", counted)
     p = processor(models_dir)
-    ours = run(p, longer_clip, tmp_path, Reports())
+    ours = run(p, long_clip, tmp_path, Reports())
     ours_windows = len(windows)
 
-    segments, _ = p.engine.model.transcribe(str(longer_clip))  # the library's default call
+    segments, _ = p.engine.model.transcribe(str(long_clip))  # the library's default call
     direct = " ".join(s.text.strip() for s in segments)
 
-    assert ours_windows <= len(windows) - ours_windows
+    assert ours_windows <= len(windows) - ours_windows, (ours_windows, len(windows))
     for text in (ours["text"], direct):
-        assert word_error_rate(" ".join(SENTENCES * 2), text) <= 0.1, text
+        assert word_error_rate(" ".join(SENTENCES), text) <= 0.1, text
 
 
 @pytest.mark.parametrize("after", [1, 4], ids=["after the first window", "mid-way"])
@@ -715,7 +715,7 @@ def test_service_reports_a_missing_model_and_fails_the_job_at_once(
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
-def test_kill_9_during_asr_resumes_from_the_checkpoint(start_service, longer_clip, models_dir):
+def test_kill_9_during_asr_resumes_from_the_checkpoint(start_service, long_clip, models_dir):
     svc = start_service(
         **{
             "processors.asr": {
@@ -726,32 +726,32 @@ def test_kill_9_during_asr_resumes_from_the_checkpoint(start_service, longer_cli
             }
         }
     )
-    shutil.copy(longer_clip, svc.root / "long meeting.mp4")
+    shutil.copy(long_clip, svc.root / "long meeting.mp4")
     os.replace(svc.root / "long meeting.mp4", svc.drop / "long meeting.mp4")
     task = svc.submit("long meeting.mp4", ["asr"])["task_id"]
 
     def mid_run() -> dict | None:
         run_ = job_run(svc, task)
         stamp = (run_.get("last_checkpoint") or {}).get("timestamp", 0)
-        return run_ if run_["status"] == "running" and 20 <= stamp < 100 else None
+        return run_ if run_["status"] == "running" and 20 <= stamp < 60 else None
 
     before = wait_for(mid_run, timeout=90, interval=0.02)
     svc.kill()
     reached = before["last_checkpoint"]["timestamp"]
-    assert before["total"] == 160 and before["current"] >= int(reached)
+    assert before["total"] == 80 and before["current"] >= int(reached)
 
     svc.start()
     job = svc.wait_status(task, "completed", timeout=120)
     assert job["processors"]["asr"]["attempts"] == 2
     log = svc.log()
-    resumed = re.findall(r"asr: resuming at ([\d.]+) s of 160.0 s", log)
+    resumed = re.findall(r"asr: resuming at ([\d.]+) s of 80.0 s", log)
     assert resumed and float(resumed[-1]) >= reached - 0.05, log  # logged to 0.1 s
 
     output = svc.get(f"/api/v1/files/{job['file_uuid']}/results/asr")
-    assert output["status"] == "completed" and output["last_checkpoint"]["timestamp"] > 150
+    assert output["status"] == "completed" and output["last_checkpoint"]["timestamp"] > 72
     segments = output["result"]["segments"]
-    assert word_error_rate(" ".join(SENTENCES * 2), output["result"]["text"]) <= 0.2
-    assert segments[-1]["end"] > 152 and segments[0]["start"] < 1
+    assert word_error_rate(" ".join(SENTENCES), output["result"]["text"]) <= 0.2
+    assert segments[-1]["end"] > 72 and segments[0]["start"] < 1
     results = svc.data_dir / "results" / job["file_uuid"]
     assert cue_words(results / "asr.srt") == words(output["result"]["text"])
 

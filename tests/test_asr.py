@@ -280,14 +280,18 @@ def test_an_english_only_model_still_names_the_language(models_dir, clip, tmp_pa
 
 @pytest.fixture(scope="module")
 def long_run(long_clip, models_dir, tmp_path_factory):
+    """The long clip transcribed once, uninterrupted: the result, the reports and the calls
+    into the model it made."""
     reports = Reports()
     p = processor(models_dir, chunk_seconds=10)
-    return run(p, long_clip, tmp_path_factory.mktemp("long-out"), reports), reports
+    with pytest.MonkeyPatch.context() as patch:
+        calls = count_model_calls(patch)
+        result = run(p, long_clip, tmp_path_factory.mktemp("long-out"), reports)
+    return result, reports, calls
 
 
-@pytest.fixture
-def model_calls(monkeypatch) -> list[dict]:
-    """Every call into faster-whisper's transcribe (the real model still runs)."""
+def count_model_calls(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    """Every call into faster-whisper's transcribe from now on (the real model still runs)."""
     from faster_whisper import WhisperModel
 
     calls: list[dict] = []
@@ -301,12 +305,17 @@ def model_calls(monkeypatch) -> list[dict]:
     return calls
 
 
-def test_long_clip_is_one_model_call_checkpointed_between_windows(
-    long_clip, models_dir, tmp_path, long_run, model_calls
-):
-    expected, reports = long_run
+@pytest.fixture
+def model_calls(monkeypatch) -> list[dict]:
+    """Every call into faster-whisper's transcribe in the test."""
+    return count_model_calls(monkeypatch)
+
+
+def test_long_clip_is_one_model_call_checkpointed_between_windows(long_clip, long_run):
+    # (That a second run from the start gives this result, the test of a checkpoint from
+    # other settings holds to: that checkpoint is not used.)
+    expected, reports, model_calls = long_run
     assert word_error_rate(" ".join(SENTENCES), expected["text"]) <= 0.2, expected["text"]
-    assert run(processor(models_dir, chunk_seconds=10), long_clip, tmp_path, Reports()) == expected
     spans = transcription.speech_spans(audio.decode(long_clip), whisper.Options(chunk_seconds=10))
 
     # All the speech in one call, its chunks as clips, not one call per chunk...
@@ -356,7 +365,7 @@ def test_by_default_no_more_whisper_windows_than_faster_whisper_on_its_own(
 def test_stopped_run_resumes_from_its_checkpoint_to_the_same_result(
     long_clip, models_dir, tmp_path, long_run, after
 ):
-    expected, _ = long_run
+    expected, _, _ = long_run
     first = Reports(stop_after_checkpoints=after)
     with pytest.raises(Stop):
         run(processor(models_dir, chunk_seconds=10), long_clip, tmp_path, first)
@@ -372,7 +381,7 @@ def test_stopped_run_resumes_from_its_checkpoint_to_the_same_result(
 
 
 def test_checkpoint_from_other_settings_is_not_reused(long_clip, models_dir, tmp_path, long_run):
-    expected, reports = long_run
+    expected, reports, _ = long_run
     foreign = json.loads(json.dumps(reports.checkpoints[0]))
     foreign["partial"]["segments"] = [{"start": 0.0, "end": 1.0, "text": "bogus"}]
     foreign["settings"]["beam_size"] = 1

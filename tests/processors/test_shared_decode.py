@@ -26,8 +26,12 @@ from momentry_edge.processors.ocr import OcrProcessor
 from momentry_edge.processors.pose import PoseProcessor
 from momentry_edge.processors.yolo import YoloProcessor
 
-FPS = 25
+# 10 frames a second (25 before): every frame is decoded and cut looks at each, while the
+# sampled processors see as many frames at any rate; cuts still land to the frame.
+FPS = 10
 TOTAL = 20 * FPS
+STOP_AT = round(10.4 * FPS)  # a stopped pass stops past half-way
+WHERE_EVERY = FPS // 5  # Where samples 5 frames a second
 
 
 def make_processors(models_dir) -> list:
@@ -127,7 +131,7 @@ def test_a_stopped_pass_resumes_each_processor_to_the_same_result(
     clip, solo, models_dir, threads, split
 ):
     processors = make_processors(models_dir)
-    first = [Reports(stop_at=260) for _ in processors]
+    first = [Reports(stop_at=STOP_AT) for _ in processors]
     spare = Spares(lambda: make_processors(models_dir)) if split else None
 
     outcomes = frame_pass.run_shared(
@@ -142,7 +146,7 @@ def test_a_stopped_pass_resumes_each_processor_to_the_same_result(
     checkpoints = [r.checkpoints[-1] for r in first]
     for r, checkpoint in zip(first, checkpoints, strict=True):
         assert r.calls[-1][0] - checkpoint["frame"] <= 2 * FPS  # redone: at most ~2 s of video
-        assert 260 <= checkpoint["frame"] < TOTAL
+        assert STOP_AT <= checkpoint["frame"] < TOTAL
     # Resume with different starting points: cut starts over, the others go on.
     checkpoints[0] = None
     processors = make_processors(models_dir)
@@ -337,7 +341,7 @@ def test_the_threads_go_on_while_the_caller_reports(clip):
     assert all(c["seen"] == list(range(c["frame"])) for c in reports[0].checkpoints)
     for checkpoint in reports[1].checkpoints:
         listed = [f["frame"] for f in checkpoint["partial"]["frames"]]
-        assert listed == list(range(0, checkpoint["frame"], 5))
+        assert listed == list(range(0, checkpoint["frame"], WHERE_EVERY))
 
 
 def test_the_threads_go_on_only_a_few_report_points_past_a_caller_that_lags(clip):
@@ -416,7 +420,7 @@ def test_a_sampled_processor_alone_is_shared_out_among_the_threads_in_frame_orde
     assert len(set(Where.threads.values())) == 2  # both threads looked at its frames
     for checkpoint in reports.checkpoints:  # each holds exactly the frames before it
         listed = [f["frame"] for f in checkpoint["partial"]["frames"]]
-        assert listed == sorted(listed) == [i for i in range(0, checkpoint["frame"], 5)]
+        assert listed == sorted(listed) == list(range(0, checkpoint["frame"], WHERE_EVERY))
         assert checkpoint["sampled"] == len(listed)
 
 

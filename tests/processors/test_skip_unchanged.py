@@ -62,8 +62,14 @@ def every_frame(interview):
     return ocr(skip_unchanged=False).run(context(interview, Reports()))
 
 
-def test_unchanged_frames_are_skipped_and_the_caption_is_caught(interview, every_frame):
-    result = ocr().run(context(interview, Reports()))
+@pytest.fixture(scope="module")
+def skipping(interview):
+    """A run with the default settings, uninterrupted."""
+    return ocr().run(context(interview, Reports()))
+
+
+def test_unchanged_frames_are_skipped_and_the_caption_is_caught(skipping, every_frame):
+    result = skipping
 
     # Analysed: the first frame, and the first that shows the caption; the 14 others
     # of the 16 sampled carry the answer of the frame before.
@@ -92,8 +98,8 @@ def test_frames_shared_out_over_threads_skip_alike(interview, every_frame):
     assert seen(result) == seen(every_frame)
 
 
-def test_a_resumed_run_skips_what_an_uninterrupted_one_skips(interview):
-    alone = ocr().run(context(interview, Reports()))
+def test_a_resumed_run_skips_what_an_uninterrupted_one_skips(interview, skipping):
+    alone = skipping
     first = Reports(stop_at=45)
     with pytest.raises(Stop):
         ocr().run(context(interview, first))

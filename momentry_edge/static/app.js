@@ -704,6 +704,13 @@ $("bulk").addEventListener("submit", async (event) => {
 // place in the list shown (the 500th of 520 is one step away, not 20).
 function waitingPager(offset, total, onPage) {
   const nav = $("waiting-pager");
+  // Made anew only when its page or total changed: each refresh (every queue event) would
+  // otherwise take away a place half typed into "Go to #".
+  if (nav.dataset.shown === `${offset}/${total}`) return;
+  nav.dataset.shown = `${offset}/${total}`;
+  const before = $("waiting-goto");
+  const typed = before ? before.value : "";
+  const focused = before !== null && document.activeElement === before;
   nav.replaceChildren();
   if (total <= PAGE && offset === 0) return;
   const end = Math.min(offset + PAGE, total);
@@ -722,6 +729,8 @@ function waitingPager(offset, total, onPage) {
       onPage(Math.floor((n - 1) / PAGE) * PAGE);
     } }),
   );
+  go.value = typed;
+  if (focused) go.focus();
 }
 
 $("select-shown").addEventListener("change", (e) => {

@@ -127,10 +127,16 @@ def test_a_500_job_line_is_filtered_by_folder_and_status_and_paged_to_its_500th_
     assert listed["total"] == 260
 
     shown = pages(svc)
-    for page in shown.values():
+    line = svc.get("/api/v1/queue/status", params={"limit": 40})["queue"]
+    for nth, page in enumerate(shown.values()):
         page_expect(page.locator("#waiting-pager")).to_contain_text("1–25 of 520")
-        # The 500th job in one step: its place typed, Go.
+        # The 500th job in one step: its place typed, Go. What is typed stays while a
+        # queue event refreshes the page (here a job moved to #1).
         page.get_by_label("Go to #").fill("500")
+        moved = line[30 + nth]
+        svc.call("POST", f"/api/v1/queue/prioritize/{moved['file_uuid']}")
+        page_expect(page.locator("#waiting li").first).to_contain_text(moved["file_name"])
+        page_expect(page.get_by_label("Go to #")).to_have_value("500")
         page.get_by_role("button", name="Go", exact=True).click()
         page_expect(page.locator("#waiting-pager")).to_contain_text("476–500 of 520")
         page_expect(page.locator("#waiting li").last).to_contain_text("#500")

@@ -371,11 +371,11 @@ def test_the_index_answers_while_rebuilt_and_stays_true_to_reruns_and_forget(
 
 @pytest.mark.timeout(60)
 def test_a_common_and_a_rare_prefix_each_find_their_newest_moments(tmp_path, database_url):
-    # 2,500 segments say "budgeted" and "report", each with two of 230 other words;
-    # the oldest alone says "zebra". On PostgreSQL with the column's statistics gathered
-    # (ANALYZE), a common prefix is read newest first off the primary key, a rare one
-    # through the GIN index; without them, both through the GIN index. Each finds the
-    # same moments.
+    # 2,500 segments say "budgeted" and "report" (17 of them "budgeted report"), each
+    # with two of 230 other words; the oldest alone says "zebra". On PostgreSQL with the
+    # column's statistics gathered (ANALYZE), a common prefix is read newest first off
+    # the primary key, a rare one through the GIN index; without them, both through the
+    # GIN index. Each finds the same moments.
     database = store.connect(database_url, tmp_path)
     record = store.MediaFile.create(
         file_uuid="d" * 32,
@@ -409,4 +409,9 @@ def test_a_common_and_a_rare_prefix_each_find_their_newest_moments(tmp_path, dat
         assert found("budg*") == ([2.0 * i for i in range(2499, 2494, -1)], 2000, False)
         assert found("zeb*") == ([0.0], 1, True)
         assert found("zebu*") == ([], 0, True)
+        # The phrase's 17 segments, 13 of them among the newest 2,000 holding both words:
+        # on PostgreSQL it is looked for there, and its total is a lower bound.
+        starts, total, exact = found('"budgeted report"')
+        assert starts == [2.0 * i for i in (2407, 2257, 2107, 1957, 1807)]
+        assert (total, exact) == ((13, False) if postgres else (17, True))
     database.close()

@@ -37,8 +37,9 @@ MAX_CLAUSES = 16
 # the total is a lower bound ("total_exact": false).
 CANDIDATES = 2000
 # PostgreSQL: a phrase's candidates are looked for among the newest PHRASE_SCAN moments
-# that hold all its words (its GIN index knows words, not where they are).
-PHRASE_SCAN = 10_000
+# that hold all its words (its GIN index knows words, not where they are). The same
+# bound as a word's: reading them costs what a word as common as all of them costs.
+PHRASE_SCAN = 2000
 # PostgreSQL's planner reads how common a prefix is off the terms ANALYZE found commonest
 # in the tsv column (pg_stats.most_common_elems) where it has at least PLANNER_TERMS of
 # them; with fewer it guesses 2 % of rows for any prefix. Looked up once STATS_SECONDS.

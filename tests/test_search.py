@@ -367,3 +367,51 @@ def test_the_index_answers_while_rebuilt_and_stays_true_to_reruns_and_forget(
     assert said("tuesday")[0] == [] and sorted(said()[0]) == ["a new budget for monday"]
     assert store.SearchEntry.select().where(store.SearchEntry.file == earlier.id).count() == 0
     database.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_common_and_a_rare_prefix_each_find_their_newest_moments(tmp_path, database_url):
+    # 2,500 segments say "budgeted" and "report" (17 of them "budgeted report"), each
+    # with two of 230 other words; the oldest alone says "zebra". On PostgreSQL with the
+    # column's statistics gathered (ANALYZE), a common prefix is read newest first off
+    # the primary key, a rare one through the GIN index; without them, both through the
+    # GIN index. Each finds the same moments.
+    database = store.connect(database_url, tmp_path)
+    record = store.MediaFile.create(
+        file_uuid="d" * 32,
+        path="/drop/talk.mp4",
+        watch_root="/drop",
+        rel_path="talk.mp4",
+        name="talk.mp4",
+        folded_name="talk.mp4",
+    )
+    said = [
+        f"budgeted report w{i % 150} v{i % 80}"
+        if i % 150 == 7
+        else f"report w{i % 150} budgeted v{i % 80}"
+        for i in range(2500)
+    ]
+    said[0] = "zebra " + said[0]
+    with database.atomic():
+        index.put(record.id, "asr", transcript(*said))
+
+    def found(q: str) -> tuple[list[float], int, bool]:
+        answer = query.search(q, query.Filters(), 5, 0)
+        return [h["start"] for h in answer["hits"]], answer["total"], answer["total_exact"]
+
+    postgres = store.is_postgres(database)
+    for analysed in (False, True):
+        if analysed:
+            store.execute("ANALYZE search_entry")
+            query._planned.clear()  # looked up afresh, as a process does every few minutes
+            assert not postgres or query._prefixes_planned(database)
+        # All 2,500 match: ranked among the newest 2,000 (equal scores, newest first).
+        assert found("budg*") == ([2.0 * i for i in range(2499, 2494, -1)], 2000, False)
+        assert found("zeb*") == ([0.0], 1, True)
+        assert found("zebu*") == ([], 0, True)
+        # The phrase's 17 segments, 13 of them among the newest 2,000 holding both words:
+        # on PostgreSQL it is looked for there, and its total is a lower bound.
+        starts, total, exact = found('"budgeted report"')
+        assert starts == [2.0 * i for i in (2407, 2257, 2107, 1957, 1807)]
+        assert (total, exact) == ((13, False) if postgres else (17, True))
+    database.close()

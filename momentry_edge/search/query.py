@@ -16,6 +16,7 @@ import io
 import json
 import re
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,8 +37,14 @@ MAX_CLAUSES = 16
 # the total is a lower bound ("total_exact": false).
 CANDIDATES = 2000
 # PostgreSQL: a phrase's candidates are looked for among the newest PHRASE_SCAN moments
-# that hold all its words (its GIN index knows words, not where they are).
-PHRASE_SCAN = 10_000
+# that hold all its words (its GIN index knows words, not where they are). The same
+# bound as a word's: reading them costs what a word as common as all of them costs.
+PHRASE_SCAN = 2000
+# PostgreSQL's planner reads how common a prefix is off the terms ANALYZE found commonest
+# in the tsv column (pg_stats.most_common_elems) where it has at least PLANNER_TERMS of
+# them; with fewer it guesses 2 % of rows for any prefix. Looked up once STATS_SECONDS.
+PLANNER_TERMS = 100
+STATS_SECONDS = 300.0
 SNIPPET = 160  # characters of text around the first match
 PROCESSORS = (*SEARCHED, "name")
 
@@ -251,10 +258,13 @@ def _moment_hits(
             args = [tsquery(query, phrases=False), *params, PHRASE_SCAN, expression, CANDIDATES]
             scanned = "(SELECT COUNT(*) FROM c0)"
         else:
-            # The planner cannot tell how common a prefix is (it guesses 2 % of rows) and
-            # would read the table newest first for it, all of it for a rare one: "+ 0"
-            # keeps it off the primary key, on the GIN index.
-            order = "e.id + 0" if any(clause.prefix for clause in query.clauses) else "e.id"
+            # A prefix is planned as a word is (a common one off the primary key, a rare
+            # one through the GIN index) where the column's statistics tell the planner
+            # how common it is. Without them it guesses 2 % of rows and would read the
+            # table newest first, all of it for a rare prefix: "+ 0" keeps it off the
+            # primary key, on the GIN index.
+            prefix = any(clause.prefix for clause in query.clauses)
+            order = "e.id + 0" if prefix and not _prefixes_planned(database) else "e.id"
             found = (
                 f"c AS (SELECT {moment}, e.tsv FROM search_entry e"
                 f" WHERE e.tsv @@ {match}{extra} ORDER BY {order} DESC LIMIT ?),"
@@ -299,6 +309,27 @@ def _moment_hits(
         for row in rows[: max(wanted, 0)]
     ]
     return hits, counted, counted < CANDIDATES and scanned_rows < PHRASE_SCAN
+
+
+_planned: dict[int, tuple[float, bool]] = {}  # id(database): (when looked up, planned)
+
+
+def _prefixes_planned(database: pw.Database) -> bool:
+    """Whether PostgreSQL's planner can tell how common a prefix is in ``database``: its
+    statistics of search_entry.tsv (gathered by ANALYZE, and autovacuum) hold at least
+    PLANNER_TERMS terms. Looked up at most once STATS_SECONDS a process."""
+    now = time.monotonic()
+    known = _planned.get(id(database))
+    if known is not None and now - known[0] < STATS_SECONDS:
+        return known[1]
+    row = store.execute(
+        "SELECT cardinality(most_common_elems::text::text[]) FROM pg_stats"
+        " WHERE schemaname = current_schema() AND tablename = 'search_entry'"
+        " AND attname = 'tsv'"
+    ).fetchone()
+    planned = bool(row and row[0] and row[0] >= PLANNER_TERMS)
+    _planned[id(database)] = (now, planned)
+    return planned
 
 
 def moment_hit(row: Sequence[Any], score: float, sources: list[str]) -> dict[str, Any]:

@@ -233,19 +233,24 @@ def test_any_query_gets_results_or_a_clear_400(start_service):
     assert svc.get("/api/v1/queue/status")  # still serving
 
 
+def dropped_file(name: str, file_uuid: str) -> store.MediaFile:
+    """A file registered at the top of the drop folder (its name folded as typed)."""
+    return store.MediaFile.create(
+        file_uuid=file_uuid,
+        path=f"/drop/{name}",
+        watch_root="/drop",
+        rel_path=name,
+        name=name,
+        folded_name=name,
+    )
+
+
 TALK_ZH = "我们今天开会讨论明年的预算问题，预算被削减了。"
 
 
 def test_a_chinese_word_inside_a_chinese_sentence_is_found(tmp_path, database_url):
     database = store.connect(database_url, tmp_path)
-    record = store.MediaFile.create(
-        file_uuid="c" * 32,
-        path="/drop/会议.mp4",
-        watch_root="/drop",
-        rel_path="会议.mp4",
-        name="会议.mp4",
-        folded_name="会议.mp4",
-    )
+    record = dropped_file("会议.mp4", "c" * 32)
     document = {
         "status": "completed",
         "result": {
@@ -273,14 +278,7 @@ def test_results_removed_by_the_retention_sweep_leave_no_hit(tmp_path, database_
     data = tmp_path / "data"
     database = store.connect(database_url, data)
     jobs.init_queue_state(2, False)
-    gone = store.MediaFile.create(
-        file_uuid="e" * 32,
-        path="/drop/old.mp4",
-        watch_root="/drop",
-        rel_path="old.mp4",
-        name="old.mp4",
-        folded_name="old.mp4",
-    )
+    gone = dropped_file("old.mp4", "e" * 32)
     job, _ = jobs.submit(gone, ["asr"], max_retries=0)
     jobs.cancel(job)
     store.MediaFile.update(state=store.FileState.MISSING).where(
@@ -321,15 +319,7 @@ def test_the_index_answers_while_rebuilt_and_stays_true_to_reruns_and_forget(
     database = store.connect(database_url, data)
     jobs.init_queue_state(2, False)
     indexed, earlier = (
-        store.MediaFile.create(
-            file_uuid=c * 32,
-            path=f"/drop/{name}",
-            watch_root="/drop",
-            rel_path=name,
-            name=name,
-            folded_name=name,
-        )
-        for c, name in (("a", "monday.mp4"), ("b", "tuesday.mp4"))
+        dropped_file(name, c * 32) for c, name in (("a", "monday.mp4"), ("b", "tuesday.mp4"))
     )
     with database.atomic():
         index.put(indexed.id, "asr", transcript("the budget of monday"))
@@ -377,14 +367,7 @@ def test_a_common_and_a_rare_prefix_each_find_their_newest_moments(tmp_path, dat
     # the primary key, a rare one through the GIN index; without them, both through the
     # GIN index. Each finds the same moments.
     database = store.connect(database_url, tmp_path)
-    record = store.MediaFile.create(
-        file_uuid="d" * 32,
-        path="/drop/talk.mp4",
-        watch_root="/drop",
-        rel_path="talk.mp4",
-        name="talk.mp4",
-        folded_name="talk.mp4",
-    )
+    record = dropped_file("talk.mp4", "d" * 32)
     said = [
         f"budgeted report w{i % 150} v{i % 80}"
         if i % 150 == 7

@@ -102,7 +102,7 @@ def test_a_tree_1500_deep_made_while_running_is_taken_and_said_once(
     bottom = make_deep(svc.drop)
     deep = put(clip, bottom / "deep.mp4", b"deep")
     top = put(clip, svc.drop / "top.mp4", b"top")
-    wait_for(lambda: {relative(svc, top), relative(svc, deep)} <= files(svc).keys(), timeout=60)
+    wait_for(lambda: {relative(svc, top), relative(svc, deep)} <= files(svc).keys(), timeout=120)
 
     # Said once, in the log and as a warning in status; the rescans carry on in silence.
     wait_for(lambda: cannot_watch(svc), timeout=10)
@@ -128,7 +128,7 @@ def test_a_tree_1500_deep_there_at_start_up_is_taken_and_said_once(
     deep = put(clip, make_deep(drop) / "deep.mp4", b"deep")
     top = put(clip, drop / "top.mp4", b"top")
     svc = start_service(ingest=INGEST | {"rescan_interval": 1})
-    wait_for(lambda: {relative(svc, top), relative(svc, deep)} <= files(svc).keys(), timeout=60)
+    wait_for(lambda: {relative(svc, top), relative(svc, deep)} <= files(svc).keys(), timeout=120)
     wait_for(lambda: rescans(svc) >= 4, timeout=30)
     assert len(cannot_watch(svc)) == 1, cannot_watch(svc)
     assert any("cannot watch" in w for w in svc.status()["warnings"])

@@ -13,10 +13,9 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import numpy as np
+import numpy as np
 
 from .. import weights
 
@@ -36,7 +35,6 @@ class Encoder:
     """The model, loaded from its folder (never fetched)."""
 
     def __init__(self, folder: Path) -> None:
-        import numpy as np
         from safetensors.numpy import load_file
         from tokenizers import Tokenizer
 
@@ -58,8 +56,6 @@ class Encoder:
 
     def encode(self, texts: list[str]) -> np.ndarray:
         """One unit vector (float32, DIMENSIONS) a text, in the order given."""
-        import numpy as np
-
         out = np.zeros((len(texts), DIMENSIONS), np.float32)
         encoded = self.tokenizer.encode_batch(texts)
         order = sorted(range(len(texts)), key=lambda i: len(encoded[i].ids))
@@ -84,8 +80,6 @@ class Encoder:
         return out
 
     def _forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        import numpy as np
-
         w = self.w
         n, width = ids.shape
         x = (
@@ -122,8 +116,6 @@ class Encoder:
         return (flat + self.w[name + ".bias"]).reshape(*x.shape[:-1], -1)
 
     def _norm(self, x: np.ndarray, name: str) -> np.ndarray:
-        import numpy as np
-
         mean = x.mean(-1, keepdims=True)
         var = ((x - mean) ** 2).mean(-1, keepdims=True)
         return (x - mean) / np.sqrt(var + self.eps) * self.w[name + ".weight"] + self.w[
@@ -133,16 +125,12 @@ class Encoder:
 
 def _gelu(x: np.ndarray) -> np.ndarray:
     """BERT's gelu, the exact (erf) one, not the tanh approximation."""
-    import numpy as np
-
     return 0.5 * x * (1.0 + _erf(x * np.float32(1 / np.sqrt(2.0))))
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
     # Abramowitz and Stegun 7.1.26: within 1.5e-7 of erf, below float32's own precision
     # (numpy has no erf, and scipy is not worth a dependency for one function).
-    import numpy as np
-
     sign = np.sign(x)
     a = np.abs(x)
     t = 1.0 / (1.0 + 0.3275911 * a)
@@ -209,6 +197,4 @@ def as_blob(vectors: np.ndarray) -> list[bytes]:
 
 
 def from_blobs(blobs: list[Any]) -> np.ndarray:
-    import numpy as np
-
     return np.frombuffer(b"".join(bytes(b) for b in blobs), "<f2").reshape(-1, DIMENSIONS)

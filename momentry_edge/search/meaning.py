@@ -25,7 +25,7 @@ import peewee as pw
 from .. import store
 from ..errors import Conflict, Invalid
 from ..store import SearchEntry, SearchVector
-from . import encoder, query
+from . import query
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,11 @@ class Embedder:
         if not todo:
             self._after = max(self._after, top)  # every moment up to top has its vector
             return 0
-        try:  # loaded once a moment wants it: a service that indexes nothing never loads it
+        # Loaded once a moment wants it (the encoder with numpy): a service that indexes
+        # nothing never loads it.
+        from . import encoder
+
+        try:
             model = encoder.load()
         except encoder.MeaningUnavailable as exc:
             if not self._said_missing:
@@ -133,6 +137,8 @@ def search(text: str, filters: query.Filters, limit: int, offset: int) -> dict[s
         raise Invalid("q has no words to search for")
     if len(text) > query.MAX_QUERY:
         raise Invalid(f"q must be at most {query.MAX_QUERY} characters")
+    from . import encoder
+
     try:
         model = encoder.load()
     except encoder.MeaningUnavailable as exc:
@@ -165,6 +171,8 @@ def _nearest(
     """The ``count`` best (score, entry id) passing the filters, and how many are at least
     MIN_SCORE alike; the vectors read CHUNK at a time."""
     import numpy as np
+
+    from . import encoder
 
     select = SearchVector.select(SearchVector.entry, SearchVector.vector)
     conditions = query.file_conditions(filters)

@@ -245,6 +245,9 @@ class ModelsConfig:
     # Seconds without a job after which the loaded models are let go and their memory given
     # back (the next job loads them again, a few seconds); 0 keeps them for good.
     idle_release_seconds: float = _setting(600.0, minimum=0, maximum=MAX_SECONDS)
+    # Once they are let go the service starts afresh in its own process (same pid and
+    # port), which gives back the memory the model libraries keep (afresh.py).
+    idle_restart: bool = _setting(True)
 
 
 @dataclass(frozen=True)

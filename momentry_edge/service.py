@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import (
     __version__,
+    afresh,
     apitoken,
     cluster,
     datalock,
@@ -129,6 +130,10 @@ class Service:
         self.token = ""  # what the API requires (apitoken.effective), set at start
         self._threads: list[threading.Thread] = []
         self.exit_code = 0  # what `run` returns once stopped
+        # Idle with its models let go (models.idle_restart): `run` then starts afresh,
+        # handing the new image the API's listening socket (kept open here).
+        self.restart = False
+        self.listener: int | None = None
 
     # -- what the API calls (api.Core) ----------------------------------------------------------
 
@@ -462,7 +467,8 @@ class Service:
             elif task == "health" and self.config.queue.worker_enabled:
                 self.workers.check_health()
             elif task == "models":
-                self.workers.release_models()
+                if self.workers.release_models() and self.config.models.idle_restart:
+                    self._start_afresh()
             elif task == "sweep":
                 # Also at the first tick, for what a crash left; retention_days 0 keeps all
                 # results, not the temp files.
@@ -509,6 +515,19 @@ class Service:
         self.exit_code = 1
         self.stopping.set()
 
+    def _start_afresh(self) -> None:
+        """Stop, then start again in this process: what the model libraries keep once used
+        (some 300 MiB) goes back to the system. Not while a job is in hand."""
+        if self.workers.in_hand():
+            return
+        log.info(
+            "idle, models let go: starting afresh (pid %d stays) to give back the memory "
+            "their libraries keep; the next job loads them again",
+            os.getpid(),
+        )
+        self.restart = True
+        self.stopping.set()
+
     def stop(self) -> None:
         """Shut down in order, each step bounded."""
         self.stopping.set()
@@ -517,6 +536,8 @@ class Service:
         self.watcher.stop()
         # 1. Stop taking requests.
         if self.server is not None:
+            if self.restart:  # the new image listens on it: requests meanwhile wait
+                self.listener = os.dup(self.server.socket.fileno())
             stop_server(self.server, self._http)
         self.provision.stop()  # a pull in progress stops; the next start resumes it
         self.search_backfill.stop()
@@ -642,6 +663,9 @@ def run(config: Config) -> int:
         service.run_forever()
     finally:
         service.stop()
+    if service.restart:
+        afresh.start_afresh(service.listener)  # returns only if that failed
+        return 1  # the service manager starts it again
     return service.exit_code
 
 

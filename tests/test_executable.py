@@ -75,7 +75,9 @@ def test_the_executable_runs_a_default_scan_of_a_dropped_video(
     config.write_text(
         f'[service]\ndata_dir = "{data}"\nwatch = ["{drop}"]\nport = 0\n'
         f"[ingest]\nsettle_seconds = 1\nprocessors = {json.dumps(DEFAULT_SCAN)}\n"
-        f'[processors.asr]\nmodel = "{MODEL}"\n',
+        f'[processors.asr]\nmodel = "{MODEL}"\n'
+        # Idle a second after the job: the models go and the program starts afresh.
+        "[models]\nidle_release_seconds = 1\n",
         encoding="utf-8",
     )
     log = (tmp_path / "service.log").open("wb")
@@ -125,6 +127,11 @@ def test_the_executable_runs_a_default_scan_of_a_dropped_video(
                 name: api.get(f"/api/v1/files/{job['file_uuid']}/results/{name}").json()
                 for name in DEFAULT_SCAN
             }
+            # The program started afresh in its own process, on the same port.
+            log_file = data / "logs" / "momentry-edge.log"
+            wait_for(lambda: log_file.read_text().count(" listening on ") == 2, timeout=120)
+            assert api.get("/healthz").json()["status"] == "ok"
+            assert json.loads(run_file.read_text())["pid"] == proc.pid
     finally:
         proc.terminate()
         code = proc.wait(timeout=60)

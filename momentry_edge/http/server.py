@@ -28,6 +28,7 @@ from waitress.channel import HTTPChannel
 from waitress.server import BaseWSGIServer, TcpWSGIServer
 from waitress.task import ErrorTask, ThreadedTaskDispatcher
 
+from .. import afresh
 from . import limits as http_limits
 from .parsing import MAX_BODY
 from .routes_service import MAX_EVENT_STREAMS
@@ -248,7 +249,10 @@ def start_server(app: Any, host: str, port: int) -> tuple[BaseWSGIServer, int]:
     family, _, _, _, address = socket.getaddrinfo(
         host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )[0]
-    sock = socket.create_server(address[:2], family=family)
+    # A new image of this process (afresh.py) goes on with the socket the old one bound.
+    sock = afresh.inherited_listener(address[:2]) or socket.create_server(
+        address[:2], family=family
+    )
     adjustments = Adjustments(
         sockets=[sock],
         threads=API_THREADS + APART_THREADS,

@@ -136,9 +136,10 @@ class Workers:
     def check_health(self) -> None:
         self.threads.check_health()
 
-    def release_models(self) -> None:
-        """Let the processors' models go once no job has run for models.idle_release_seconds."""
-        self.pool.release_idle()
+    def release_models(self) -> int:
+        """Let the processors' models go once no job has run for models.idle_release_seconds;
+        how many instances went."""
+        return self.pool.release_idle()
 
     def _add_thread(self) -> None:
         """A drain found every worker thread busy: start one more, up to

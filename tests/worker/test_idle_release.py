@@ -1,5 +1,6 @@
-"""An idle service lets its models go (``models.idle_release_seconds``) and gives their
-memory back; the next job loads them again and completes."""
+"""An idle service lets its models go (``models.idle_release_seconds``) and starts afresh
+in its own process to give their libraries' memory back (``models.idle_restart``); the next
+job loads them again and completes."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def scan(svc: ServiceProcess, clip: Path, name: str) -> None:
 
 
 @on_sqlite
-def test_an_idle_service_lets_its_models_go_and_the_next_job_loads_them(
+def test_an_idle_service_lets_its_models_go_starts_afresh_and_the_next_job_loads_them(
     start_service, models_dir, clip
 ) -> None:
     whisper = {"model": "whisper-tiny.en", "models_dir": str(models_dir)}
@@ -69,20 +70,50 @@ def test_an_idle_service_lets_its_models_go_and_the_next_job_loads_them(
     )
     assert set(loaded(svc).values()) == {0}  # nothing loaded at start
     process = psutil.Process(svc.proc.pid)
+    at_start = process.memory_info().rss
 
     scan(svc, clip, "first.mp4")
-    # A second idle look finds the same: nothing of the finished job holds a model.
-    wait_for(lambda: set(loaded(svc).values()) == {0}, timeout=30)
-    # The count drops as the last instance goes; the heap is handed back just after.
-    peak = _high_water_mark(process)
-    wait_for(lambda: process.memory_info().rss < peak - 100 * 2**20, timeout=30)
+    used = _high_water_mark(process)
+    # Idle: the models go, then the service starts afresh in the same process, on the
+    # same port; what the model libraries kept is given back with the old image.
+    wait_for(lambda: starts(svc) == 2, timeout=60)
+    assert "starting afresh" in svc.log()
+    assert set(loaded(svc).values()) == {0}  # the API answers, as before, on the same port
+    assert svc.proc.poll() is None and process.pid == svc.proc.pid
+    rss = process.memory_info().rss
+    assert rss < 100 * 2**20 and rss < used / 4, (at_start, used, rss)
 
     scan(svc, clip, "second.mp4")  # loads them again
-    wait_for(lambda: set(loaded(svc).values()) == {0}, timeout=30)
+    wait_for(lambda: starts(svc) == 3, timeout=60)  # and afresh again
+    assert set(loaded(svc).values()) == {0}
+    assert svc.stop() == 0  # an ordinary stop ends it
+
+
+@on_sqlite
+def test_with_idle_restart_off_the_models_go_and_the_process_stays(
+    start_service, models_dir, clip
+) -> None:
+    svc = start_service(
+        models={"idle_release_seconds": 1, "idle_restart": False},
+        **{"processors.yolo": {"models_dir": str(models_dir)}},
+    )
+    shutil.copy(clip, svc.drop / "clip.mp4")
+    task = svc.submit("clip.mp4", ["yolo"])["task_id"]
+    assert svc.wait_status(task, "completed", "failed", timeout=120)["status"] == "completed"
+    # The release and the fresh start are said by one thread, one line after the other.
+    wait_for(lambda: "let go" in svc.log(), timeout=30)
+    assert loaded(svc) == {name: 0 for name in loaded(svc)}
+    assert "starting afresh" not in svc.log() and starts(svc) == 1
+
+
+def starts(svc: ServiceProcess) -> int:
+    """How often the service said it listens: at its start and at each fresh start."""
+    log_file = svc.data_dir / "logs" / "momentry-edge.log"
+    return log_file.read_text(errors="replace").count(" listening on ")
 
 
 def _high_water_mark(process: psutil.Process) -> int:
-    """The process's peak resident size over its life (Linux /proc), bytes."""
+    """The process's peak resident size over its image's life (Linux /proc), bytes."""
     for line in Path(f"/proc/{process.pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024

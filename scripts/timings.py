@@ -77,6 +77,10 @@ def report(run: Path, top: int, markdown: bool) -> str:
 
     summary = [("tests", len(tests)), ("files", len(files))]
     summary += [("sum of test wall (s)", f"{wall:.0f}"), ("sum of test CPU (s)", f"{cpu:.0f}")]
+    if any("polls" in t for t in tests):  # conftest.wait_for's share of that wall
+        waited = sum(t.get("waited", 0) for t in tests)
+        polls = sum(t.get("polls", 0) for t in tests)
+        summary += [("of the wall, in wait_for (s)", f"{waited:.0f}"), ("its polls", polls)]
     if run.is_dir() and (folder / "t.after").exists():
         suite_wall = float((folder / "t.after").read_text()) - float(
             (folder / "t.before").read_text()

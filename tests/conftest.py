@@ -23,6 +23,7 @@ from media_factory import make_video
 from momentry_edge import weights
 
 TESTS = Path(__file__).resolve().parent
+FIRST_POLL, MAX_POLL = 0.05, 0.25  # wait_for's backoff, seconds
 
 # Wall and CPU seconds per test (MOMENTRY_TEST_TIMINGS=FILE writes them; tests/README.md);
 # the browser the console's tests drive (its fixtures playwright and browser).
@@ -48,16 +49,34 @@ def models_dir(tmp_path_factory) -> Path:
         pytest.fail(f"{e}\n(scripts/test installs the test-models extra)")
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail the test on timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {predicate}")
-        time.sleep(interval)
+def wait_for(
+    predicate: Callable[[], Any], timeout: float = 20.0, interval: float | None = None
+) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail the test on timeout.
+
+    With no ``interval`` the polls back off, from 0.05 s to at most ``MAX_POLL`` apart: most
+    polls ask a service (a job's status costs it about 4 ms of CPU), and a test waiting
+    seconds for a job need not ask twenty times a second. A wait for a state that lasts
+    less than ``MAX_POLL`` gives its own ``interval`` and polls that often throughout.
+    """
+    from timings import WAITS  # the plugin's module: imported here, after pytest loaded it
+
+    started = time.monotonic()
+    deadline = started + timeout
+    pause = interval or FIRST_POLL
+    try:
+        while True:
+            WAITS.polls += 1
+            value = predicate()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout}s waiting for {predicate}")
+            time.sleep(pause)
+            if interval is None:
+                pause = min(pause * 1.5, MAX_POLL)
+    finally:
+        WAITS.seconds += time.monotonic() - started
 
 
 def _toml(settings: dict[str, dict[str, Any]]) -> str:

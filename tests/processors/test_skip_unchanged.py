@@ -88,11 +88,23 @@ def test_an_unchanged_picture_is_analysed_again_after_recheck_seconds(interview)
     assert result["frames_sampled"] - result["frames_skipped"] == 5
 
 
+class SharedOcr(OcrProcessor):
+    spares = True  # as a plugin's processor may (the built-ins keep to one instance)
+
+
 def test_frames_shared_out_over_threads_skip_alike(interview, every_frame):
-    members = [ocr()]
+    member = SharedOcr({"sample_fps": 2.0})
+    spares = []
+
+    def spare(_slot: int) -> SharedOcr:
+        spares.append(SharedOcr({"sample_fps": 2.0}))
+        return spares[-1]
+
     (result,) = frame_pass.run_shared(
-        interview, [(members[0], context(interview, Reports()))], threads=2, spare=lambda _: ocr()
+        interview, [(member, context(interview, Reports()))], threads=2, spare=spare
     )
+
+    assert len(spares) == 1  # its frames were shared out over the two threads
 
     assert result["frames_skipped"] == 14
     assert seen(result) == seen(every_frame)

@@ -18,8 +18,8 @@ from test_asr import speech_track
 
 on_sqlite = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 
-# The frame pass on two threads (a spare of each frame processor) and asr with asrx (one
-# shared transcription): the parts whose finished runs once kept their models referenced.
+# The frame pass on two threads and asr with asrx (one shared transcription): the parts
+# whose finished runs once kept their models referenced.
 SCAN = ["asr", "asrx", "yolo", "face"]
 
 

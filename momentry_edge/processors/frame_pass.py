@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import numpy as np
     from av.video.frame import VideoFrame
 
-from momentry_edge import media
+from momentry_edge import heap, media
 from momentry_edge.pictures import Converter
 
 from .base import PermanentError, Processor, ProcessorError, RunContext, Stop
@@ -54,7 +54,7 @@ SAVE_SPACING = 20
 # decode while the thread is on one big frame for another), and how often a blocked
 # thread looks whether the pass is ending.
 
-BYTES_IN_FLIGHT = 32 << 20
+BYTES_IN_FLIGHT = 16 << 20  # 32 held ~20 MiB more and was no quicker
 
 
 POLL_SECONDS = 0.1
@@ -200,6 +200,9 @@ def run_shared(
             for done in fed:
                 total = max(info.frame_count, done)
                 stop = _report_all(active, outcomes, done, total, taken=fed.taken)
+                # What the members freed since (frames, the models' buffers), back to the
+                # system: a default scan of 2 min of 720p peaked 40-80 MiB lower.
+                heap.give_back()
                 if stop is not None:
                     break
     except media.MediaNotFoundError as e:

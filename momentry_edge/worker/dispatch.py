@@ -11,7 +11,7 @@ import time
 from collections.abc import Collection
 from typing import Any
 
-from .. import clock, cluster, jobs, logs, outputs, store
+from .. import clock, cluster, heap, jobs, logs, outputs, store
 from ..config import Config
 from ..events import Event, bus
 from ..processors import Registry
@@ -69,7 +69,7 @@ class Workers:
         self.can_run: set[str] = set()
         self.coming: set[str] = set()
         self.update_processors()
-        pool.limit_heap_arenas()
+        heap.limit_arenas()
         self.pool = pool.ProcessorPool(registry, config.models.idle_release_seconds)
         self.runners = runners.Runners("model")
         self.hands = JobsInHand()

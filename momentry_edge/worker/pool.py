@@ -4,7 +4,6 @@ once no job has used them for ``models.idle_release_seconds``."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
 import logging
 import threading
@@ -13,7 +12,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from .. import weights
+from .. import heap, weights
 from ..processors import Registry
 from ..processors.base import Processor
 from .settle import message
@@ -125,7 +124,7 @@ class ProcessorPool:
         idle.clear()
         if count:
             gc.collect()  # models in reference cycles (onnxruntime's, mediapipe's graphs)
-            give_back_memory()
+            heap.give_back()
             log.info("%d idle processor instance(s) let go; loaded again when needed", count)
         return count
 
@@ -141,26 +140,6 @@ def _unload(idle: dict[str, list[Processor]]) -> int:
             except Exception as exc:  # a plugin's own: the instance goes all the same
                 log.warning("%s: unloading its model failed: %s", processor.name, exc)
     return count
-
-
-M_ARENA_MAX = -8  # mallopt's parameter (glibc's malloc.h)
-
-
-def limit_heap_arenas(count: int = 2) -> None:
-    """Have glibc keep at most ``count`` heap arenas. By default a thread that finds the
-    heap busy gets an arena of its own, up to eight a core, and each keeps what was freed
-    in it: a job's threads (decode, members, runners, speech) held ~150 MiB more at its
-    peak that way. Elsewhere nothing to do."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, count)
-
-
-def give_back_memory() -> None:
-    """Hand freed heap pages back to the system (glibc keeps them for reuse otherwise,
-    and the process's resident size stays at its peak). Elsewhere nothing to do: macOS's
-    allocator returns them itself."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 class Loan:

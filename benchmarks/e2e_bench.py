@@ -23,8 +23,9 @@ use by default: faster-whisper ``WhisperModel.transcribe(path, vad_filter=True)`
 (model, compute type, beam from the asr defaults); for cut, yolo, ocr, face and pose
 PyAV decodes the video at the processor's sampling, size and pixel format and the
 library is called on each sampled frame (PySceneDetect's ContentDetector, YOLOv8n on
-onnxruntime with OpenCV letterbox and NMS, RapidOCR, MediaPipe face detection and
-pose). Each part has a warm-up on the short clip first, like the service.
+onnxruntime with OpenCV letterbox and NMS, RapidOCR, MediaPipe face detection on the
+whole frame and on each of the face processor's tiles, and pose). Each part has a
+warm-up on the short clip first, like the service.
 
 Model loads: the service keeps its models per worker thread and loads them on a
 thread's first job, so the timed job may load them or not. Each direct part therefore
@@ -64,10 +65,11 @@ from PIL import Image, ImageDraw, ImageFont
 from test_asr import SENTENCES, speech_track
 
 from momentry_edge import weights
-from momentry_edge.processors.face import FaceProcessor
+from momentry_edge.processors.face import OVERLAP, TILE, FaceProcessor
 from momentry_edge.processors.frames import fit_size
 from momentry_edge.processors.ocr import OcrProcessor
 from momentry_edge.processors.pose import PoseProcessor
+from momentry_edge.processors.tiles import tiles
 from momentry_edge.processors.whisper import Options as AsrOptions
 from momentry_edge.processors.yolo import DEFAULT_MODEL as YOLO_MODEL
 from momentry_edge.processors.yolo import YoloProcessor
@@ -429,10 +431,19 @@ def _mediapipe() -> Any:
 
 
 def load_face(models_dir: Path) -> Callable[[Path], int]:
+    """MediaPipe's detector on the whole frame and on each tile the face processor looks at
+    by default (a crowd's small faces: TILE px pieces, OVERLAP shared): the same looks."""
     detector = _mediapipe().solutions.face_detection.FaceDetection(
         model_selection=1, min_detection_confidence=0.5
     )
-    return _per_frame(FaceProcessor, detector.process)
+
+    def looks(image: np.ndarray) -> None:
+        detector.process(image)
+        height, width = image.shape[:2]
+        for x, y, w, h in tiles(width, height, TILE, OVERLAP):
+            detector.process(np.ascontiguousarray(image[y : y + h, x : x + w]))
+
+    return _per_frame(FaceProcessor, looks)
 
 
 def load_pose(models_dir: Path) -> Callable[[Path], int]:

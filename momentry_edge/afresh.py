@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import sys
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ def start_afresh(listener: int | None) -> None:
         log.error("could not start afresh (%s): %s", " ".join(argv), exc)
 
 
-def inherited_listener(address: tuple[str, int]) -> socket.socket | None:
+def inherited_listener(address: tuple[Any, ...]) -> socket.socket | None:
     """The listening socket the previous image handed over, if it listens where
     ``address`` (host, port; port 0: any) asks; else None (it is closed)."""
     fd = os.environ.pop(LISTEN_FD_VAR, None)  # the processes this one starts get none

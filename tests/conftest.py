@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import compileall
+import contextlib
 import hashlib
 import json
 import os
@@ -24,6 +25,7 @@ from momentry_edge import weights
 
 TESTS = Path(__file__).resolve().parent
 FIRST_POLL, MAX_POLL = 0.05, 0.25  # wait_for's backoff, seconds
+MEASURED = "COVERAGE_FILE" in os.environ  # scripts/test --coverage
 
 # Wall and CPU seconds per test (MOMENTRY_TEST_TIMINGS=FILE writes them; tests/README.md);
 # the browser the console's tests drive (its fixtures playwright and browser).
@@ -336,6 +338,10 @@ def start_service(tmp_path: Path, database_url: str) -> Iterator[Callable[..., S
     yield start
     for svc in started:
         if svc.proc and svc.proc.poll() is None:
+            if MEASURED:  # a killed process writes no coverage data: stop it in order
+                svc.proc.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    svc.proc.wait(timeout=10)
             svc.proc.kill()
             svc.proc.wait()
 

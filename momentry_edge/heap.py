@@ -4,7 +4,6 @@ heap arena, and freed pages handed back as a job goes on. On other systems nothi
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 from typing import Any
@@ -35,5 +34,4 @@ def give_back() -> None:
     """Hand every freed heap page back to the system (glibc keeps them for reuse, and the
     process's resident size stays at its peak). A few milliseconds on a job's heap."""
     if libc := _glibc():
-        with contextlib.suppress(OSError):
-            libc.malloc_trim(0)
+        libc.malloc_trim(0)

@@ -31,19 +31,18 @@ def walk(
             continue
         dirs: list[str] = []
         files: list[str] = []
-        below: list[str] = []
+        links: set[str] = set()
         for entry in found:
             try:
                 is_dir = entry.is_dir()
+                if is_dir and entry.is_symlink():  # from the listing: no stat of its own
+                    links.add(entry.name)
             except OSError:
                 is_dir = False
             (dirs if is_dir else files).append(entry.name)
         yield folder, dirs, files
-        for name in reversed(dirs):  # those left after pruning; a link is listed, not entered
-            path = os.path.join(folder, name)
-            if not os.path.islink(path):
-                below.append(path)
-        stack.extend(below)
+        # Those left after pruning; a link is listed, not entered.
+        stack.extend(os.path.join(folder, d) for d in reversed(dirs) if d not in links)
 
 
 def remove(path: str | Path) -> bool:

@@ -3,8 +3,8 @@
 # One piece (~660 lines): the Watcher class (see its reason) and the watchdog handler
 # and observer checks only it uses.
 
-# The watchdog handler only puts ``(event type, path, destination, is_directory)`` on
-# a queue. One "ingest" thread drains it into the ``SettleTracker``, hands the paths
+# The watchdog handler only puts ``(event type, path, destination, is_directory, when)``
+# on a queue. One "ingest" thread drains it into the ``SettleTracker``, hands the paths
 # that have settled to a small pool of "register" threads, and runs the periodic
 # rescans; nothing is ever registered on the observer's thread. Files known to be whole
 # (their writers closed them, or they were renamed into place) go together to
@@ -80,6 +80,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import queue
 import stat
@@ -100,6 +101,10 @@ from .paths import NOT_FOLLOWED
 from .recording import WRITING_GRACE
 
 log = logging.getLogger(__name__)
+
+# What the queue carries: (event type, path, destination, is_directory, time.monotonic()
+# when it was queued).
+Event = tuple[str, str, str, str, float]
 
 # How a file became due (SettleTracker.due).
 QUIET, CLOSED, MOVED = "quiet", "closed", "moved"
@@ -253,12 +258,18 @@ class _Enqueue(FileSystemEventHandler):
     """watchdog's callback: put the event on the queue, nothing else (it runs on the
     observer's thread, which must keep reading the kernel's events)."""
 
-    def __init__(self, events: queue.SimpleQueue[tuple[str, ...]]) -> None:
+    def __init__(self, events: queue.SimpleQueue[Event]) -> None:
         self.events = events
 
     def on_any_event(self, event: FileSystemEvent) -> None:
         self.events.put(
-            (event.event_type, str(event.src_path), str(event.dest_path), str(event.is_directory))
+            (
+                event.event_type,
+                str(event.src_path),
+                str(event.dest_path),
+                str(event.is_directory),
+                time.monotonic(),
+            )
         )
 
 
@@ -278,7 +289,9 @@ class Watcher:
         self.tracker = SettleTracker(settle_seconds, clock)
         # How often tracked files are looked at: latency beyond settle_seconds is about this.
         self.tick = min(max(settle_seconds / 5, 0.05), 0.5)
-        self.events: queue.SimpleQueue[tuple[str, ...]] = queue.SimpleQueue()
+        self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        # (folder, how) -> when the walk that last looked into it began (_touch_tree).
+        self._walked: dict[tuple[str, str], float] = {}
         self.observer: Any = None
         # Each watched folder's watch, with the folder's (st_dev, st_ino) when it was made.
         self._scheduled: dict[Path, tuple[Any, tuple[int, int] | None]] = {}
@@ -321,7 +334,7 @@ class Watcher:
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stopping.set()
-        self.events.put(("stop", "", "", ""))
+        self.events.put(("stop", "", "", "", time.monotonic()))
         if self.observer is not None:
             self.observer.stop()
             self.observer.join(timeout)
@@ -333,7 +346,7 @@ class Watcher:
 
     def request_rescan(self) -> None:
         """Reconcile on the ingest thread soon (the periodic rescan)."""
-        self.events.put(("rescan", "", "", ""))
+        self.events.put(("rescan", "", "", "", time.monotonic()))
 
     def rescan(self) -> dict[str, int]:
         """Reconcile now, in the calling thread (the rescan route); one rescan at a time."""
@@ -350,7 +363,7 @@ class Watcher:
 
     def found(self, path: Path) -> None:
         """A rescan found a file still being written: let the tracker wait for it."""
-        self.events.put(("found", str(path), "", ""))
+        self.events.put(("found", str(path), "", "", time.monotonic()))
 
     # -- the ingest thread -------------------------------------------------------------------
 
@@ -448,10 +461,12 @@ class Watcher:
                 item = self.events.get_nowait()
             except queue.Empty:
                 break
+        if self.events.empty():
+            self._walked.clear()  # no event left that a walk could have covered
         if rescan and not self._stopping.is_set():
             self._guarded(self.rescan)
 
-    def _apply(self, kind: str, path: str, dest: str, is_dir: str) -> bool:
+    def _apply(self, kind: str, path: str, dest: str, is_dir: str, when: float) -> bool:
         """One event; returns whether it asks for a rescan. A move from outside the
         watch has no ``path``, one to outside no ``dest``."""
         if kind == "rescan":
@@ -463,7 +478,8 @@ class Watcher:
             if kind == "created" or (kind == "moved" and dest):
                 # Moved in from outside: its files are whole. Renamed inside the watch:
                 # each file's own move follows, saying whether a writer still has it.
-                self._touch_tree(dest or path, "moved" if kind == "moved" and not path else "")
+                how = "moved" if kind == "moved" and not path else ""
+                self._touch_tree(dest or path, how, when)
             if kind == "deleted":
                 self._retired(path)
             # A folder deleted or moved away: which known files went with it is a rescan's job.
@@ -512,9 +528,17 @@ class Watcher:
             self._guarded(self.intake.gone, path)
         self.tracker.touch(path, event=kind)
 
-    def _touch_tree(self, folder: str, kind: str = "") -> None:
+    def _touch_tree(self, folder: str, kind: str, since: float) -> None:
+        """Touch the files below ``folder``, which appeared at ``since``; not again where a
+        walk that began later looked already. A tree made faster than its events are taken
+        (watchdog adds one for every folder below a new one) is otherwise walked again
+        below each of its folders: 1,500 nested folders, a million listings."""
+        if self._walked.get((folder, kind), -math.inf) > since:
+            return
+        began = time.monotonic()
         for parent, dirs, files in trees.walk(folder, onerror=self._cannot_read):
             dirs[:] = [d for d in dirs if not d.startswith(".")]
+            self._walked[parent, kind] = began
             for name in files:
                 self._touch(os.path.join(parent, name), kind)
 

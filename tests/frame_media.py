@@ -67,16 +67,21 @@ def person_box_in_frame(at: tuple[int, int] = PHOTO_AT) -> tuple[int, int, int, 
 
 
 def write_video(
-    path: Path, frame_at: Callable[[int], np.ndarray], count: int, fps: int = 25
+    path: Path,
+    frame_at: Callable[[int], np.ndarray],
+    count: int,
+    fps: int = 25,
+    options: dict[str, str] | None = None,
 ) -> Path:
-    """Encode ``count`` frames, ``frame_at(i)`` each (HxWx3 RGB), as h264 in mp4."""
+    """Encode ``count`` frames, ``frame_at(i)`` each (HxWx3 RGB), as h264 in mp4 (x264's
+    ``options``, near lossless unless given)."""
     first = frame_at(0)
     height, width = first.shape[:2]
     with av.open(str(path), "w") as out:
         stream = out.add_stream("libx264", rate=fps)
         stream.width, stream.height = width, height
         stream.pix_fmt = "yuv420p"
-        stream.options = {"preset": "superfast", "crf": "12"}
+        stream.options = options or {"preset": "superfast", "crf": "12"}
         for i in range(count):
             frame = av.VideoFrame.from_ndarray(first if i == 0 else frame_at(i), "rgb24")
             frame.pts = i

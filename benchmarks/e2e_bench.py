@@ -2,7 +2,7 @@
 against each model called directly, one after another, on the same video.
 
     .venv/bin/python benchmarks/e2e_bench.py [--seconds 120] [--work DIR] [--keep-video]
-        [--service-only]
+        [--service-only] [--one-thread]
 
 The video (made once with PyAV, kept with ``--keep-video``): ``--seconds`` of 1280x720
 25 fps H.264 + AAC; espeak-ng sentences every 7.5 s; a new scene every 6 s, in turn
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import os
@@ -378,11 +379,12 @@ def load_cut(models_dir: Path) -> Callable[[Path], int]:
     return run
 
 
-def load_yolo(models_dir: Path) -> Callable[[Path], int]:
+def load_yolo(models_dir: Path, threads: int = 0) -> Callable[[Path], int]:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    options.intra_op_num_threads = threads  # 0: onnxruntime's default, a thread a core
     path = weights.locate(YOLO_MODEL, "onnxruntime", ".onnx", models_dir)
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
@@ -414,11 +416,16 @@ def load_yolo(models_dir: Path) -> Callable[[Path], int]:
     return _per_frame(YoloProcessor, detect)
 
 
-def load_ocr(models_dir: Path) -> Callable[[Path], int]:
+def load_ocr(models_dir: Path, threads: int = -1) -> Callable[[Path], int]:
     from rapidocr import RapidOCR
 
     engine = RapidOCR(
-        params={"Global.log_level": "error", "Det.limit_type": "max", "Det.limit_side_len": 960}
+        params={
+            "Global.log_level": "error",
+            "Det.limit_type": "max",
+            "Det.limit_side_len": 960,
+            "EngineConfig.onnxruntime.intra_op_num_threads": threads,  # -1: rapidocr's default
+        }
     )
     return _per_frame(OcrProcessor, lambda bgr: engine(bgr, text_score=0.5))
 
@@ -477,15 +484,25 @@ PARTS: dict[str, Callable[[Path], Callable[[Path], int]]] = {
 }
 
 
+# yolo and ocr on one onnxruntime thread each, as the service calls them (--one-thread).
+ONE_THREAD: dict[str, Callable[[Path], Callable[[Path], int]]] = {
+    "yolo": functools.partial(load_yolo, threads=1),
+    "ocr": functools.partial(load_ocr, threads=1),
+}
+
 Part = tuple[float, float, float, int]  # seconds to load, to run, CPU seconds of the run, n
 
 
-def direct(models_dir: Path, warmup: Path, video: Path) -> dict[str, Part]:
+def direct(
+    models_dir: Path, warmup: Path, video: Path, one_thread: bool = False
+) -> dict[str, Part]:
     """Per part: seconds to build the model, seconds to run it on ``video``, the CPU seconds
     of that run (the libraries' own thread pools included), and its count. A throwaway
     model first runs the short clip (imports, first-call set-up, page cache)."""
     out = {}
     for name, load in PARTS.items():
+        if one_thread:
+            load = ONE_THREAD.get(name, load)
         load(models_dir)(warmup)
         started = time.perf_counter()
         run = load(models_dir)
@@ -602,6 +619,11 @@ def main() -> None:
         help="skip the direct calls (to compare the service side of two checkouts)",
     )
     parser.add_argument(
+        "--one-thread",
+        action="store_true",
+        help="the direct yolo and ocr on one thread each, as the service calls them",
+    )
+    parser.add_argument(
         "--results",
         type=Path,
         help="save each processor's result from the service here (to compare two checkouts)",
@@ -625,7 +647,7 @@ def main() -> None:
         about = describe(video)
         pull_models(models_dir, AsrOptions().model, YOLO_MODEL)
         service = through_service(work, models_dir, warmup, video, args.results)
-        parts = {} if args.service_only else direct(models_dir, warmup, video)
+        parts = {} if args.service_only else direct(models_dir, warmup, video, args.one_thread)
     finally:
         shutil.rmtree(work / "service", ignore_errors=True)
         shutil.rmtree(models_dir, ignore_errors=True)

@@ -15,7 +15,9 @@ saving off: every sampled frame analysed), ``on`` (this checkout's defaults).
 Compared, base against on and off against on: asr segments (text, start, end) identical;
 cut's cuts identical; OCR lines the same texts, each first and last seen within one
 sampled frame; yolo, face and pose: the same number of items (yolo: per class) on every
-frame listed, boxes matched at IoU >= 0.9. Every difference is printed below the table.
+frame listed, boxes matched at IoU >= 0.9. Every difference is printed below the table;
+one on a frame whose answer the second side carried (its picture unchanged) is marked
+with the earlier frame whose answer, in the first document, it is exactly.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ FINAL = {"completed", "partial", "failed", "cancelled"}
 SPEECH_SAME = "[processors.asr]\ntemperature_fallback = false\n"
 IOU = 0.9
 SHOWN = 4  # differences listed per file and processor
+CARRIED = "carried, the first's answer at frame"
 
 
 def media(work: Path, seconds: float) -> dict[str, Path]:
@@ -213,40 +216,49 @@ def _ocr(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return out
 
 
-def _items(name: str, frame: dict[str, Any]) -> list[tuple[str, list[float]]]:
-    key = {"yolo": "detections", "face": "faces", "pose": "people"}[name]
-    items = []
-    for item in frame.get(key, []):
-        label = str(item.get("label", item.get("class", name)))
-        box = item.get("box") or item.get("bbox")
-        items.append((label, box))
-    return items
-
-
 def _boxes(name: str, a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    x = {f["frame"]: _items(name, f) for f in a.get("frames", [])}
-    y = {f["frame"]: _items(name, f) for f in b.get("frames", [])}
+    key = {"yolo": "detections", "face": "faces", "pose": "people"}[name]
+    x = {f["frame"]: f[key] for f in a.get("frames", [])}
+    y = {f["frame"]: f[key] for f in b.get("frames", [])}
     out = []
     for frame in sorted(x.keys() | y.keys()):
-        one, two = x.get(frame, []), y.get(frame, [])
-        if Counter(label for label, _ in one) != Counter(label for label, _ in two):
-            out.append(f"frame {frame}: {len(one)} / {len(two)} items")
-            continue
-        unmatched = list(two)
-        for label, box in one:
-            if box is None:
-                continue
-            best = max(
-                (m for m in unmatched if m[0] == label and m[1] is not None),
-                key=lambda m: box_iou(box, m[1]),
-                default=None,
-            )
-            if best is None or box_iou(box, best[1]) < IOU:
-                iou = box_iou(box, best[1]) if best else 0.0
-                out.append(f"frame {frame}: {label} box IoU {iou:.2f}")
-            if best is not None:
-                unmatched.remove(best)
+        found = _frame_boxes(frame, x.get(frame, []), y.get(frame, []))
+        if found and (source := carried_from(frame, x, y.get(frame, []))) is not None:
+            found = [f"frame {frame}: {CARRIED} {source}"]
+        out += found
     return out
+
+
+def _frame_boxes(frame: int, one: list[dict[str, Any]], two: list[dict[str, Any]]) -> list[str]:
+    def label(item: dict[str, Any]) -> str:
+        return str(item.get("label", item.get("class", "")))
+
+    if Counter(map(label, one)) != Counter(map(label, two)):
+        return [f"frame {frame}: {len(one)} / {len(two)} items"]
+    out = []
+    unmatched = list(two)
+    for item in one:
+        box = item.get("box")
+        if box is None:
+            continue
+        best = max(
+            (m for m in unmatched if label(m) == label(item) and m.get("box") is not None),
+            key=lambda m: box_iou(box, m["box"]),
+            default=None,
+        )
+        iou = box_iou(box, best["box"]) if best is not None else 0.0
+        if iou < IOU:
+            out.append(f"frame {frame}: {label(item) or 'item'} box IoU {iou:.2f}")
+        if best is not None:
+            unmatched.remove(best)
+    return out
+
+
+def carried_from(frame: int, first: dict[int, Any], given: Any) -> int | None:
+    """The earlier frame whose answer in the first document is exactly what the second
+    gives at ``frame`` (an answer carried forward: the model's own there), else None."""
+    earlier = sorted((g for g in first if g < frame), reverse=True)
+    return next((g for g in earlier if first[g] == given), None)
 
 
 def person_gate(doc: dict[str, dict[str, Any]]) -> dict[str, tuple[int, int]]:
@@ -288,12 +300,21 @@ def report(work: Path, files: dict[str, Path], pairs: list[tuple[str, str]]) -> 
                     cells.append(f"{'-':>7}")
                     continue
                 diffs = compare(name, a.get(name, {}), b.get(name, {}))
-                cells.append(f"{'same' if not diffs else len(diffs):>7}")
+                carried = sum(CARRIED in d for d in diffs)
+                other = len(diffs) - carried
+                cell = "+".join(
+                    [*([str(other)] if other else []), *([f"c{carried}"] if carried else [])]
+                )
+                cells.append(f"{cell or 'same':>7}")
                 details += [f"{key} {first}/{second} {name}: {d}" for d in diffs[:SHOWN]]
                 if len(diffs) > SHOWN:
                     details.append(f"{key} {first}/{second} {name}: {len(diffs) - SHOWN} more")
             print(f"{key:<11}{first + '/' + second:<10}" + "".join(cells))
-    print("same: equal as the module docstring says; a number: that many differences, below")
+    print(
+        "same: equal as the module docstring says; a number: that many differences, below;"
+        " cN: N frames where the second carried an answer that differs from the first's own"
+        " there, and is exactly the first's own answer at an earlier frame"
+    )
     for line in details:
         print("  " + line)
     print("\nshare of sampled frames analysed (skipped: the answer carried forward), savings on:")

@@ -230,9 +230,6 @@ class SampledProcessor(FrameProcessor):
     # Seconds of video after which an unchanged picture is analysed again: a change too
     # small for the glance (or an answer the model would give differently) shows by then.
     default_recheck_seconds: ClassVar[float] = 10.0
-    # Whether skip_unchanged is on unless set: off where the model's answer on the same
-    # picture is not steady enough for the earlier frame's answer to stand in for it.
-    default_skip_unchanged: ClassVar[bool] = True
 
     _loaded = False
     _frames: list[dict[str, Any]]
@@ -285,7 +282,7 @@ class SampledProcessor(FrameProcessor):
             raise PermanentError(f"bad {self.name} settings: {e}") from None
         if not fps > 0 or max_side < 0:
             raise PermanentError(f"bad {self.name} settings: sample_fps > 0, max_side >= 0")
-        skip = self.settings.get("skip_unchanged", self.default_skip_unchanged)
+        skip = self.settings.get("skip_unchanged", True)
         recheck = settings_number(
             self.settings, "recheck_seconds", self.default_recheck_seconds, self.name
         )

@@ -67,11 +67,9 @@ class PoseProcessor(SampledProcessor):
     item_key = "people"
     backends = BACKENDS
     default_fps = 2.0
-    # Off: the box spans the landmarks seen at visibility >= 0.5, and visibility near
-    # 0.5 flips between frames of one still picture (x264's frames of it differ by a level
-    # or two), so a carried box matched the frame's own at IoU 0.5-0.7 on the studio
-    # benchmark (equality_bench.py); yolo and ocr gave the same answers, skipping.
-    default_skip_unchanged = False
+    # Unchanged frames carry the last analysed frame's answer, as for the others, though
+    # BlazePose's own answers on a still shot are not steady: its box spans the landmarks
+    # seen at visibility >= 0.5, which flips from frame to frame (benchmarks/README.md).
     # A spare holds another graph and its working memory (~100 MiB): one instance.
     spares = False
 

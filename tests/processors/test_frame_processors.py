@@ -169,6 +169,9 @@ def test_pose_returns_keypoints_for_the_person(photo_clip):
     fx1, fy1, fx2, fy2 = face_box_in_frame()
     assert fx1 <= nose_x <= fx2 and fy1 <= nose_y <= fy2 and nose_score > 0.9
     assert box_iou(person["box"], person_box_in_frame()) > 0.3  # keypoints span the visible body
+    # The still's second sampled frame carries the first one's answer.
+    assert (result["frames_sampled"], result["frames_skipped"]) == (2, 1)
+    assert result["frames"][1]["people"] == result["frames"][0]["people"]
 
 
 # -- backend selection: a pure function, so Apple silicon can be checked here ---------------

@@ -16,7 +16,6 @@ from momentry_edge.processors import frame_pass
 from momentry_edge.processors.base import Stop
 from momentry_edge.processors.frames import Glance
 from momentry_edge.processors.ocr import OcrProcessor
-from momentry_edge.processors.pose import PoseProcessor
 
 FPS = 10
 SECONDS = 8
@@ -162,10 +161,3 @@ def test_a_still_cameras_noise_as_x264_codes_it_is_no_change_at_any_size(tmp_pat
 def test_bad_skip_settings_are_refused(settings):
     problem = OcrProcessor(settings).settings_problem()
     assert problem is not None and problem.startswith("bad ocr settings")
-
-
-def test_pose_analyses_every_frame_unless_told():
-    # Its box moves between frames of one still picture (see pose.py): carrying it is off.
-    assert PoseProcessor({}).run_settings()["skip_unchanged"] is False
-    assert PoseProcessor({"skip_unchanged": True}).run_settings()["skip_unchanged"] is True
-    assert OcrProcessor({}).run_settings()["skip_unchanged"] is True
